@@ -1,0 +1,81 @@
+#pragma once
+// Shared test helpers: seeded random inputs and comparison against float64 references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace octet::testing {
+
+// Standard-normal values from a fixed seed, so a failure reproduces.
+inline Tensor random_tensor(const Shape& shape, DType dtype = DType::f32, uint64_t seed = 1234, double scale = 1.0) {
+  Generator gen(seed);
+  Tensor t = randn(shape, gen, DType::f64);
+  if (scale != 1.0) {
+    double* p = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= scale;
+  }
+  return t.to(dtype);
+}
+
+// Uniform in [lo, hi).
+inline Tensor uniform_tensor(const Shape& shape, double lo, double hi, DType dtype = DType::f32, uint64_t seed = 99) {
+  Generator gen(seed);
+  Tensor t = rand(shape, gen, DType::f64);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = lo + (hi - lo) * p[i];
+  return t.to(dtype);
+}
+
+// Asserts |actual - expected| <= atol + rtol·|expected| elementwise, reporting the worst element.
+inline ::testing::AssertionResult all_close(const Tensor& actual, const std::vector<double>& expected, double atol,
+                                            double rtol) {
+  if (actual.numel() != static_cast<int64_t>(expected.size())) {
+    return ::testing::AssertionFailure() << "size mismatch: " << actual.describe() << " vs " << expected.size()
+                                         << " expected values";
+  }
+  const std::vector<double> got = actual.detach().to_vector<double>();
+  int64_t worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = atol + rtol * std::abs(expected[i]);
+    const double err = std::abs(got[i] - expected[i]);
+    const bool both_nan = std::isnan(got[i]) && std::isnan(expected[i]);
+    if (!both_nan && !(err <= tol) && (worst < 0 || err - tol > worst_excess)) {
+      worst = static_cast<int64_t>(i);
+      worst_excess = err - tol;
+    }
+  }
+  if (worst < 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "element " << worst << " of " << actual.describe() << ": got "
+                                       << got[worst] << ", expected " << expected[worst] << " (atol " << atol
+                                       << ", rtol " << rtol << ")";
+}
+
+inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double atol, double rtol) {
+  if (actual.shape() != expected.shape()) {
+    return ::testing::AssertionFailure() << "shape mismatch: " << actual.describe() << " vs " << expected.describe();
+  }
+  return all_close(actual, expected.detach().to_vector<double>(), atol, rtol);
+}
+
+// Tolerances for comparing a kernel computed from dtype-d inputs against a float64 reference on
+// the same (already rounded) inputs.
+struct Tolerance {
+  double atol, rtol;
+};
+inline Tolerance tolerance_for(DType d) {
+  switch (d) {
+    case DType::f64: return {1e-12, 1e-10};
+    case DType::f32: return {1e-5, 1e-5};
+    case DType::bf16: return {1e-2, 1e-2};
+    case DType::f16: return {2e-3, 2e-3};
+    default: return {0.1, 0.1};  // FP8 outputs carry 2-3 significant bits
+  }
+}
+
+}  // namespace octet::testing

@@ -1,0 +1,53 @@
+#include "kernels/common.h"
+
+namespace octet::kernels {
+
+std::string describe_all(std::initializer_list<const Tensor*> tensors) {
+  std::string s;
+  char name = 'a';
+  for (const Tensor* t : tensors) {
+    if (!s.empty()) s += ", ";
+    s += std::string(1, name++) + ": " + t->describe();
+  }
+  return s;
+}
+
+void check_defined(const char* op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) OCTET_CHECK(t->defined(), op, ": an input is undefined (", describe_all(tensors), ")");
+}
+
+void check_same_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  check_defined(op, tensors);
+  const Device d = (*tensors.begin())->device();
+  for (const Tensor* t : tensors) {
+    OCTET_CHECK(t->device() == d, op, ": inputs are on different devices (", describe_all(tensors),
+                "); move them to one device with .to(device)");
+  }
+}
+
+void check_same_dtype(const char* op, std::initializer_list<const Tensor*> tensors) {
+  check_defined(op, tensors);
+  const DType d = (*tensors.begin())->dtype();
+  for (const Tensor* t : tensors) {
+    OCTET_CHECK(t->dtype() == d, op, ": inputs have different dtypes (", describe_all(tensors),
+                "); Octet does not promote, convert one with .to(dtype)");
+  }
+}
+
+void check_floating(const char* op, const Tensor& t) {
+  OCTET_CHECK(is_floating(t.dtype()), op, ": needs a floating tensor, got ", t.describe());
+}
+
+void check_dim(const char* op, const Tensor& t, int64_t ndim) {
+  OCTET_CHECK(t.dim() == ndim, op, ": expected a ", ndim, "-d tensor, got ", t.describe());
+}
+
+void check_cpu(const char* op, std::initializer_list<const Tensor*> tensors) {
+  check_defined(op, tensors);
+  for (const Tensor* t : tensors) {
+    OCTET_CHECK(t->device().is_cpu(), op, ": no CUDA kernel yet for this op (", describe_all(tensors),
+                "); move the tensors to the cpu");
+  }
+}
+
+}  // namespace octet::kernels

@@ -1,0 +1,52 @@
+#pragma once
+// The ViT's non-GEMM layers: LayerNorm, GELU, cross-entropy and dropout. Statistics and losses
+// are kept in f32 (f64 for f64 inputs) whatever the activation dtype.
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace octet::kernels {
+
+// ---- LayerNorm over the last dim ------------------------------------------------------------------
+struct LayerNormOutput {
+  Tensor y;     // x's shape and dtype
+  Tensor mean;  // x's shape without the last dim; f32 (f64 for f64 x)
+  Tensor rstd;  // 1 / sqrt(var + eps), biased variance, same shape as mean
+};
+// weight and bias: [C] or undefined (no affine). They may be f32 while x is bf16.
+LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-6);
+struct LayerNormGrads {
+  Tensor dx;       // x's dtype
+  Tensor dweight;  // weight's dtype, undefined without affine
+  Tensor dbias;
+};
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd);
+
+// ---- GELU -------------------------------------------------------------------------------------------
+enum class GeluApproximation { None, Tanh };  // erf form (timm's default), or the tanh approximation
+Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
+
+// ---- softmax cross-entropy ----------------------------------------------------------------------------
+// logits [N, C] (any floating dtype), targets [N] i64 or i32 with values in [0, C) or ignore_index.
+// With label smoothing s the target distribution is (1 - s)·onehot + s/C. The loss is the mean over
+// rows whose target is not ignore_index.
+struct CrossEntropyOutput {
+  Tensor loss;  // shape [], f32 (f64 for f64 logits)
+  Tensor lse;   // [N] log-sum-exp per row, saved for backward instead of the probabilities
+};
+CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
+                                         int64_t ignore_index = -100);
+// dloss: the scalar gradient of the loss. Returns dlogits in logits' dtype.
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                              double label_smoothing = 0.0, int64_t ignore_index = -100);
+
+// ---- dropout ------------------------------------------------------------------------------------------
+// Element i is kept iff philox::uniform(word i of the stream at (seed, offset)) >= p, and kept
+// elements are scaled by 1/(1-p). The mask is never stored: backward regenerates it from the same
+// (seed, offset), on the CPU or the GPU. Reserve offset with Generator::reserve_for(numel).
+Tensor dropout_forward(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+Tensor dropout_backward(const Tensor& dy, double p, uint64_t seed, uint64_t offset);
+
+}  // namespace octet::kernels

@@ -1,0 +1,64 @@
+#include "autograd/function.h"
+
+#include "autograd/node.h"
+#include "core/grad_mode.h"
+
+namespace octet::autograd {
+
+namespace {
+
+class FunctionNode : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn backward) : Node(std::move(name)), backward_(std::move(backward)) {}
+
+  std::vector<Tensor> apply(std::vector<Tensor> grad_outputs) override {
+    OCTET_CHECK(backward_ != nullptr, "backward: the graph through '", name(),
+                "' was already freed by an earlier backward(); pass retain_graph=true to the first call "
+                "to backpropagate through it twice");
+    return backward_(grad_outputs);
+  }
+  void release_saved() override { backward_ = nullptr; }
+
+ private:
+  BackwardFn backward_;
+};
+
+}  // namespace
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs) {
+    if (t.requires_grad()) return true;
+  }
+  return false;
+}
+
+std::vector<Tensor> record(std::string name, std::vector<Tensor> outputs, const std::vector<Tensor>& inputs,
+                           BackwardFn backward) {
+  if (!GradMode::is_enabled() || !any_requires_grad(inputs)) return outputs;
+  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(backward));
+  for (const Tensor& input : inputs) {
+    node->next_edges.push_back(gradient_edge(input));
+    node->input_meta.push_back(input.defined() ? TensorMeta::of(input) : TensorMeta{});
+  }
+  for (uint32_t i = 0; i < outputs.size(); ++i) {
+    Tensor& out = outputs[i];
+    OCTET_CHECK(out.defined() && is_floating(out.dtype()), "record(", node->name(), "): output ", i, " is ",
+                out.describe(), "; only floating outputs can carry gradients");
+    // An output that already has autograd state belongs to someone else (an op that returned its
+    // input unchanged); give this op its own handle to the same data.
+    if (out.impl()->autograd) out = out.detach();
+    AutogradMeta& meta = out.impl()->autograd_meta();
+    meta.requires_grad = true;
+    meta.grad_fn = node;
+    meta.output_nr = i;
+    node->output_meta.push_back(TensorMeta::of(out));
+    node->output_hooks.push_back(meta.hooks);
+  }
+  return outputs;
+}
+
+Tensor record(std::string name, Tensor output, const std::vector<Tensor>& inputs, BackwardFn backward) {
+  return record(std::move(name), std::vector<Tensor>{std::move(output)}, inputs, std::move(backward))[0];
+}
+
+}  // namespace octet::autograd

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 
-namespace octet::log {
+namespace octet::logging {
 
 namespace {
 std::shared_ptr<spdlog::logger> make_logger() {
@@ -35,4 +35,4 @@ void set_level(const std::string& level) {
   logger().set_level(parsed);
 }
 
-}  // namespace octet::log
+}  // namespace octet::logging

@@ -2,10 +2,10 @@
 // Logging through spdlog. One logger named "octet"; its lines carry a rank prefix once the
 // distributed layer calls set_rank, so interleaved output from mpirun stays readable.
 //
-//   octet::log::info("step {} loss {:.4f}", step, loss);
+//   octet::logging::info("step {} loss {:.4f}", step, loss);
 #include <spdlog/spdlog.h>
 
-namespace octet::log {
+namespace octet::logging {
 
 spdlog::logger& logger();
 // Sets the "[rank r/w]" prefix; world == 1 removes it.
@@ -18,4 +18,4 @@ template <class... Args> void info(spdlog::format_string_t<Args...> fmt, Args&&.
 template <class... Args> void warn(spdlog::format_string_t<Args...> fmt, Args&&... args) { logger().warn(fmt, std::forward<Args>(args)...); }
 template <class... Args> void error(spdlog::format_string_t<Args...> fmt, Args&&... args) { logger().error(fmt, std::forward<Args>(args)...); }
 
-}  // namespace octet::log
+}  // namespace octet::logging

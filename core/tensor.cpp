@@ -144,7 +144,7 @@ Tensor Tensor::clone() const {
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   require_defined("copy_");
   src.require_defined("copy_");
   OCTET_CHECK(src.numel() == numel(), "copy_: source ", src.describe(), " has ", src.numel(),
@@ -154,7 +154,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::fill_(double value) {
+const Tensor& Tensor::fill_(double value) const {
   require_defined("fill_");
   // One element converted once, then replicated bytewise.
   std::vector<unsigned char> element(element_size());
@@ -257,7 +257,11 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(storage), 0, shape, dtype);
 }
 
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return empty(shape, dtype, device).zero_(); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
+  return t;
+}
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);

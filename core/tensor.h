@@ -74,9 +74,10 @@ class Tensor {
   Tensor to(DType dtype) const;    // returns *this when the dtype already matches
   Tensor to(Device device) const;  // returns *this when the device already matches
   Tensor clone() const;
-  Tensor& copy_(const Tensor& src);  // same numel; converts dtype and crosses devices
-  Tensor& fill_(double value);
-  Tensor& zero_() { return fill_(0.0); }
+  // In-place writes go to the shared storage, so they are const on the handle (as in PyTorch).
+  const Tensor& copy_(const Tensor& src) const;  // same numel; converts dtype and crosses devices
+  const Tensor& fill_(double value) const;
+  const Tensor& zero_() const { return fill_(0.0); }
   double item() const;  // of a one-element tensor, as double
   template <class T> T item() const { return static_cast<T>(item()); }
   template <class T> std::vector<T> to_vector() const;  // any dtype/device, converted to T on the host
@@ -164,7 +165,7 @@ T* Tensor::data() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor host = to(Device::cpu()).to(dtype_of<T>());
+  Tensor host = detach().to(Device::cpu()).to(dtype_of<T>());  // a read: no graph to keep
   const T* p = host.data<T>();
   return std::vector<T>(p, p + host.numel());
 }

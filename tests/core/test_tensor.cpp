@@ -169,15 +169,6 @@ TEST(Errors, CoreViewsRefuseToDropAGraph) {
   EXPECT_EQ(p.reshape({6}).shape(), (Shape{6}));  // fine when nothing is recorded
 }
 
-TEST(Cuda, TensorsRoundTripThroughTheDevice) {
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine";
-  const Tensor host = arange(0.0, 1000.0, 1.0, DType::f32);
-  const Tensor dev = host.to(Device::cuda(0));
-  EXPECT_TRUE(dev.is_cuda());
-  EXPECT_EQ(dev.to(Device::cpu()).to_vector<float>(), host.to_vector<float>());
-  EXPECT_EQ(dev.to(DType::bf16).to_vector<float>(), host.to(DType::bf16).to_vector<float>());
-}
-
 TEST(Cuda, WithoutADeviceTheErrorSaysSo) {
   if (cuda::is_available()) GTEST_SKIP() << "a CUDA device is present; this checks the no-device error";
   try {

@@ -34,9 +34,10 @@ Tensor sign(const Tensor& a);  // -1, 0 or 1
 // Copies a into a new tensor of `shape` (NumPy broadcasting rules).
 Tensor broadcast_to(const Tensor& a, const Shape& shape);
 // In place: dst += alpha * src, same shape and device (gradient accumulation, SGD-style updates).
+// dst is a handle: the write lands in its storage, so views such as flat.narrow(a, n) work.
 // dst and src may differ in dtype; src is converted on the fly.
-void add_(Tensor& dst, const Tensor& src, double alpha = 1.0);
+void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);
 // In place: dst *= s.
-void mul_scalar_(Tensor& dst, double s);
+void mul_scalar_(const Tensor& dst, double s);
 
 }  // namespace octet::kernels

@@ -25,7 +25,7 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 
 // ---- GELU -------------------------------------------------------------------------------------------
 enum class GeluApproximation { None, Tanh };  // erf form (timm's default), or the tanh approximation
-Tensor gelu(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
+Tensor gelu_forward(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
 
 // ---- softmax cross-entropy ----------------------------------------------------------------------------

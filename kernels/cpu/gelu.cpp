@@ -1,0 +1,85 @@
+// GELU, on the CPU. Two forms, as in PyTorch's approximate="none" | "tanh":
+//
+// erf (exact):  y = x · Φ(x) = ½·x·(1 + erf(x/√2))
+//               dy/dx = Φ(x) + x·φ(x),   φ(x) = exp(-x²/2) / √(2π)
+//
+// tanh:         u = √(2/π)·(x + 0.044715·x³),   y = ½·x·(1 + tanh u)
+//               dy/dx = ½·(1 + tanh u) + ½·x·(1 - tanh² u)·√(2/π)·(1 + 3·0.044715·x²)
+#include <cmath>
+#include <numbers>
+
+#include "kernels/cpu/nn_ops_cpu.h"
+
+namespace octet::kernels::cpu {
+namespace {
+
+constexpr int64_t kParallelWork = int64_t{1} << 15;
+
+template <class T>
+struct GeluConstants {
+  static constexpr T inv_sqrt2 = static_cast<T>(1.0 / std::numbers::sqrt2);
+  static constexpr T inv_sqrt_2pi = static_cast<T>(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+  static constexpr T sqrt_2_over_pi = static_cast<T>(std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+  static constexpr T cubic = static_cast<T>(0.044715);
+};
+
+template <class T>
+T gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + std::erf(x * GeluConstants<T>::inv_sqrt2));
+}
+
+template <class T>
+T gelu_erf_grad(T x) {
+  using K = GeluConstants<T>;
+  const T cdf = T(0.5) * (T(1) + std::erf(x * K::inv_sqrt2));
+  const T pdf = K::inv_sqrt_2pi * std::exp(T(-0.5) * x * x);
+  return cdf + x * pdf;
+}
+
+template <class T>
+T gelu_tanh(T x) {
+  using K = GeluConstants<T>;
+  const T t = std::tanh(K::sqrt_2_over_pi * (x + K::cubic * x * x * x));
+  return T(0.5) * x * (T(1) + t);
+}
+
+template <class T>
+T gelu_tanh_grad(T x) {
+  using K = GeluConstants<T>;
+  const T t = std::tanh(K::sqrt_2_over_pi * (x + K::cubic * x * x * x));
+  const T sech2 = T(1) - t * t;
+  // Far out in the tails sech² is exactly 0 while x² may overflow; 0·inf would give NaN.
+  const T tail = sech2 == T(0) ? T(0) : T(0.5) * x * sech2 * K::sqrt_2_over_pi * (T(1) + T(3) * K::cubic * x * x);
+  return T(0.5) * (T(1) + t) + tail;
+}
+
+}  // namespace
+
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n, GeluApproximation approximation) {
+  if (approximation == GeluApproximation::Tanh) {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+    for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh(x[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+    for (int64_t i = 0; i < n; ++i) y[i] = gelu_erf(x[i]);
+  }
+}
+
+template <class T>
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApproximation approximation) {
+  if (approximation == GeluApproximation::Tanh) {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_erf_grad(x[i]);
+  }
+}
+
+template void gelu_forward<float>(const float*, float*, int64_t, GeluApproximation);
+template void gelu_forward<double>(const double*, double*, int64_t, GeluApproximation);
+template void gelu_backward<float>(const float*, const float*, float*, int64_t, GeluApproximation);
+template void gelu_backward<double>(const double*, const double*, double*, int64_t, GeluApproximation);
+
+}  // namespace octet::kernels::cpu

@@ -1,0 +1,41 @@
+#pragma once
+// CPU implementations behind kernels/nn_ops.h. Each works on contiguous buffers of its compute
+// type T (float or double; kernels/common.h says why there are only two): the entry points in
+// kernels/nn_ops.cpp have already checked the arguments, widened the inputs to T and will round
+// the outputs back to the caller's dtype. Instantiated for float and double.
+#include <cstdint>
+
+#include "kernels/nn_ops.h"
+
+namespace octet::kernels::cpu {
+
+// LayerNorm over rows of length C. weight and bias may be null (no affine; bias may be null alone).
+template <class T>
+void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
+                       T eps);
+// dweight and dbias are written only when weight is non-null.
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd, T* dx, T* dweight,
+                        T* dbias, int64_t rows, int64_t C);
+
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n, GeluApproximation approximation);
+template <class T>
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApproximation approximation);
+
+// targets are already checked to be in [0, C) or ignore_index. Writes lse[N] and returns the mean
+// loss over the rows that are not ignored (0 when there are none).
+template <class T>
+T cross_entropy_forward(const T* logits, const int64_t* targets, T* lse, int64_t N, int64_t C, T label_smoothing,
+                        int64_t ignore_index);
+// dlogits = grad_scale · (softmax - target distribution) on rows that are not ignored, 0 on the rest.
+template <class T>
+void cross_entropy_backward(const T* logits, const int64_t* targets, const T* lse, T* dlogits, int64_t N, int64_t C,
+                            T grad_scale, T label_smoothing, int64_t ignore_index);
+
+// out = mask · in / (1 - p), the mask regenerated from (seed, offset). Forward (in = x) and
+// backward (in = dy) are the same computation.
+template <class T>
+void dropout_apply(const T* in, T* out, int64_t n, double p, uint64_t seed, uint64_t offset);
+
+}  // namespace octet::kernels::cpu

@@ -1,0 +1,238 @@
+// Entry points for LayerNorm, GELU, cross-entropy and dropout: argument checks, output allocation,
+// and dispatch to the CPU implementations in kernels/cpu/ (CUDA kernels will slot in behind the
+// same functions). The kernels compute in T = float or double (kernels/common.h): inputs are
+// widened once on the way in, outputs rounded once on the way out.
+#include "kernels/nn_ops.h"
+
+#include <cmath>
+
+#include "kernels/common.h"
+#include "kernels/cpu/nn_ops_cpu.h"
+
+namespace octet::kernels {
+namespace {
+
+// x's shape without its last dim: the shape of LayerNorm's mean and rstd.
+Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
+
+template <class T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// x is floating with a non-empty last dim C; weight and bias, where given, are [C] of one
+// floating dtype. Bias alone is refused: backward, which only sees weight, could not tell.
+int64_t check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_defined(op, {&x});
+  check_floating(op, x);
+  OCTET_CHECK(x.dim() >= 1, op, ": x must have at least one dim (LayerNorm normalizes the last), got ", x.describe());
+  const int64_t C = x.size(-1);
+  OCTET_CHECK(C > 0, op, ": x has an empty last dim, nothing to normalize: ", x.describe());
+  OCTET_CHECK(weight.defined() || !bias.defined(), op, ": bias ", bias.describe(),
+              " given without weight; pass both, weight alone, or neither");
+  if (weight.defined()) {
+    check_floating(op, weight);
+    OCTET_CHECK(weight.shape() == Shape{C}, op, ": weight must be [", C, "] to match the last dim of x (",
+                describe_all({&x, &weight}), ")");
+    check_cpu(op, {&x, &weight});
+  }
+  if (bias.defined()) {
+    OCTET_CHECK(bias.shape() == Shape{C} && bias.dtype() == weight.dtype(), op, ": bias must be ",
+                dtype_name(weight.dtype()), "[", C, "] like weight (", describe_all({&x, &weight, &bias}), ")");
+    check_cpu(op, {&x, &bias});
+  }
+  check_cpu(op, {&x});
+  return C;
+}
+
+// The targets as i64, each checked to be a class index in [0, C) or ignore_index; also counts the
+// rows that are not ignored. Checked here, before any parallel loop, so the error can name the row.
+Tensor check_targets(const char* op, const Tensor& logits, const Tensor& targets, double label_smoothing,
+                     int64_t ignore_index, int64_t* counted) {
+  check_defined(op, {&logits, &targets});
+  check_floating(op, logits);
+  check_dim(op, logits, 2);
+  check_dim(op, targets, 1);
+  OCTET_CHECK(targets.dtype() == DType::i64 || targets.dtype() == DType::i32, op,
+              ": targets must be i64 or i32 class indices (", describe_all({&logits, &targets}), ")");
+  const int64_t N = logits.size(0), C = logits.size(1);
+  OCTET_CHECK(targets.size(0) == N, op, ": logits have ", N, " rows but there are ", targets.size(0), " targets (",
+              describe_all({&logits, &targets}), ")");
+  OCTET_CHECK(C > 0, op, ": logits have no classes (", describe_all({&logits, &targets}), ")");
+  OCTET_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
+              label_smoothing);
+  check_cpu(op, {&logits, &targets});
+
+  Tensor t64 = targets.detach().to(DType::i64);
+  const int64_t* t = t64.data<int64_t>();
+  *counted = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    if (t[r] == ignore_index) continue;
+    OCTET_CHECK(t[r] >= 0 && t[r] < C, op, ": target ", t[r], " in row ", r, " is not a class index in [0, C) for C = ",
+                C, " (", describe_all({&logits, &targets}), "); use ignore_index (", ignore_index,
+                ") to skip a row");
+    ++*counted;
+  }
+  return t64;
+}
+
+void check_dropout_p(const char* op, const Tensor& x, double p) {
+  check_defined(op, {&x});
+  check_floating(op, x);
+  // Written so that NaN fails too. p = 1 would drop everything and divide by zero.
+  OCTET_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p, " (", x.describe(), ")");
+  check_cpu(op, {&x});
+}
+
+}  // namespace
+
+// ---- LayerNorm ----------------------------------------------------------------------------------------
+
+LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  constexpr const char* op = "layernorm_forward";
+  const int64_t C = check_layernorm_args(op, x, weight, bias);
+  OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
+  const int64_t rows = x.numel() / C;
+
+  return with_compute_type(x.dtype(), [&]<class T>() -> LayerNormOutput {
+    const DType cd = dtype_of<T>();
+    const Tensor xc = to_compute(x);
+    const Tensor wc = weight.defined() ? weight.detach().to(cd) : Tensor();
+    const Tensor bc = bias.defined() ? bias.detach().to(cd) : Tensor();
+    Tensor y = empty(x.shape(), cd), mean = empty(row_shape(x), cd), rstd = empty(row_shape(x), cd);
+    cpu::layernorm_forward<T>(xc.data<T>(), data_or_null<T>(wc), data_or_null<T>(bc), y.data<T>(), mean.data<T>(),
+                              rstd.data<T>(), rows, C, static_cast<T>(eps));
+    return {y.to(x.dtype()), mean, rstd};
+  });
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd) {
+  constexpr const char* op = "layernorm_backward";
+  const int64_t C = check_layernorm_args(op, x, weight, Tensor());
+  check_defined(op, {&dy, &x, &mean, &rstd});
+  check_same_dtype(op, {&dy, &x});
+  OCTET_CHECK(dy.shape() == x.shape(), op, ": dy and x differ in shape (", describe_all({&dy, &x}), ")");
+  const DType cd = compute_dtype(x.dtype());
+  for (const Tensor* stat : {&mean, &rstd}) {
+    OCTET_CHECK(stat->shape() == row_shape(x) && stat->dtype() == cd, op, ": mean and rstd must be ", dtype_name(cd),
+                row_shape(x), " as layernorm_forward returns them for x ", x.describe(), " (",
+                describe_all({&mean, &rstd}), ")");
+  }
+  check_cpu(op, {&dy, &x, &mean, &rstd});
+  const int64_t rows = x.numel() / C;
+
+  return with_compute_type(x.dtype(), [&]<class T>() -> LayerNormGrads {
+    const Tensor dyc = to_compute(dy), xc = to_compute(x);
+    const Tensor wc = weight.defined() ? weight.detach().to(cd) : Tensor();
+    Tensor dx = empty(x.shape(), cd), dweight, dbias;
+    if (weight.defined()) {
+      dweight = empty({C}, cd);
+      dbias = empty({C}, cd);
+    }
+    cpu::layernorm_backward<T>(dyc.data<T>(), xc.data<T>(), data_or_null<T>(wc), mean.data<T>(), rstd.data<T>(),
+                               dx.data<T>(), data_or_null<T>(dweight), data_or_null<T>(dbias), rows, C);
+    if (!weight.defined()) return {dx.to(x.dtype()), Tensor(), Tensor()};
+    return {dx.to(x.dtype()), dweight.to(weight.dtype()), dbias.to(weight.dtype())};
+  });
+}
+
+// ---- GELU ---------------------------------------------------------------------------------------------
+
+Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
+  constexpr const char* op = "gelu_forward";
+  check_defined(op, {&x});
+  check_floating(op, x);
+  check_cpu(op, {&x});
+  return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
+    const Tensor xc = to_compute(x);
+    Tensor y = empty(x.shape(), dtype_of<T>());
+    cpu::gelu_forward<T>(xc.data<T>(), y.data<T>(), x.numel(), approximation);
+    return y.to(x.dtype());
+  });
+}
+
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation) {
+  constexpr const char* op = "gelu_backward";
+  check_defined(op, {&dy, &x});
+  check_floating(op, x);
+  check_same_dtype(op, {&dy, &x});
+  OCTET_CHECK(dy.shape() == x.shape(), op, ": dy and x differ in shape (", describe_all({&dy, &x}), ")");
+  check_cpu(op, {&dy, &x});
+  return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
+    const Tensor dyc = to_compute(dy), xc = to_compute(x);
+    Tensor dx = empty(x.shape(), dtype_of<T>());
+    cpu::gelu_backward<T>(dyc.data<T>(), xc.data<T>(), dx.data<T>(), x.numel(), approximation);
+    return dx.to(x.dtype());
+  });
+}
+
+// ---- softmax cross-entropy ------------------------------------------------------------------------------
+
+CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double label_smoothing,
+                                         int64_t ignore_index) {
+  constexpr const char* op = "cross_entropy_forward";
+  int64_t counted = 0;
+  const Tensor t64 = check_targets(op, logits, targets, label_smoothing, ignore_index, &counted);
+  const int64_t N = logits.size(0), C = logits.size(1);
+
+  return with_compute_type(logits.dtype(), [&]<class T>() -> CrossEntropyOutput {
+    const Tensor zc = to_compute(logits);
+    Tensor loss = empty(Shape{}, dtype_of<T>()), lse = empty({N}, dtype_of<T>());
+    loss.data<T>()[0] = cpu::cross_entropy_forward<T>(zc.data<T>(), t64.data<int64_t>(), lse.data<T>(), N, C,
+                                                      static_cast<T>(label_smoothing), ignore_index);
+    return {loss, lse};
+  });
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                              double label_smoothing, int64_t ignore_index) {
+  constexpr const char* op = "cross_entropy_backward";
+  int64_t counted = 0;
+  const Tensor t64 = check_targets(op, logits, targets, label_smoothing, ignore_index, &counted);
+  const int64_t N = logits.size(0), C = logits.size(1);
+  const DType cd = compute_dtype(logits.dtype());
+  check_defined(op, {&lse});
+  OCTET_CHECK(lse.shape() == Shape{N} && lse.dtype() == cd, op, ": lse must be ", dtype_name(cd), "[", N,
+              "] as cross_entropy_forward returns it for logits ", logits.describe(), ", got ", lse.describe());
+  check_cpu(op, {&lse});
+
+  return with_compute_type(logits.dtype(), [&]<class T>() -> Tensor {
+    const Tensor zc = to_compute(logits);
+    Tensor dlogits = empty(logits.shape(), cd);
+    // The loss is a mean over counted rows; with none counted every row is ignored and gets 0.
+    const T grad_scale = counted == 0 ? T(0) : static_cast<T>(dloss / static_cast<double>(counted));
+    cpu::cross_entropy_backward<T>(zc.data<T>(), t64.data<int64_t>(), lse.data<T>(), dlogits.data<T>(), N, C,
+                                   grad_scale, static_cast<T>(label_smoothing), ignore_index);
+    return dlogits.to(logits.dtype());
+  });
+}
+
+// ---- dropout -----------------------------------------------------------------------------------------------
+
+namespace {
+
+Tensor dropout_dispatch(const Tensor& in, double p, uint64_t seed, uint64_t offset) {
+  // p = 0 keeps everything and scales by 1: skip the generator, but still return a fresh tensor.
+  if (p == 0.0) return in.detach().clone();
+  return with_compute_type(in.dtype(), [&]<class T>() -> Tensor {
+    const Tensor ic = to_compute(in);
+    Tensor out = empty(in.shape(), dtype_of<T>());
+    cpu::dropout_apply<T>(ic.data<T>(), out.data<T>(), in.numel(), p, seed, offset);
+    return out.to(in.dtype());
+  });
+}
+
+}  // namespace
+
+Tensor dropout_forward(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
+  check_dropout_p("dropout_forward", x, p);
+  return dropout_dispatch(x, p, seed, offset);
+}
+
+Tensor dropout_backward(const Tensor& dy, double p, uint64_t seed, uint64_t offset) {
+  check_dropout_p("dropout_backward", dy, p);
+  return dropout_dispatch(dy, p, seed, offset);
+}
+
+}  // namespace octet::kernels

@@ -56,7 +56,7 @@ struct Mlp {
 
 int main(int argc, char** argv) {
   CLI::App app{"Octet demo: an MLP learns spirals with Octet's autograd"};
-  int steps = 300, hidden = 64, classes = 3, points = 1536, log_every = 25;
+  int steps = 1500, hidden = 64, classes = 3, points = 1536, log_every = 100;
   double lr = 0.5;
   uint64_t seed = 0;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     Generator gen(seed);
     auto [x, y] = make_spirals(points, classes, gen);
     Mlp model(2, hidden, classes, gen);
-    log::info("training a 2-{}-{} MLP on {} spiral points for {} steps (lr {})", hidden, classes, points, steps, lr);
+    logging::info("training a 2-{}-{} MLP on {} spiral points for {} steps (lr {})", hidden, classes, points, steps, lr);
     for (int step = 1; step <= steps; ++step) {
       Tensor loss = cross_entropy(model.forward(x), y);
       for (Tensor* p : model.parameters()) p->set_grad(Tensor());
@@ -81,15 +81,15 @@ int main(int argc, char** argv) {
         NoGradGuard no_grad;
         for (Tensor* p : model.parameters()) kernels::add_(*p, p->grad(), -lr);
       }
-      if (step == 1 || step % log_every == 0 || step == steps) log::info("step {:4d}  loss {:.4f}", step, loss.item());
+      if (step == 1 || step % log_every == 0 || step == steps) logging::info("step {:4d}  loss {:.4f}", step, loss.item());
     }
     NoGradGuard no_grad;
     const Tensor predicted = kernels::max(model.forward(x), 1).indices;
     int64_t correct = 0;
     for (int64_t i = 0; i < points; ++i) correct += predicted.data<int64_t>()[i] == y.data<int64_t>()[i];
-    log::info("train accuracy {:.1f}%", 100.0 * correct / points);
+    logging::info("train accuracy {:.1f}%", 100.0 * correct / points);
   } catch (const Error& e) {
-    log::error("{}", e.what());
+    logging::error("{}", e.what());
     return 1;
   }
   return 0;

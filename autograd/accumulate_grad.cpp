@@ -27,8 +27,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
                            incoming.dtype() == leaf_.dtype();
     leaf_.set_grad(exclusive ? incoming : incoming.to(leaf_.dtype()).clone());
   } else {
-    Tensor grad = current;
-    kernels::add_(grad, incoming);
+    kernels::add_(current, incoming);
   }
   for (auto& hook : leaf_.impl()->autograd_meta().post_accumulate_hooks) hook(leaf_);
   return {};

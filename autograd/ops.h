@@ -1,0 +1,88 @@
+#pragma once
+// Differentiable functions: each runs a kernel forward and records its gradient (autograd/function.h).
+// Names and semantics follow PyTorch. All live in namespace octet so that `a + b` finds them.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/nn_ops.h"
+
+namespace octet {
+
+// ---- arithmetic (broadcasting) --------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);  // a > 0 where b's gradient is needed
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator/(double s, const Tensor& a);
+
+// ---- reductions and softmax ----------------------------------------------------------------------
+Tensor sum(const Tensor& a);
+Tensor sum(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& a);
+Tensor mean(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);  // values; the gradient goes to the first argmax
+Tensor softmax(const Tensor& a, int64_t dim = -1);
+Tensor log_softmax(const Tensor& a, int64_t dim = -1);
+
+// ---- shape and data movement ---------------------------------------------------------------------
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor flatten(const Tensor& a, int64_t start_dim = 0);  // merges dims start_dim.. into one
+Tensor permute(const Tensor& a, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& a);  // swaps the last two dims
+Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+Tensor narrow(const Tensor& a, int64_t start, int64_t length);  // slice along dim 0
+Tensor select(const Tensor& a, int64_t dim, int64_t index);     // slice of length 1, dim dropped (the ViT's class token)
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim);
+Tensor broadcast_to(const Tensor& a, const Shape& shape);  // e.g. cls_token [1,1,D] -> [B,1,D]
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& indices);
+Tensor patchify(const Tensor& images, int64_t patch);
+Tensor cast(const Tensor& a, DType dtype);     // the gradient is cast back to a's dtype
+Tensor to_device(const Tensor& a, Device device);
+Tensor clone(const Tensor& a);
+
+// ---- linear algebra -------------------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// y = x·Wᵀ + b with x [..., in], weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- neural-network functions --------------------------------------------------------------------
+// LayerNorm over the last dim; weight and bias [C] or undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-6);
+Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::None);
+// Mean softmax cross-entropy of logits [N, C] against class indices [N]; returns shape [].
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
+                     int64_t ignore_index = -100);
+// Inverted dropout with a Philox mask drawn from `gen` (default_generator() when null); identity
+// when p == 0 or `training` is false.
+Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+// softmax(q·kᵀ·scale)·v over [B, H, S, D]; scale defaults to 1/sqrt(D).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    std::optional<double> scale = std::nullopt);
+
+}  // namespace octet

@@ -1,0 +1,161 @@
+// Differentiable linear algebra and network layers. GEMM gradients use the kernel's transpose
+// flags instead of materialising transposes; the layer ops save what their fused backward kernels
+// need (LayerNorm statistics, attention's log-sum-exp, dropout's Philox seed and offset).
+#include <cmath>
+
+#include "autograd/function.h"
+#include "autograd/ops.h"
+#include "core/random.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/reduce.h"
+#include "kernels/shape_ops.h"
+
+namespace octet {
+
+using autograd::Grads;
+using autograd::record;
+namespace k = kernels;
+
+namespace {
+
+Tensor detached(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
+
+// op(a)·op(b) with the result in `dtype`, the dtype of the input whose gradient it is. GEMM cannot
+// write FP8, so an FP8 input gets its gradient computed in f32 and rounded.
+Tensor matmul_as(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType dtype) {
+  if (!is_fp8(dtype)) return k::matmul(a, b, trans_a, trans_b, dtype);
+  return k::matmul(a, b, trans_a, trans_b, DType::f32).to(dtype);
+}
+
+// [..., r, c] summed over its leading dims to [r, c].
+Tensor sum_leading(const Tensor& t) {
+  if (t.dim() == 2) return t;
+  return k::sum(t.reshape({-1, t.size(-2), t.size(-1)}), 0);
+}
+
+// x as [rows, last]: a view, since tensors are contiguous.
+Tensor rows_of(const Tensor& x) { return x.reshape({-1, x.size(-1)}); }
+
+}  // namespace
+
+// C = op(A)·op(B):
+//   dA = dC·op(B)ᵀ, or op(B)·dCᵀ when A is stored transposed
+//   dB = op(A)ᵀ·dC, or dCᵀ·op(A) when B is stored transposed
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  const Tensor ad = a.detach(), bd = b.detach();
+  const bool na = a.requires_grad(), nb = b.requires_grad();
+  return record("matmul", k::matmul(ad, bd, trans_a, trans_b), {a, b}, [=](const Grads& g) -> Grads {
+    const Tensor& dc = g[0];
+    // A 2-D b shared by a batched a: the kernel takes a 2-D second operand only, and b's
+    // gradient sums over the batch.
+    const bool shared_b = bd.dim() == 2 && ad.dim() > 2;
+    Tensor da, db;
+    if (na) {
+      if (!trans_a) {
+        da = matmul_as(dc, bd, false, !trans_b, ad.dtype());
+      } else if (!shared_b) {
+        da = matmul_as(bd, dc, trans_b, true, ad.dtype());
+      } else {
+        // (op(B)·dCᵀ) = (dC·op(B)ᵀ)ᵀ: the rare batched-transposed-a case pays one transpose.
+        da = k::transpose_last2(matmul_as(dc, bd, false, !trans_b, ad.dtype()));
+      }
+    }
+    if (nb) {
+      if (shared_b && !trans_a) {
+        // The batch folds into the rows of one GEMM.
+        const Tensor a2 = rows_of(ad), dc2 = rows_of(dc);
+        db = trans_b ? matmul_as(dc2, a2, true, false, bd.dtype()) : matmul_as(a2, dc2, true, false, bd.dtype());
+      } else {
+        db = trans_b ? matmul_as(dc, ad, true, trans_a, bd.dtype()) : matmul_as(ad, dc, !trans_a, false, bd.dtype());
+        if (shared_b) db = sum_leading(db);
+      }
+    }
+    return {da, db};
+  });
+}
+
+// y = x·Wᵀ + b over x's rows: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  OCTET_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: x must be [..., in] and weight [out, in], got ",
+              x.describe(), " and ", weight.describe());
+  const Tensor xd = x.detach(), wd = weight.detach(), bd = detached(bias);
+  const Tensor x2 = rows_of(xd);
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.size(0);
+  Tensor y2;
+  if (bd.defined()) {
+    // Start the output from the broadcast bias and let the GEMM accumulate onto it (beta = 1).
+    y2 = k::broadcast_to(bd.to(x.dtype()), {x2.size(0), weight.size(0)});
+    k::gemm(x2, false, wd, true, y2, 1.0, 1.0);
+  } else {
+    y2 = k::matmul(x2, wd, false, true);
+  }
+  const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
+  const Shape x_shape = x.shape();
+  const DType b_dtype = bd.defined() ? bd.dtype() : x.dtype();
+  return record("linear", y2.reshape(out_shape), {x, weight, bias}, [=](const Grads& g) -> Grads {
+    const Tensor dy2 = rows_of(g[0]);
+    Tensor dx, dw, db;
+    if (nx) dx = matmul_as(dy2, wd, false, false, xd.dtype()).reshape(x_shape);
+    if (nw) dw = matmul_as(dy2, x2, true, false, wd.dtype());
+    if (nb) db = k::sum(dy2, 0).to(b_dtype);
+    return {dx, dw, db};
+  });
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor xd = x.detach(), wd = detached(weight), bd = detached(bias);
+  k::LayerNormOutput r = k::layernorm_forward(xd, wd, bd, eps);
+  const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
+  return record("layer_norm", r.y, {x, weight, bias},
+                [=, mean = r.mean, rstd = r.rstd](const Grads& g) -> Grads {
+                  k::LayerNormGrads d = k::layernorm_backward(g[0], xd, wd, mean, rstd);
+                  return {nx ? d.dx : Tensor(), nw ? d.dweight : Tensor(), nb ? d.dbias : Tensor()};
+                });
+}
+
+Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation) {
+  const Tensor xd = x.detach();
+  return record("gelu", k::gelu_forward(xd, approximation), {x}, [xd, approximation](const Grads& g) -> Grads {
+    return {k::gelu_backward(g[0], xd, approximation)};
+  });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index) {
+  const Tensor ld = logits.detach(), td = targets.detach();
+  k::CrossEntropyOutput r = k::cross_entropy_forward(ld, td, label_smoothing, ignore_index);
+  // Targets are class indices: only the logits are inputs to the graph.
+  return record("cross_entropy", r.loss, {logits}, [=, lse = r.lse](const Grads& g) -> Grads {
+    return {k::cross_entropy_backward(ld, td, lse, g[0].item(), label_smoothing, ignore_index)};
+  });
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  if (!training || p == 0.0) return x;
+  OCTET_CHECK(p > 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
+  Generator& g = gen != nullptr ? *gen : default_generator();
+  // The mask is a pure function of (seed, offset): reserve its stream now, regenerate it in backward.
+  const uint64_t seed = g.seed();
+  const uint64_t offset = g.reserve_for(x.numel());
+  return record("dropout", k::dropout_forward(x.detach(), p, seed, offset), {x},
+                [p, seed, offset](const Grads& grads) -> Grads {
+                  return {k::dropout_backward(grads[0], p, seed, offset)};
+                });
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale) {
+  OCTET_CHECK(q.dim() == 4, "scaled_dot_product_attention: q must be [B, H, S, D], got ", q.describe());
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  kernels::AttentionOutput r = kernels::attention_forward(qd, kd, vd, s);
+  const bool nq = q.requires_grad(), nk = k.requires_grad(), nv = v.requires_grad();
+  return record("scaled_dot_product_attention", r.out, {q, k, v},
+                [=, out = r.out.detach(), lse = r.lse](const Grads& g) -> Grads {
+                  kernels::AttentionGrads d = kernels::attention_backward(g[0], qd, kd, vd, out, lse, s);
+                  return {nq ? d.dq : Tensor(), nk ? d.dk : Tensor(), nv ? d.dv : Tensor()};
+                });
+}
+
+}  // namespace octet

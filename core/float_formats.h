@@ -31,13 +31,7 @@
 
 #include <cstdint>
 
-#ifndef OCTET_HD
-#if defined(__CUDACC__)
-#define OCTET_HD __host__ __device__ __forceinline__
-#else
-#define OCTET_HD inline
-#endif
-#endif
+#include "core/hostdevice.h"
 
 namespace octet {
 

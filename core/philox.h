@@ -10,13 +10,7 @@
 //   element i of an op that reserved blocks starting at `offset` uses block offset + i/4, word i%4.
 #include <cstdint>
 
-#ifndef OCTET_HD
-#if defined(__CUDACC__)
-#define OCTET_HD __host__ __device__ __forceinline__
-#else
-#define OCTET_HD inline
-#endif
-#endif
+#include "core/hostdevice.h"
 
 namespace octet::philox {
 

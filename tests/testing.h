@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,21 @@ inline ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& 
     return ::testing::AssertionFailure() << "shape mismatch: " << actual.describe() << " vs " << expected.describe();
   }
   return all_close(actual, expected.detach().to_vector<double>(), atol, rtol);
+}
+
+// Passes when f throws an octet::Error whose message contains every part (the op, the shapes, the fix).
+template <class F>
+::testing::AssertionResult throws_with(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) {
+      if (msg.find(p) == std::string::npos) return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no octet::Error thrown";
 }
 
 // Tolerances for comparing a kernel computed from dtype-d inputs against a float64 reference on

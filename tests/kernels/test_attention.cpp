@@ -102,20 +102,6 @@ RefGrads ref_backward(const std::vector<double>& dout, const std::vector<double>
   return g;
 }
 
-// Passes when f throws an Error whose message contains every part.
-template <class F>
-::testing::AssertionResult throws_mentioning(F&& f, std::initializer_list<const char*> parts) {
-  std::string msg = "<no error thrown>";
-  try {
-    f();
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  for (const char* p : parts) {
-    if (msg.find(p) == std::string::npos) return ::testing::AssertionFailure() << "'" << p << "' not in: " << msg;
-  }
-  return ::testing::AssertionSuccess();
-}
 
 struct Inputs {
   Tensor q, k, v;
@@ -298,20 +284,20 @@ TEST(Attention, ErrorsNameTheShapes) {
   const Tensor wide_k = random_tensor({2, 3, 7, 16}), short_v = random_tensor({2, 3, 6, 8});
   const Tensor heads4 = random_tensor({2, 4, 7, 8}), q3 = random_tensor({3, 5, 8}), k16 = k.to(DType::bf16);
   using kernels::attention_forward;
-  EXPECT_TRUE(throws_mentioning([&] { attention_forward(q, wide_k, v, 1); }, {"attention_forward", "[2, 3, 7, 16]"}));
-  EXPECT_TRUE(throws_mentioning([&] { attention_forward(q, k, short_v, 1); }, {"[2, 3, 7, 8]", "[2, 3, 6, 8]"}));
-  EXPECT_TRUE(throws_mentioning([&] { attention_forward(q, heads4, heads4, 1); }, {"[2, 3, 5, 8]", "[2, 4, 7, 8]"}));
-  EXPECT_TRUE(throws_mentioning([&] { attention_forward(q3, k, v, 1); }, {"attention_forward", "[3, 5, 8]"}));
-  EXPECT_TRUE(throws_mentioning([&] { attention_forward(q, k16, v, 1); }, {"attention_forward", "bf16"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_forward(q, wide_k, v, 1); }, {"attention_forward", "[2, 3, 7, 16]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_forward(q, k, short_v, 1); }, {"[2, 3, 7, 8]", "[2, 3, 6, 8]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_forward(q, heads4, heads4, 1); }, {"[2, 3, 5, 8]", "[2, 4, 7, 8]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_forward(q3, k, v, 1); }, {"attention_forward", "[3, 5, 8]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_forward(q, k16, v, 1); }, {"attention_forward", "bf16"}));
   const auto fwd = attention_forward(q, k, v, 1.0);
   const Tensor bad_dout = random_tensor({2, 3, 5, 7}), bad_lse = random_tensor({2, 3, 7}),
                lse64 = fwd.lse.to(DType::f64);
   using kernels::attention_backward;
-  EXPECT_TRUE(throws_mentioning([&] { attention_backward(bad_dout, q, k, v, fwd.out, fwd.lse, 1); },
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_backward(bad_dout, q, k, v, fwd.out, fwd.lse, 1); },
                                 {"attention_backward", "[2, 3, 5, 7]", "[2, 3, 5, 8]"}));
-  EXPECT_TRUE(throws_mentioning([&] { attention_backward(fwd.out, q, k, v, fwd.out, bad_lse, 1); },
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_backward(fwd.out, q, k, v, fwd.out, bad_lse, 1); },
                                 {"attention_backward", "lse", "[2, 3, 7]", "[2, 3, 5]"}));
-  EXPECT_TRUE(throws_mentioning([&] { attention_backward(fwd.out, q, k, v, fwd.out, lse64, 1); }, {"lse", "f64"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { attention_backward(fwd.out, q, k, v, fwd.out, lse64, 1); }, {"lse", "f64"}));
 }
 
 }  // namespace

@@ -25,22 +25,10 @@ using octet::testing::uniform_tensor;
 using Ref1 = std::function<double(double)>;
 using Ref2 = std::function<double(double, double)>;
 
+using octet::testing::throws_with;
+
 std::vector<double> host(const Tensor& t) { return t.to_vector<double>(); }
 
-// Runs f and checks that it throws an octet::Error whose message contains every part.
-template <class F>
-::testing::AssertionResult throws_with(F f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      if (msg.find(p) == std::string::npos)
-        return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "no octet::Error thrown";
-}
 
 // Offset into a tensor of shape s of the output multi-index idx (s right-aligned, extent-1 dims read 0).
 int64_t source_offset(const std::vector<int64_t>& idx, const Shape& s) {

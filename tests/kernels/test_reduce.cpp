@@ -24,21 +24,10 @@ using octet::testing::uniform_tensor;
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+using octet::testing::throws_with;
+
 std::vector<double> host(const Tensor& t) { return t.to_vector<double>(); }
 
-template <class F>
-::testing::AssertionResult throws_with(F f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      if (msg.find(p) == std::string::npos)
-        return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "no octet::Error thrown";
-}
 
 // One reduced row of the reference: the values x[o, 0..n, i] and where they sit in the input.
 struct Row {

@@ -48,20 +48,6 @@ Shape with_extent(Shape shape, int64_t dim, int64_t e) {
   return ::testing::AssertionFailure() << "bits differ: " << all_close(actual, expected, 0, 0).message();
 }
 
-// Passes when f throws an Error whose message contains every part.
-template <class F>
-::testing::AssertionResult throws_mentioning(F&& f, std::initializer_list<const char*> parts) {
-  std::string msg = "<no error thrown>";
-  try {
-    f();
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  for (const char* p : parts) {
-    if (msg.find(p) == std::string::npos) return ::testing::AssertionFailure() << "'" << p << "' not in: " << msg;
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // The references below loop over output indices in plain C++ and return a tensor of x's dtype
 // (moved values are exact in it).
@@ -173,10 +159,10 @@ TEST(Permute, ScalarAndIntegerTensors) {
 
 TEST(Permute, ErrorsNameDimsAndShape) {
   const Tensor x = random_tensor({2, 3, 4});
-  EXPECT_TRUE(throws_mentioning([&] { kernels::permute(x, {0, 0, 2}); }, {"permute", "(0, 0, 2)", "[2, 3, 4]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::permute(x, {1, 0}); }, {"permute", "(1, 0)", "[2, 3, 4]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::permute(x, {0, 1, 3}); }, {"permute", "[2, 3, 4]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::transpose_last2(random_tensor({5})); }, {"transpose_last2", "[5]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::permute(x, {0, 0, 2}); }, {"permute", "(0, 0, 2)", "[2, 3, 4]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::permute(x, {1, 0}); }, {"permute", "(1, 0)", "[2, 3, 4]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::permute(x, {0, 1, 3}); }, {"permute", "[2, 3, 4]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::transpose_last2(random_tensor({5})); }, {"transpose_last2", "[5]"}));
 }
 
 // ---- concat / split / slice --------------------------------------------------------------------------
@@ -267,14 +253,14 @@ TEST(Slice, BackwardPlacesGradAndZerosTheRest) {
 
 TEST(ConcatSplitSlice, ErrorsNameTheShapes) {
   const Tensor a = random_tensor({2, 3, 4}), b = random_tensor({2, 5, 5});
-  EXPECT_TRUE(throws_mentioning([&] { kernels::concat({a, b}, 1); }, {"concat", "[2, 3, 4]", "[2, 5, 5]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::concat({a, a.to(DType::bf16)}, 0); }, {"concat", "bf16"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::concat({a, random_tensor({2, 3})}, 0); }, {"[2, 3, 4]", "[2, 3]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::concat({}, 0); }, {"concat"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::split(a, {1, 1}, 1); }, {"split", "(1, 1)", "[2, 3, 4]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::slice(a, 2, 3, 2); }, {"slice", "[3, 5)", "[2, 3, 4]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::slice(a, 3, 0, 1); }, {"slice", "[2, 3, 4]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::slice_backward(a, {2, 3, 5}, 1, 1); }, {"slice_backward", "[2, 3, 5]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::concat({a, b}, 1); }, {"concat", "[2, 3, 4]", "[2, 5, 5]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::concat({a, a.to(DType::bf16)}, 0); }, {"concat", "bf16"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::concat({a, random_tensor({2, 3})}, 0); }, {"[2, 3, 4]", "[2, 3]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::concat({}, 0); }, {"concat"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::split(a, {1, 1}, 1); }, {"split", "(1, 1)", "[2, 3, 4]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::slice(a, 2, 3, 2); }, {"slice", "[3, 5)", "[2, 3, 4]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::slice(a, 3, 0, 1); }, {"slice", "[2, 3, 4]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::slice_backward(a, {2, 3, 5}, 1, 1); }, {"slice_backward", "[2, 3, 5]"}));
 }
 
 // ---- patchify ------------------------------------------------------------------------------------------
@@ -324,9 +310,9 @@ INSTANTIATE_TEST_SUITE_P(Images, PatchifyTest,
 TEST(Patchify, ErrorsNameTheShape) {
   const Tensor odd = random_tensor({1, 3, 30, 28}), three_d = random_tensor({3, 28, 28});
   const Tensor wrong = random_tensor({2, 49, 48});  // 48 features, but C=1 and p=4 make 16
-  EXPECT_TRUE(throws_mentioning([&] { kernels::patchify(odd, 4); }, {"patchify", "30", "[1, 3, 30, 28]", "multiples"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::patchify(three_d, 4); }, {"patchify", "[3, 28, 28]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::unpatchify(wrong, 4, 1, 28, 28); }, {"[2, 49, 48]", "[2, 49, 16]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::patchify(odd, 4); }, {"patchify", "30", "[1, 3, 30, 28]", "multiples"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::patchify(three_d, 4); }, {"patchify", "[3, 28, 28]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::unpatchify(wrong, 4, 1, 28, 28); }, {"[2, 49, 48]", "[2, 49, 16]"}));
 }
 
 // ---- index_select ----------------------------------------------------------------------------------------
@@ -378,16 +364,16 @@ TEST(IndexSelect, ErrorsNameIndexAndExtent) {
   const Tensor x = random_tensor({5, 6});
   const Tensor bad = from_vector(std::vector<int64_t>{1, 9}, {2});
   EXPECT_TRUE(
-      throws_mentioning([&] { kernels::index_select(x, 0, bad); }, {"index_select", "index 9", "extent 5", "[5, 6]"}));
+      octet::testing::throws_with([&] { kernels::index_select(x, 0, bad); }, {"index_select", "index 9", "extent 5", "[5, 6]"}));
   const Tensor neg = from_vector(std::vector<int64_t>{-1}, {1});
-  EXPECT_TRUE(throws_mentioning([&] { kernels::index_select(x, 1, neg); }, {"index -1", "extent 6"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::index_select(x, 0, random_tensor({2})); }, {"i64 or i32", "f32[2]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::index_select(x, 0, zeros({1, 2}, DType::i64)); }, {"1-D", "[1, 2]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::index_select(x, 1, neg); }, {"index -1", "extent 6"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::index_select(x, 0, random_tensor({2})); }, {"i64 or i32", "f32[2]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::index_select(x, 0, zeros({1, 2}, DType::i64)); }, {"1-D", "[1, 2]"}));
   const Tensor ok = from_vector(std::vector<int64_t>{1, 2}, {2});
   const Tensor g3 = random_tensor({3, 6}), g2 = random_tensor({2, 6});
   const auto wrong_grad = [&] { kernels::index_select_backward(g3, {5, 6}, 0, ok); };
-  EXPECT_TRUE(throws_mentioning(wrong_grad, {"index_select_backward", "[3, 6]", "[5, 6]"}));
-  EXPECT_TRUE(throws_mentioning([&] { kernels::index_select_backward(g2, {5, 6}, 0, bad); }, {"index 9", "extent 5"}));
+  EXPECT_TRUE(octet::testing::throws_with(wrong_grad, {"index_select_backward", "[3, 6]", "[5, 6]"}));
+  EXPECT_TRUE(octet::testing::throws_with([&] { kernels::index_select_backward(g2, {5, 6}, 0, bad); }, {"index 9", "extent 5"}));
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
   k::CrossEntropyOutput r = k::cross_entropy_forward(ld, td, label_smoothing, ignore_index);
   // Targets are class indices: only the logits are inputs to the graph.
   return record("cross_entropy", r.loss, {logits}, [=, lse = r.lse](const Grads& g) -> Grads {
-    return {k::cross_entropy_backward(ld, td, lse, g[0].item(), label_smoothing, ignore_index)};
+    return {k::cross_entropy_backward(ld, td, lse, g[0], label_smoothing, ignore_index)};
   });
 }
 

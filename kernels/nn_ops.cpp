@@ -185,7 +185,7 @@ CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& tar
   });
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                               double label_smoothing, int64_t ignore_index) {
   constexpr const char* op = "cross_entropy_backward";
   int64_t counted = 0;
@@ -195,13 +195,16 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   check_defined(op, {&lse});
   OCTET_CHECK(lse.shape() == Shape{N} && lse.dtype() == cd, op, ": lse must be ", dtype_name(cd), "[", N,
               "] as cross_entropy_forward returns it for logits ", logits.describe(), ", got ", lse.describe());
-  check_cpu(op, {&lse});
+  check_defined(op, {&dloss});
+  OCTET_CHECK(dloss.numel() == 1 && is_floating(dloss.dtype()), op, ": dloss must be a one-element floating tensor, got ",
+              dloss.describe());
+  check_cpu(op, {&lse, &dloss});
 
   return with_compute_type(logits.dtype(), [&]<class T>() -> Tensor {
     const Tensor zc = to_compute(logits);
     Tensor dlogits = empty(logits.shape(), cd);
     // The loss is a mean over counted rows; with none counted every row is ignored and gets 0.
-    const T grad_scale = counted == 0 ? T(0) : static_cast<T>(dloss / static_cast<double>(counted));
+    const T grad_scale = counted == 0 ? T(0) : static_cast<T>(dloss.item() / static_cast<double>(counted));
     cpu::cross_entropy_backward<T>(zc.data<T>(), t64.data<int64_t>(), lse.data<T>(), dlogits.data<T>(), N, C,
                                    grad_scale, static_cast<T>(label_smoothing), ignore_index);
     return dlogits.to(logits.dtype());

@@ -38,8 +38,9 @@ struct CrossEntropyOutput {
 };
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
                                          int64_t ignore_index = -100);
-// dloss: the scalar gradient of the loss. Returns dlogits in logits' dtype.
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+// dloss: the gradient of the loss, a one-element tensor on logits' device (a tensor, not a double,
+// so that a GPU backward never waits to read it on the host). Returns dlogits in logits' dtype.
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                               double label_smoothing = 0.0, int64_t ignore_index = -100);
 
 // ---- dropout ------------------------------------------------------------------------------------------

@@ -214,6 +214,19 @@ void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {
   impl_->autograd_meta().post_accumulate_hooks.push_back(std::move(hook));
 }
 
+void Tensor::set_data(const Tensor& src) const {
+  require_defined("set_data");
+  OCTET_CHECK(src.defined(), "set_data: the source is undefined; pass a tensor holding the new data");
+  OCTET_CHECK(is_leaf(), "set_data: ", describe(), " is the output of an operation; only leaves (parameters, "
+              "buffers) can be retargeted. Detach it first if you mean a new tensor");
+  OCTET_CHECK(!requires_grad() || is_floating(src.dtype()), "set_data: ", describe(),
+              " requires grad, so its data must stay floating; got ", src.describe());
+  impl_->storage = src.impl_->storage;
+  impl_->offset = src.impl_->offset;
+  impl_->shape = src.impl_->shape;
+  impl_->dtype = src.impl_->dtype;
+}
+
 // ---- printing -------------------------------------------------------------------------------------
 
 namespace {

@@ -91,6 +91,11 @@ class Tensor {
   bool is_leaf() const { return grad_fn() == nullptr; }
   void register_hook(GradHook hook);
   void register_post_accumulate_grad_hook(PostAccumulateGradHook hook);  // leaves only
+  // PyTorch's `param.data = src`: points this tensor's metadata at src's storage, offset, shape and
+  // dtype while keeping its autograd state (requires_grad, grad, hooks), so every handle sharing it
+  // (a Module's parameter list, an optimizer, an AccumulateGrad node) sees the new data. Leaves
+  // only. The grad is left as is: a caller that changes shape, dtype or device moves or drops it.
+  void set_data(const Tensor& src) const;
   // Runs the backward pass from this tensor. `grad` defaults to 1 for a one-element tensor.
   // Defined in autograd/engine.cpp: link octet_autograd to use it.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;

@@ -1,0 +1,76 @@
+// The parameter-light layers: Linear, LayerNorm, GELU, Dropout, DropPath and the loss.
+#include "autograd/ops.h"
+#include "core/grad_mode.h"
+#include "nn/init.h"
+#include "nn/layers.h"
+
+namespace octet::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
+    : Module("Linear"), in_features(in_features), out_features(out_features) {
+  OCTET_CHECK(in_features > 0 && out_features > 0, "Linear: in_features and out_features must be positive, got ",
+              in_features, " and ", out_features);
+  weight = register_parameter("weight", empty({out_features, in_features}));
+  if (bias) this->bias = register_parameter("bias", empty({out_features}));
+  if (init_enabled()) reset_parameters(default_generator());
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  OCTET_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "Linear(", in_features, " -> ", out_features,
+              "): input ", x.describe(), " must end in ", in_features, " features");
+  return linear(x, weight, bias);
+}
+
+void Linear::reset_parameters(Generator& gen) { pytorch_default_init_(weight, bias, gen); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : Module("LayerNorm"), dim(dim), eps(eps) {
+  OCTET_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
+  weight = register_parameter("weight", empty({dim}));
+  bias = register_parameter("bias", empty({dim}));
+  if (init_enabled()) reset_parameters();
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
+
+void LayerNorm::reset_parameters() {
+  ones_(weight);
+  zeros_(bias);
+}
+
+Dropout::Dropout(double p, Generator* gen) : Module("Dropout"), p(p), gen_(gen) {
+  OCTET_CHECK(p >= 0.0 && p < 1.0, "Dropout: p must be in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training(), gen_); }
+
+DropPath::DropPath(double p, Generator* gen) : Module("DropPath"), p(p), gen_(gen) {
+  OCTET_CHECK(p >= 0.0 && p < 1.0, "DropPath: p must be in [0, 1), got ", p);
+}
+
+Tensor DropPath::forward(const Tensor& x) {
+  if (!is_training() || p == 0.0) return x;
+  OCTET_CHECK(x.dim() >= 1, "DropPath: input ", x.describe(), " needs a batch dim");
+  // One keep/drop decision per sample, broadcast over the rest: mask [B, 1, ..., 1].
+  Shape mask_shape(static_cast<size_t>(x.dim()), 1);
+  mask_shape[0] = x.size(0);
+  Generator& gen = gen_ != nullptr ? *gen_ : default_generator();
+  const double keep = 1.0 - p;
+  std::vector<double> mask = rand(mask_shape, gen, DType::f32).to_vector<double>();
+  for (double& m : mask) m = m < keep ? 1.0 / keep : 0.0;
+  return mul(x, from_vector(mask, mask_shape, x.dtype(), x.device()));
+}
+
+GELU::GELU(kernels::GeluApproximation approximation) : Module("GELU"), approximation(approximation) {}
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x, approximation); }
+
+CrossEntropyLoss::CrossEntropyLoss(double label_smoothing) : label_smoothing(label_smoothing) {
+  OCTET_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0,
+              "CrossEntropyLoss: label_smoothing must be in [0, 1], got ", label_smoothing);
+}
+
+Tensor CrossEntropyLoss::operator()(const Tensor& logits, const Tensor& targets) const {
+  return cross_entropy(logits, targets, label_smoothing);
+}
+
+}  // namespace octet::nn

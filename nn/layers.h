@@ -1,0 +1,154 @@
+#pragma once
+// The layers of a Vision Transformer, with PyTorch's and timm's names, parameter layouts and
+// defaults, so that a timm checkpoint's keys and shapes map one to one.
+//
+// Parameters are f32 on the CPU when constructed; Module::to moves them. Constructors initialise
+// parameters with PyTorch's defaults from default_generator(), unless a SkipInitGuard is active
+// (models that initialise themselves, as timm's ViT does, construct their layers inside one).
+// Dropout and DropPath draw their masks from the Generator given at construction
+// (default_generator() when null), which must outlive the layer.
+#include <cstdint>
+#include <memory>
+
+#include "core/random.h"
+#include "kernels/nn_ops.h"
+#include "nn/module.h"
+
+namespace octet::nn {
+
+// y = x·Wᵀ + b over the last dim: x [..., in] -> [..., out].
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator& gen);  // PyTorch's default: uniform in ±1/sqrt(in_features)
+
+  const int64_t in_features, out_features;
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out]; undefined when built with bias = false
+};
+
+// Normalises over the last dim, then scales and shifts. eps defaults to timm's ViT value.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-6);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();  // weight ones, bias zeros
+
+  const int64_t dim;
+  const double eps;
+  Tensor weight, bias;  // [dim]
+};
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p); identity in eval mode or
+// when p == 0.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  const double p;
+
+ private:
+  Generator* gen_;
+};
+
+// Stochastic depth (timm's DropPath): in training, each sample of the batch (dim 0) has its whole
+// residual branch zeroed with probability p, and kept samples are scaled by 1/(1-p).
+class DropPath : public Module {
+ public:
+  explicit DropPath(double p = 0.0, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  const double p;
+
+ private:
+  Generator* gen_;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(kernels::GeluApproximation approximation = kernels::GeluApproximation::None);
+  Tensor forward(const Tensor& x) override;
+  const kernels::GeluApproximation approximation;
+};
+
+// timm's Mlp: fc1 -> GELU -> drop1 -> fc2 -> drop2.
+class Mlp : public Module {
+ public:
+  Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop = 0.0,
+      Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<Linear> fc1;
+  std::shared_ptr<GELU> act;
+  std::shared_ptr<Dropout> drop1;
+  std::shared_ptr<Linear> fc2;
+  std::shared_ptr<Dropout> drop2;
+};
+
+// timm's Attention: one fused qkv projection [3·dim, dim] whose output is read as [B, N, 3, H, hd]
+// (q, k and v each a contiguous block of dim rows of the weight, heads contiguous inside them),
+// scaled dot-product attention per head, then the output projection. x [B, N, dim] -> [B, N, dim].
+class MultiheadAttention : public Module {
+ public:
+  // attn_drop must be 0: the attention kernels have no dropout (timm's ViTs use 0).
+  MultiheadAttention(int64_t dim, int64_t num_heads, bool qkv_bias = true, double attn_drop = 0.0,
+                     double proj_drop = 0.0, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  const int64_t dim, num_heads, head_dim;
+  std::shared_ptr<Linear> qkv;
+  std::shared_ptr<Linear> proj;
+  std::shared_ptr<Dropout> proj_drop;
+};
+
+// timm's pre-norm Block: x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x))).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio = 4.0, bool qkv_bias = true,
+                   double proj_drop = 0.0, double attn_drop = 0.0, double drop_path = 0.0, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<LayerNorm> norm1;
+  std::shared_ptr<MultiheadAttention> attn;
+  std::shared_ptr<DropPath> drop_path1;
+  std::shared_ptr<LayerNorm> norm2;
+  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<DropPath> drop_path2;
+};
+
+// A Conv2d whose stride equals its kernel, as PatchEmbed uses it: every p×p patch is projected on
+// its own, so the convolution is patchify (features in (c, ky, kx) order) followed by a Linear with
+// the weight read as [D, C·p·p]. Returns tokens [B, N, D] (timm's conv output flattened and
+// transposed) for images [B, C, H, W].
+class PatchProjection : public Module {
+ public:
+  PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t patch_size);
+  Tensor forward(const Tensor& images) override;
+  void reset_parameters(Generator& gen);  // PyTorch's Conv2d default: uniform in ±1/sqrt(C·p·p)
+
+  const int64_t in_chans, embed_dim, patch_size;
+  Tensor weight;  // [D, C, p, p]
+  Tensor bias;    // [D]
+};
+
+// timm's PatchEmbed: images [B, C, img, img] -> patch tokens [B, (img/p)², D] through `proj`.
+class PatchEmbed : public Module {
+ public:
+  PatchEmbed(int64_t img_size, int64_t patch_size, int64_t in_chans, int64_t embed_dim);
+  Tensor forward(const Tensor& images) override;
+
+  const int64_t img_size, patch_size, in_chans, embed_dim, num_patches;
+  std::shared_ptr<PatchProjection> proj;
+};
+
+// Mean softmax cross-entropy of logits [N, C] against class indices [N] (i64), with PyTorch's
+// label smoothing: the target is (1 - s)·onehot + s/C. Not a Module: it takes two inputs and holds
+// no parameters.
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(double label_smoothing = 0.0);
+  Tensor operator()(const Tensor& logits, const Tensor& targets) const;
+  const double label_smoothing;
+};
+
+}  // namespace octet::nn

@@ -1,0 +1,77 @@
+// The transformer's building blocks: timm's Mlp and pre-norm Block, and the patch embedding.
+#include "autograd/ops.h"
+#include "nn/init.h"
+#include "nn/layers.h"
+
+namespace octet::nn {
+
+Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop, Generator* gen)
+    : Module("Mlp") {
+  fc1 = register_module("fc1", std::make_shared<Linear>(in_features, hidden_features));
+  act = register_module("act", std::make_shared<GELU>());
+  drop1 = register_module("drop1", std::make_shared<Dropout>(drop, gen));
+  fc2 = register_module("fc2", std::make_shared<Linear>(hidden_features, out_features));
+  drop2 = register_module("drop2", std::make_shared<Dropout>(drop, gen));
+}
+
+Tensor Mlp::forward(const Tensor& x) { return (*drop2)((*fc2)((*drop1)((*act)((*fc1)(x))))); }
+
+TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias, double proj_drop,
+                                   double attn_drop, double drop_path, Generator* gen)
+    : Module("TransformerBlock") {
+  OCTET_CHECK(mlp_ratio > 0, "TransformerBlock: mlp_ratio must be positive, got ", mlp_ratio);
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(dim));
+  attn = register_module("attn",
+                         std::make_shared<MultiheadAttention>(dim, num_heads, qkv_bias, attn_drop, proj_drop, gen));
+  drop_path1 = register_module("drop_path1", std::make_shared<DropPath>(drop_path, gen));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(dim));
+  // timm: hidden_features = int(dim * mlp_ratio).
+  const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * mlp_ratio);
+  mlp = register_module("mlp", std::make_shared<Mlp>(dim, hidden, dim, proj_drop, gen));
+  drop_path2 = register_module("drop_path2", std::make_shared<DropPath>(drop_path, gen));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  const Tensor h = x + (*drop_path1)((*attn)((*norm1)(x)));
+  return h + (*drop_path2)((*mlp)((*norm2)(h)));
+}
+
+PatchProjection::PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t patch_size)
+    : Module("PatchProjection"), in_chans(in_chans), embed_dim(embed_dim), patch_size(patch_size) {
+  OCTET_CHECK(in_chans > 0 && embed_dim > 0 && patch_size > 0, "PatchProjection: in_chans ", in_chans,
+              ", embed_dim ", embed_dim, " and patch_size ", patch_size, " must be positive");
+  weight = register_parameter("weight", empty({embed_dim, in_chans, patch_size, patch_size}));
+  bias = register_parameter("bias", empty({embed_dim}));
+  if (init_enabled()) reset_parameters(default_generator());
+}
+
+Tensor PatchProjection::forward(const Tensor& images) {
+  OCTET_CHECK(images.dim() == 4 && images.size(1) == in_chans, "PatchProjection: images ", images.describe(),
+              " must be [B, ", in_chans, ", H, W]");
+  const Tensor patches = patchify(images, patch_size);  // [B, N, C·p·p], features in (c, ky, kx) order
+  return linear(patches, reshape(weight, {embed_dim, in_chans * patch_size * patch_size}), bias);
+}
+
+void PatchProjection::reset_parameters(Generator& gen) { pytorch_default_init_(weight, bias, gen); }
+
+PatchEmbed::PatchEmbed(int64_t img_size, int64_t patch_size, int64_t in_chans, int64_t embed_dim)
+    : Module("PatchEmbed"),
+      img_size(img_size),
+      patch_size(patch_size),
+      in_chans(in_chans),
+      embed_dim(embed_dim),
+      num_patches(patch_size > 0 ? (img_size / patch_size) * (img_size / patch_size) : 0) {
+  OCTET_CHECK(patch_size > 0 && img_size > 0 && img_size % patch_size == 0, "PatchEmbed: img_size ", img_size,
+              " must be a positive multiple of patch_size ", patch_size);
+  proj = register_module("proj", std::make_shared<PatchProjection>(in_chans, embed_dim, patch_size));
+}
+
+Tensor PatchEmbed::forward(const Tensor& images) {
+  OCTET_CHECK(images.dim() == 4 && images.size(1) == in_chans && images.size(2) == img_size &&
+                  images.size(3) == img_size,
+              "PatchEmbed: images ", images.describe(), " must be [B, ", in_chans, ", ", img_size, ", ", img_size,
+              "]; resize the images or build the model for this size");
+  return (*proj)(images);
+}
+
+}  // namespace octet::nn

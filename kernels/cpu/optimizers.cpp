@@ -1,0 +1,81 @@
+// Fused AdamW and SGD updates and the blocked sum of squares, on the CPU. Each element's update is
+// independent of every other, so a static OpenMP split gives the same bits for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/float_formats.h"
+#include "kernels/cpu/optimizers_cpu.h"
+
+namespace octet::kernels::cpu {
+namespace {
+
+// Below this many elements the OpenMP fork costs more than the update itself.
+constexpr int64_t kParallelWork = int64_t{1} << 15;
+// sum_of_squares sums fixed blocks, then the block sums in block order: the blocking does not depend
+// on the thread count, and short partial sums lose less precision than one long running sum.
+constexpr int64_t kSumBlock = int64_t{1} << 14;
+
+}  // namespace
+
+template <class T, class G>
+void adamw_step(T* param, const G* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWConstants<T>& c) {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = static_cast<T>(grad[i]);
+    const T m = c.beta1 * exp_avg[i] + c.one_minus_beta1 * g;
+    const T v = c.beta2 * exp_avg_sq[i] + c.one_minus_beta2 * g * g;
+    const T denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = param[i] * c.decay - c.step_size * m / denom;
+  }
+}
+
+template <class T, class G>
+void sgd_step(T* param, const G* grad, T* buffer, int64_t n, const SgdConstants<T>& c) {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    T d = static_cast<T>(grad[i]);
+    // Skipped at 0 rather than multiplied by it, so an inf parameter does not turn d into NaN.
+    if (c.weight_decay != 0) d += c.weight_decay * param[i];
+    if (buffer) {
+      const T b = c.first_step ? d : c.momentum * buffer[i] + c.one_minus_dampening * d;
+      buffer[i] = b;
+      d = c.nesterov ? d + c.momentum * b : b;
+    }
+    param[i] -= c.lr * d;
+  }
+}
+
+template <class T>
+double sum_of_squares(const T* x, int64_t n) {
+  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    const int64_t end = std::min(n, (b + 1) * kSumBlock);
+    for (int64_t i = b * kSumBlock; i < end; ++i) {
+      const double v = static_cast<double>(x[i]);
+      s += v * v;
+    }
+    partial[static_cast<size_t>(b)] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+template void adamw_step<float, float>(float*, const float*, float*, float*, int64_t, const AdamWConstants<float>&);
+template void adamw_step<float, bfloat16>(float*, const bfloat16*, float*, float*, int64_t,
+                                          const AdamWConstants<float>&);
+template void adamw_step<double, double>(double*, const double*, double*, double*, int64_t,
+                                         const AdamWConstants<double>&);
+template void sgd_step<float, float>(float*, const float*, float*, int64_t, const SgdConstants<float>&);
+template void sgd_step<float, bfloat16>(float*, const bfloat16*, float*, int64_t, const SgdConstants<float>&);
+template void sgd_step<double, double>(double*, const double*, double*, int64_t, const SgdConstants<double>&);
+template double sum_of_squares<float>(const float*, int64_t);
+template double sum_of_squares<double>(const double*, int64_t);
+
+}  // namespace octet::kernels::cpu

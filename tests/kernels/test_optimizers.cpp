@@ -1,0 +1,268 @@
+// The fused AdamW and SGD updates and the blocked sum of squares, against float64 references written
+// here from the textbook formulas (bias-corrected m̂ and v̂ for Adam; the weight decay as p - lr·wd·p),
+// on random inputs already rounded to the tested dtypes. Then the argument errors.
+#include "kernels/optimizers.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tests/testing.h"
+
+namespace {
+
+using namespace octet;
+using octet::testing::all_close;
+using octet::testing::random_tensor;
+using octet::testing::throws_with;
+using octet::testing::uniform_tensor;
+using Vec = std::vector<double>;
+
+Vec vals(const Tensor& t) { return t.to_vector<double>(); }
+
+// Large enough that the CPU kernels take their OpenMP path.
+constexpr int64_t kLarge = 100003;
+
+struct AdamWCase {
+  DType param_dtype, grad_dtype;
+  int64_t n;
+  int64_t step;
+  double weight_decay;
+};
+
+void PrintTo(const AdamWCase& c, std::ostream* os) {
+  *os << "param " << dtype_name(c.param_dtype) << ", grad " << dtype_name(c.grad_dtype) << ", n " << c.n << ", step "
+      << c.step << ", weight_decay " << c.weight_decay;
+}
+
+struct AdamRef {
+  Vec p, m, v;
+};
+
+AdamRef ref_adamw(Vec p, const Vec& g, Vec m, Vec v, double lr, double b1, double b2, double eps, double wd,
+                  int64_t step) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] -= lr * wd * p[i];
+    m[i] = b1 * m[i] + (1 - b1) * g[i];
+    v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+    const double m_hat = m[i] / (1 - std::pow(b1, step));
+    const double v_hat = v[i] / (1 - std::pow(b2, step));
+    p[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+  }
+  return {p, m, v};
+}
+
+class AdamWKernel : public ::testing::TestWithParam<AdamWCase> {};
+
+TEST_P(AdamWKernel, MatchesFloat64Reference) {
+  const AdamWCase c = GetParam();
+  const double lr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8;
+  const Tensor p = random_tensor({c.n}, c.param_dtype, 1);
+  const Tensor g = random_tensor({c.n}, c.grad_dtype, 2, 0.1);
+  // Mid-training moments: m of either sign, v positive and of the order of g².
+  const Tensor m = random_tensor({c.n}, c.param_dtype, 3, 0.05);
+  const Tensor v = uniform_tensor({c.n}, 1e-4, 2e-2, c.param_dtype, 4);
+  const AdamRef want = ref_adamw(vals(p), vals(g), vals(m), vals(v), lr, b1, b2, eps, c.weight_decay, c.step);
+
+  kernels::adamw_step_(p, g, m, v, lr, b1, b2, eps, c.weight_decay, c.step);
+  // f32 arithmetic on O(1) values: a few ulps of the result.
+  const double tol = c.param_dtype == DType::f64 ? 1e-13 : 2e-6;
+  EXPECT_TRUE(all_close(p, want.p, tol, tol));
+  EXPECT_TRUE(all_close(m, want.m, tol * 0.1, tol));
+  EXPECT_TRUE(all_close(v, want.v, tol * 0.01, tol));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, AdamWKernel,
+                         ::testing::Values(AdamWCase{DType::f32, DType::f32, 37, 1, 0.05},
+                                           AdamWCase{DType::f32, DType::f32, kLarge, 9, 0.05},
+                                           AdamWCase{DType::f32, DType::bf16, kLarge, 3, 0.1},
+                                           AdamWCase{DType::f64, DType::f64, 37, 1, 0.0},
+                                           AdamWCase{DType::f64, DType::f64, kLarge, 1000, 0.05}));
+
+// The first step from zero moments moves every element by about lr (m̂/sqrt(v̂) = sign(g)).
+TEST(AdamWKernelSteps, FirstStepMovesByLrTimesSign) {
+  const int64_t n = 50;
+  const Tensor p = random_tensor({n}, DType::f64, 5);
+  const Tensor g = random_tensor({n}, DType::f64, 6);
+  const Tensor m = zeros({n}, DType::f64), v = zeros({n}, DType::f64);
+  const Vec p0 = vals(p), gv = vals(g);
+  kernels::adamw_step_(p, g, m, v, 0.01, 0.9, 0.999, 0.0, 0.0, 1);
+  Vec want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = p0[i] - 0.01 * (gv[i] > 0 ? 1 : -1);
+  EXPECT_TRUE(all_close(p, want, 1e-15, 1e-13));
+}
+
+struct SgdCase {
+  DType param_dtype, grad_dtype;
+  int64_t n;
+  double momentum, dampening;
+  bool nesterov;
+  double weight_decay;
+  bool first_step;
+};
+
+void PrintTo(const SgdCase& c, std::ostream* os) {
+  *os << "param " << dtype_name(c.param_dtype) << ", grad " << dtype_name(c.grad_dtype) << ", n " << c.n
+      << ", momentum " << c.momentum << ", dampening " << c.dampening << (c.nesterov ? ", nesterov" : "")
+      << ", weight_decay " << c.weight_decay << (c.first_step ? ", first step" : "");
+}
+
+void ref_sgd(Vec& p, const Vec& g, Vec& buf, const SgdCase& c, double lr) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double d = g[i] + c.weight_decay * p[i];
+    double step = d;
+    if (c.momentum != 0) {
+      buf[i] = c.first_step ? d : c.momentum * buf[i] + (1 - c.dampening) * d;
+      step = c.nesterov ? d + c.momentum * buf[i] : buf[i];
+    }
+    p[i] = p[i] - lr * step;
+  }
+}
+
+class SgdKernel : public ::testing::TestWithParam<SgdCase> {};
+
+TEST_P(SgdKernel, MatchesFloat64Reference) {
+  const SgdCase c = GetParam();
+  const double lr = 0.05;
+  const Tensor p = random_tensor({c.n}, c.param_dtype, 11);
+  const Tensor g = random_tensor({c.n}, c.grad_dtype, 12);
+  const Tensor buf = c.momentum != 0 ? random_tensor({c.n}, c.param_dtype, 13) : Tensor();
+  Vec want_p = vals(p), want_buf = buf.defined() ? vals(buf) : Vec(c.n);
+  ref_sgd(want_p, vals(g), want_buf, c, lr);
+
+  kernels::sgd_step_(p, g, buf, lr, c.momentum, c.dampening, c.nesterov, c.weight_decay, c.first_step);
+  const double tol = c.param_dtype == DType::f64 ? 1e-14 : 1e-6;
+  EXPECT_TRUE(all_close(p, want_p, tol, tol));
+  if (buf.defined()) {
+    EXPECT_TRUE(all_close(buf, want_buf, tol, tol));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, SgdKernel,
+    ::testing::Values(SgdCase{DType::f32, DType::f32, 41, 0.0, 0.0, false, 0.0, false},
+                      SgdCase{DType::f32, DType::f32, kLarge, 0.0, 0.0, false, 1e-2, true},
+                      SgdCase{DType::f32, DType::f32, kLarge, 0.9, 0.1, false, 1e-2, false},
+                      SgdCase{DType::f32, DType::bf16, kLarge, 0.9, 0.0, true, 1e-2, false},
+                      SgdCase{DType::f32, DType::f32, 41, 0.9, 0.5, false, 0.0, true},
+                      SgdCase{DType::f64, DType::f64, 41, 0.8, 0.0, true, 5e-3, true},
+                      SgdCase{DType::f64, DType::f64, kLarge, 0.8, 0.3, false, 5e-3, false}));
+
+TEST(SgdKernelSteps, MomentumZeroIgnoresAGivenBuffer) {
+  const Tensor p = random_tensor({9}, DType::f64, 20), g = random_tensor({9}, DType::f64, 21);
+  const Tensor buf = random_tensor({9}, DType::f64, 22);
+  const Vec buf0 = vals(buf), p0 = vals(p), gv = vals(g);
+  kernels::sgd_step_(p, g, buf, 0.1, 0.0, 0.0, false, 0.0, false);
+  Vec want(9);
+  for (int i = 0; i < 9; ++i) want[i] = p0[i] - 0.1 * gv[i];
+  EXPECT_TRUE(all_close(p, want, 1e-15, 1e-15));
+  EXPECT_EQ(vals(buf), buf0);
+}
+
+// ---- sum of squares -------------------------------------------------------------------------------------
+
+TEST(SumOfSquares, MatchesLongDoubleReferenceForEveryFloatingDtype) {
+  for (DType d : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{3 * kLarge}}) {
+      const Tensor t = random_tensor({n}, d, 30 + n);
+      long double want = 0;
+      for (double x : vals(t)) want += static_cast<long double>(x) * x;
+      const double got = kernels::sum_of_squares(t);
+      EXPECT_NEAR(got, static_cast<double>(want), 1e-12 * static_cast<double>(want)) << dtype_name(d) << " n=" << n;
+    }
+  }
+}
+
+TEST(SumOfSquares, SameBitsForAnyThreadCount) {
+  const Tensor t = random_tensor({5 * kLarge}, DType::f32, 40);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = kernels::sum_of_squares(t);
+  omp_set_num_threads(3);
+  const double three = kernels::sum_of_squares(t);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, three);
+}
+
+TEST(SumOfSquares, InfAndNanPropagate) {
+  const Tensor t = random_tensor({100}, DType::f32, 41);
+  t.data<float>()[17] = INFINITY;
+  EXPECT_TRUE(std::isinf(kernels::sum_of_squares(t)));
+  t.data<float>()[3] = NAN;
+  EXPECT_TRUE(std::isnan(kernels::sum_of_squares(t)));
+}
+
+// ---- errors -----------------------------------------------------------------------------------------------
+
+// A "cuda:0" tensor faked over host memory, so the device checks run without a GPU; the checks
+// fail before any byte is touched.
+Tensor fake_cuda_tensor(const Shape& shape) {
+  const Tensor host = random_tensor(shape);
+  auto storage = std::make_shared<Storage>(host.data_ptr(), host.nbytes(), Device::cuda(0), [host](void*) {});
+  return Tensor(storage, 0, shape, DType::f32);
+}
+
+void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double lr = 1e-3, double b1 = 0.9,
+           double b2 = 0.999, double eps = 1e-8, double wd = 0.0, int64_t step = 1) {
+  kernels::adamw_step_(p, g, m, v, lr, b1, b2, eps, wd, step);
+}
+
+TEST(OptimizerKernelErrors, ShapesDtypesAndDevicesAreNamedWithTheFix) {
+  const Tensor p = random_tensor({4, 3}), g = random_tensor({4, 3}, DType::f32, 2);
+  const Tensor m = zeros({4, 3}), v = zeros({4, 3});
+  EXPECT_TRUE(throws_with([&] { adamw(p, random_tensor({12}), m, v); },
+                          {"adamw_step_", "f32[12]", "f32[4, 3]", "param's shape"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, zeros({3, 4}), v); }, {"adamw_step_", "f32[3, 4]", "state"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, zeros({4, 3}, DType::f64)); }, {"adamw_step_", "f64[4, 3]", "dtype"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p.to(DType::bf16), g.to(DType::bf16), m, v); },
+                          {"adamw_step_", "bf16[4, 3]", "master weights", "f32"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g.to(DType::f16), m, v); }, {"adamw_step_", "f16[4, 3]", ".to(f32)"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p.to(DType::f64), g.to(DType::bf16), m.to(DType::f64), v.to(DType::f64)); },
+                          {"adamw_step_", "bf16", "f64"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, Tensor()); }, {"adamw_step_", "undefined"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, fake_cuda_tensor({4, 3}), m, v); },
+                          {"adamw_step_", "cuda:0", "cpu", ".to(device)"}));
+  const Tensor pc = fake_cuda_tensor({4, 3}), gc = fake_cuda_tensor({4, 3});
+  const Tensor mc = fake_cuda_tensor({4, 3}), vc = fake_cuda_tensor({4, 3});
+  EXPECT_TRUE(throws_with([&] { adamw(pc, gc, mc, vc); }, {"adamw_step_", "no CUDA kernel yet", "cuda:0"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(pc, gc, Tensor(), 0.1, 0, 0, false, 0, true); },
+                          {"sgd_step_", "no CUDA kernel yet"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares(gc); }, {"sum_of_squares", "no CUDA kernel yet"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares(arange(5)); }, {"sum_of_squares", "floating", "i64[5]"}));
+}
+
+TEST(OptimizerKernelErrors, AliasedTensorsAreRefused) {
+  const Tensor p = random_tensor({8}), m = zeros({8}), v = zeros({8});
+  EXPECT_TRUE(throws_with([&] { adamw(p, p, m, v); }, {"adamw_step_", "param and grad share memory"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, random_tensor({8}), m, m); }, {"adamw_step_", "share memory"}));
+  // Overlapping views of one buffer.
+  const Tensor flat = random_tensor({12});
+  EXPECT_TRUE(throws_with([&] { adamw(flat.narrow(0, 8), random_tensor({8}), flat.narrow(4, 8), v); },
+                          {"adamw_step_", "shares memory"}));
+  // Disjoint views are fine.
+  EXPECT_NO_THROW(adamw(flat.narrow(0, 6), random_tensor({6}), flat.narrow(6, 6), zeros({6})));
+}
+
+TEST(OptimizerKernelErrors, HyperparametersAreChecked) {
+  const Tensor p = random_tensor({5}), g = random_tensor({5}, DType::f32, 3), m = zeros({5}), v = zeros({5});
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, -1e-3); }, {"adamw_step_", "lr", ">= 0", "-0.001"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, NAN); }, {"adamw_step_", "lr", "finite"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, 1e-3, 1.0); }, {"adamw_step_", "beta1", "[0, 1)"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, 1e-3, 0.9, -0.5); }, {"adamw_step_", "beta2", "[0, 1)"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, 1e-3, 0.9, 0.99, -1); }, {"adamw_step_", "eps"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, 1e-3, 0.9, 0.99, 1e-8, -0.1); }, {"adamw_step_", "weight_decay"}));
+  EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, 1e-3, 0.9, 0.99, 1e-8, 0.1, 0); }, {"adamw_step_", "step", "from 1"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, Tensor(), 0.1, 0.9, 0, false, 0, true); },
+                          {"sgd_step_", "momentum_buffer is undefined", "allocate"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, Tensor(), 0.1, 0.0, 0, true, 0, true); },
+                          {"sgd_step_", "nesterov", "momentum > 0"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, zeros({5}), 0.1, 0.9, 0.1, true, 0, true); },
+                          {"sgd_step_", "nesterov", "dampening 0"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, Tensor(), 0.1, -0.9, 0, false, 0, true); },
+                          {"sgd_step_", "momentum", ">= 0"}));
+}
+
+}  // namespace

@@ -89,8 +89,9 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   // filesystems cannot flush a directory (EINVAL) and need no such flush.
   FileDescriptor directory(::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   const int err = !directory.is_open() ? errno : ::fsync(directory.get()) != 0 ? errno : 0;
-  OCTET_CHECK(err == 0 || err == EINVAL, "write_file_atomic: wrote '", path, "' but could not flush its directory: ",
-              errno_text(err), "; the file may not survive a crash, so write it again");
+  OCTET_CHECK(err == 0 || err == EINVAL, "write_file_atomic: wrote '", path,
+              "' but could not flush its directory: ", errno_text(err),
+              "; the file may not survive a crash, so write it again");
 }
 
 std::string read_file(const std::string& path) {

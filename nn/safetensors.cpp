@@ -31,12 +31,12 @@ struct FormatName {
   const char* name;
 };
 constexpr FormatName kFormatNames[] = {
-    {DType::f64, "F64"},         {DType::f32, "F32"},         {DType::bf16, "BF16"}, {DType::f16, "F16"},
-    {DType::e4m3, "F8_E4M3"},    {DType::e5m2, "F8_E5M2"},    {DType::i64, "I64"},   {DType::i32, "I32"},
-    {DType::u8, "U8"},
+    {DType::f64, "F64"}, {DType::f32, "F32"},      {DType::bf16, "BF16"},
+    {DType::f16, "F16"}, {DType::e4m3, "F8_E4M3"}, {DType::e5m2, "F8_E5M2"},
+    {DType::i64, "I64"}, {DType::i32, "I32"},      {DType::u8, "U8"},
 };
 // Dtypes the format defines that Octet has no tensor type for: a real file may hold them.
-constexpr const char* kOtherFormatNames[] = {"BOOL", "I8",     "I16",      "U16",      "U32", "U64",
+constexpr const char* kOtherFormatNames[] = {"BOOL", "I8",      "I16",     "U16",     "U32", "U64",
                                              "C64",  "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
 
 // Real headers are kilobytes (a few hundred bytes per tensor); a larger length means garbage, and
@@ -76,12 +76,13 @@ template <class... Args>
 class InputFile {
  public:
   explicit InputFile(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    OCTET_CHECK(fd_ >= 0, "load_safetensors: cannot open '", path, "': ", std::generic_category().message(errno),
-                "; check the path, or pass another file");
+    OCTET_CHECK(fd_ >= 0, "load_safetensors: cannot open '", path,
+                "': ", std::generic_category().message(errno), "; check the path, or pass another file");
     struct stat info {};
     const bool regular = ::fstat(fd_, &info) == 0 && S_ISREG(info.st_mode);
     if (!regular) ::close(fd_);
-    OCTET_CHECK(regular, "load_safetensors: '", path, "' is not a regular file; pass the path of a .safetensors file");
+    OCTET_CHECK(regular, "load_safetensors: '", path,
+                "' is not a regular file; pass the path of a .safetensors file");
     size_ = static_cast<uint64_t>(info.st_size);
   }
   ~InputFile() { ::close(fd_); }
@@ -116,7 +117,8 @@ Json parse_header_json(const std::string& path, std::string_view text) {
   std::vector<std::set<std::string>> open_objects;
   auto watch = [&](int depth, Json::parse_event_t event, Json& parsed) {
     if (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) {
-      if (depth > kMaxHeaderDepth) corrupt(path, "its header nests objects or arrays deeper than any tensor entry");
+      if (depth > kMaxHeaderDepth)
+        corrupt(path, "its header nests objects or arrays deeper than any tensor entry");
       if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
     } else if (event == Json::parse_event_t::object_end) {
       open_objects.pop_back();
@@ -151,8 +153,10 @@ std::optional<uint64_t> as_count(const Json& value) {
   return v;
 }
 
-Entry parse_entry(const std::string& path, const std::string& name, const Json& value, uint64_t buffer_bytes) {
-  if (!value.is_object()) corrupt(path, "the entry of tensor '", name, "' is ", value.dump(), ", not a JSON object");
+Entry parse_entry(const std::string& path, const std::string& name, const Json& value,
+                  uint64_t buffer_bytes) {
+  if (!value.is_object())
+    corrupt(path, "the entry of tensor '", name, "' is ", value.dump(), ", not a JSON object");
   auto field = [&](const char* key) -> const Json& {
     const auto it = value.find(key);
     if (it == value.end()) corrupt(path, "tensor '", name, "' has no \"", key, "\" field");
@@ -160,17 +164,19 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
   };
 
   const Json& dtype = field("dtype");
-  if (!dtype.is_string()) corrupt(path, "tensor '", name, "' has \"dtype\": ", dtype.dump(), ", not a string");
+  if (!dtype.is_string())
+    corrupt(path, "tensor '", name, "' has \"dtype\": ", dtype.dump(), ", not a string");
   const std::string dtype_text = dtype.get<std::string>();
   const std::optional<DType> parsed_dtype = dtype_from_format_name(dtype_text);
   if (!parsed_dtype) {
-    const bool real = std::find_if(std::begin(kOtherFormatNames), std::end(kOtherFormatNames),
-                                   [&](const char* n) { return dtype_text == n; }) != std::end(kOtherFormatNames);
+    const bool real =
+        std::find_if(std::begin(kOtherFormatNames), std::end(kOtherFormatNames),
+                     [&](const char* n) { return dtype_text == n; }) != std::end(kOtherFormatNames);
     OCTET_CHECK(!real, "load_safetensors: '", path, "': tensor '", name, "' has dtype ", dtype_text,
                 ", which Octet does not support (it reads ", supported_format_names(),
                 "); convert that tensor to one of those dtypes before loading, or pass another file");
-    corrupt(path, "tensor '", name, "' has unknown dtype '", dtype_text, "' (safetensors dtypes Octet reads: ",
-            supported_format_names(), ")");
+    corrupt(path, "tensor '", name, "' has unknown dtype '", dtype_text,
+            "' (safetensors dtypes Octet reads: ", supported_format_names(), ")");
   }
 
   const Json& shape = field("shape");
@@ -182,7 +188,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
       corrupt(path, "tensor '", name, "' has negative dimension ", dim.dump(), " in shape ", shape.dump());
     }
     const std::optional<uint64_t> extent = as_count(dim);
-    if (!extent) corrupt(path, "tensor '", name, "' has shape ", shape.dump(), ", which is not a list of integers");
+    if (!extent)
+      corrupt(path, "tensor '", name, "' has shape ", shape.dump(), ", which is not a list of integers");
     if (__builtin_mul_overflow(bytes, *extent, &bytes)) {
       corrupt(path, "tensor '", name, "' has shape ", shape.dump(), ", too large for any file");
     }
@@ -198,26 +205,28 @@ Entry parse_entry(const std::string& path, const std::string& name, const Json& 
   entry.begin = *as_count(offsets[0]);
   entry.end = *as_count(offsets[1]);
   if (entry.end > buffer_bytes) {
-    corrupt(path, "tensor '", name, "' has data_offsets [", entry.begin, ", ", entry.end, "], past the end of the ",
-            buffer_bytes, "-byte data buffer");
+    corrupt(path, "tensor '", name, "' has data_offsets [", entry.begin, ", ", entry.end,
+            "], past the end of the ", buffer_bytes, "-byte data buffer");
   }
   if (entry.end - entry.begin != bytes) {
     corrupt(path, "tensor '", name, "' is ", dtype_text, " with shape ", entry.shape, ", which takes ", bytes,
-            " bytes, but its data_offsets [", entry.begin, ", ", entry.end, "] span ", entry.end - entry.begin);
+            " bytes, but its data_offsets [", entry.begin, ", ", entry.end, "] span ",
+            entry.end - entry.begin);
   }
   return entry;
 }
 
 // The format requires the tensors to tile the data buffer exactly: no overlaps, gaps or tail.
 void check_tiling(const std::string& path, std::vector<Entry> entries, uint64_t buffer_bytes) {
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
   uint64_t covered = 0;
   const Entry* previous = nullptr;
   for (const Entry& e : entries) {
     if (e.begin < covered) {
-      corrupt(path, "tensor '", e.name, "' at bytes [", e.begin, ", ", e.end, ") overlaps tensor '", previous->name,
-              "' at [", previous->begin, ", ", previous->end, ")");
+      corrupt(path, "tensor '", e.name, "' at bytes [", e.begin, ", ", e.end, ") overlaps tensor '",
+              previous->name, "' at [", previous->begin, ", ", previous->end, ")");
     }
     if (e.begin > covered) {
       corrupt(path, "bytes [", covered, ", ", e.begin, ") of the data buffer, before tensor '", e.name,
@@ -266,7 +275,8 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
 
 SafetensorsFile load_safetensors(const std::string& path) {
   const InputFile file(path);
-  if (file.size() < 8) corrupt(path, "it is ", file.size(), " bytes long, too short for the 8-byte header length");
+  if (file.size() < 8)
+    corrupt(path, "it is ", file.size(), " bytes long, too short for the 8-byte header length");
   uint64_t header_bytes = 0;
   file.read(&header_bytes, 8, 0);
   if (header_bytes > kMaxHeaderBytes) {
@@ -290,7 +300,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
       entries.push_back(parse_entry(path, key, value, buffer_bytes));
       continue;
     }
-    if (!value.is_object()) corrupt(path, "its \"__metadata__\" is ", value.dump(), ", not an object of strings");
+    if (!value.is_object())
+      corrupt(path, "its \"__metadata__\" is ", value.dump(), ", not an object of strings");
     for (const auto& [meta_key, meta_value] : value.items()) {
       if (!meta_value.is_string()) {
         corrupt(path, "metadata '", meta_key, "' is ", meta_value.dump(), ", not a string");

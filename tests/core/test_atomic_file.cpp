@@ -45,9 +45,8 @@ std::vector<std::string> entries(const fs::path& dir) {
 class AtomicFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("octet_atomic_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("octet_atomic_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -75,8 +74,9 @@ TEST_F(AtomicFile, WritesReplacesAndReadsBackEveryByte) {
 
 TEST_F(AtomicFile, MissingDirectoryThrowsNamingThePath) {
   const std::string path = (dir_ / "no_such_dir" / "ckpt.safetensors").string();
-  EXPECT_TRUE(testing::throws_with([&] { write_file_atomic(path, "abc"); },
-                                   {"write_file_atomic", path, "No such file or directory", "directory exists"}));
+  EXPECT_TRUE(
+      testing::throws_with([&] { write_file_atomic(path, "abc"); },
+                           {"write_file_atomic", path, "No such file or directory", "directory exists"}));
   EXPECT_TRUE(entries(dir_).empty());
 }
 
@@ -134,9 +134,11 @@ TEST_F(AtomicFile, ConcurrentWritersLeaveOneCompleteFile) {
 
 TEST_F(AtomicFile, ReadFileNamesAMissingOrUnreadablePath) {
   const std::string missing = (dir_ / "absent.bin").string();
-  EXPECT_TRUE(testing::throws_with([&] { read_file(missing); },
-                                   {"read_file", missing, "No such file or directory", "check that the path"}));
-  EXPECT_TRUE(testing::throws_with([&] { read_file(dir_.string()); }, {"read_file", dir_.string(), "Is a directory"}));
+  EXPECT_TRUE(
+      testing::throws_with([&] { read_file(missing); },
+                           {"read_file", missing, "No such file or directory", "check that the path"}));
+  EXPECT_TRUE(testing::throws_with([&] { read_file(dir_.string()); },
+                                   {"read_file", dir_.string(), "Is a directory"}));
 }
 
 }  // namespace

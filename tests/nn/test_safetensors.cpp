@@ -52,7 +52,9 @@ Tensor random_bits(const Shape& shape, DType dtype, uint64_t seed) {
   return t;
 }
 
-std::string bytes_of(const Tensor& t) { return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()); }
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes());
+}
 
 class Safetensors : public ::testing::Test {
  protected:
@@ -68,7 +70,7 @@ class Safetensors : public ::testing::Test {
 };
 
 TEST_F(Safetensors, RoundTripsEveryDtypeBitwise) {
-  const std::vector<DType> dtypes = {DType::f64, DType::f32,  DType::bf16, DType::f16, DType::e4m3,
+  const std::vector<DType> dtypes = {DType::f64,  DType::f32, DType::bf16, DType::f16, DType::e4m3,
                                      DType::e5m2, DType::i64, DType::i32,  DType::u8};
   StateDict saved;
   uint64_t seed = 1;
@@ -126,7 +128,8 @@ TEST_F(Safetensors, WritesExactlyTheHandComputedBytes) {
   tensors["bias"] = from_vector<float>({1.0f, -2.5f}, {2});
   tensors["idx"] = from_vector<int64_t>({-2}, {1});
   save_safetensors(path("hand.safetensors"), tensors, {{"format", "pt"}});
-  EXPECT_EQ(slurp(dir_ / "hand.safetensors"), std::string("\xD0\0\0\0\0\0\0\0", 8) + kHandHeader + kHandBuffer);
+  EXPECT_EQ(slurp(dir_ / "hand.safetensors"),
+            std::string("\xD0\0\0\0\0\0\0\0", 8) + kHandHeader + kHandBuffer);
 }
 
 TEST_F(Safetensors, ReadsAHandMadeFile) {
@@ -160,7 +163,8 @@ TEST_F(Safetensors, ReadsAnyBufferOrderAndUnpaddedSpacedJson) {
 // Each corrupt header below names the file, what is wrong, and the fix.
 TEST_F(Safetensors, EveryCorruptionIsNamed) {
   const std::string file = path("bad.safetensors");
-  auto expect_error = [&](const std::string& bytes, std::initializer_list<std::string> parts, bool corrupt = true) {
+  auto expect_error = [&](const std::string& bytes, std::initializer_list<std::string> parts,
+                          bool corrupt = true) {
     spit(file, bytes);
     std::vector<std::string> all(parts);
     all.push_back(file);
@@ -170,7 +174,8 @@ TEST_F(Safetensors, EveryCorruptionIsNamed) {
       load_safetensors(file);
     } catch (const Error& e) {
       ok = true;
-      for (const std::string& p : all) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << p << " in " << e.what();
+      for (const std::string& p : all)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << p << " in " << e.what();
     }
     EXPECT_TRUE(ok) << "no octet::Error for " << *parts.begin();
   };
@@ -183,39 +188,66 @@ TEST_F(Safetensors, EveryCorruptionIsNamed) {
   expect_error(make_file(R"({"a": )", ""), {"not valid JSON"});
   expect_error(make_file("[1, 2]", ""), {"header is array, not a JSON object"});
   expect_error(make_file(R"({"a": 5})", ""), {"entry of tensor 'a' is 5, not a JSON object"});
-  expect_error(make_file(R"({"a": {"shape":[2],"data_offsets":[0,8]}})", eight), {"tensor 'a' has no \"dtype\""});
-  expect_error(make_file(R"({"a": {"dtype":"F32","data_offsets":[0,8]}})", eight), {"tensor 'a' has no \"shape\""});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2]}})", eight), {"tensor 'a' has no \"data_offsets\""});
-  expect_error(make_file(R"({"a": {"dtype":7,"shape":[2],"data_offsets":[0,8]}})", eight), {"\"dtype\": 7, not a string"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":"2","data_offsets":[0,8]}})", eight), {"\"shape\": \"2\", not an array"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", eight), {"not a list of integers"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":[0]}})", eight), {"\"data_offsets\": [0], not two"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", eight), {"begin <= end"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":["0","8"]}})", eight), {"not two non-negative"});
-  expect_error(make_file(R"({"a": {"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", eight), {"tensor 'a' has unknown dtype 'F33'", "F8_E4M3"});
+  expect_error(make_file(R"({"a": {"shape":[2],"data_offsets":[0,8]}})", eight),
+               {"tensor 'a' has no \"dtype\""});
+  expect_error(make_file(R"({"a": {"dtype":"F32","data_offsets":[0,8]}})", eight),
+               {"tensor 'a' has no \"shape\""});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2]}})", eight),
+               {"tensor 'a' has no \"data_offsets\""});
+  expect_error(make_file(R"({"a": {"dtype":7,"shape":[2],"data_offsets":[0,8]}})", eight),
+               {"\"dtype\": 7, not a string"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":"2","data_offsets":[0,8]}})", eight),
+               {"\"shape\": \"2\", not an array"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", eight),
+               {"not a list of integers"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":[0]}})", eight),
+               {"\"data_offsets\": [0], not two"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", eight),
+               {"begin <= end"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":["0","8"]}})", eight),
+               {"not two non-negative"});
+  expect_error(make_file(R"({"a": {"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", eight),
+               {"tensor 'a' has unknown dtype 'F33'", "F8_E4M3"});
   expect_error(make_file(R"({"a": {"dtype":"BOOL","shape":[8],"data_offsets":[0,8]}})", eight),
                {"tensor 'a' has dtype BOOL, which Octet does not support", "convert that tensor"}, false);
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[-1,2],"data_offsets":[0,8]}})", eight), {"negative dimension -1"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", eight), {"too large"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight), {"takes 12 bytes", "span 8"});
-  expect_error(make_file("{\"a\": {" + f32x2 + "}}", "1234"), {"tensor 'a' has data_offsets [0, 8], past the end of the 4-byte"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[2],"data_offsets":[0,8]}, "b": {"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                         eight + "1234"), {"tensor 'b' at bytes [4, 12) overlaps tensor 'a' at [0, 8)"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[1],"data_offsets":[0,4]}, "b": {"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-                         eight + "1234"), {"bytes [4, 8) of the data buffer, before tensor 'b', belong to no tensor"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight), {"bytes [0, 4)", "belong to no tensor"});
-  expect_error(make_file("{\"a\": {" + f32x2 + "}, \"a\": {" + f32x2 + "}}", eight), {"lists tensor 'a' twice"});
-  expect_error(make_file(R"({"a": {"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight), {"repeats the key 'dtype'"});
-  expect_error(make_file("{\"a\": {" + f32x2 + "}}", eight + "xyz"), {"3 trailing bytes follow the last tensor"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[-1,2],"data_offsets":[0,8]}})", eight),
+               {"negative dimension -1"});
+  expect_error(
+      make_file(R"({"a": {"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", eight),
+      {"too large"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", eight),
+               {"takes 12 bytes", "span 8"});
+  expect_error(make_file("{\"a\": {" + f32x2 + "}}", "1234"),
+               {"tensor 'a' has data_offsets [0, 8], past the end of the 4-byte"});
+  expect_error(
+      make_file(
+          R"({"a": {"dtype":"F32","shape":[2],"data_offsets":[0,8]}, "b": {"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          eight + "1234"),
+      {"tensor 'b' at bytes [4, 12) overlaps tensor 'a' at [0, 8)"});
+  expect_error(
+      make_file(
+          R"({"a": {"dtype":"F32","shape":[1],"data_offsets":[0,4]}, "b": {"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+          eight + "1234"),
+      {"bytes [4, 8) of the data buffer, before tensor 'b', belong to no tensor"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight),
+               {"bytes [0, 4)", "belong to no tensor"});
+  expect_error(make_file("{\"a\": {" + f32x2 + "}, \"a\": {" + f32x2 + "}}", eight),
+               {"lists tensor 'a' twice"});
+  expect_error(make_file(R"({"a": {"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", eight),
+               {"repeats the key 'dtype'"});
+  expect_error(make_file("{\"a\": {" + f32x2 + "}}", eight + "xyz"),
+               {"3 trailing bytes follow the last tensor"});
   expect_error(make_file(R"({"__metadata__": {"epoch": 3}})", ""), {"metadata 'epoch' is 3, not a string"});
   expect_error(make_file(R"({"__metadata__": ["x"]})", ""), {"\"__metadata__\" is [\"x\"], not an object"});
   expect_error(make_file("{\"a\": " + std::string(5000, '[') + std::string(5000, ']') + "}", ""), {"nests"});
-  expect_error(make_file(R"({"a": "\u00ff)" + std::string("\xFF\xFE\"}"), ""), {"not valid JSON"});  // not UTF-8
+  expect_error(make_file(R"({"a": "\u00ff)" + std::string("\xFF\xFE\"}"), ""),
+               {"not valid JSON"});  // not UTF-8
 }
 
 TEST_F(Safetensors, MissingFileOrDirectoryIsNamed) {
-  EXPECT_TRUE(throws_with([&] { load_safetensors(path("absent.safetensors")); },
-                          {"cannot open", path("absent.safetensors"), "No such file or directory", "pass another file"}));
+  EXPECT_TRUE(throws_with(
+      [&] { load_safetensors(path("absent.safetensors")); },
+      {"cannot open", path("absent.safetensors"), "No such file or directory", "pass another file"}));
   EXPECT_TRUE(throws_with([&] { load_safetensors(dir_.string()); }, {dir_.string(), "not a regular file"}));
 }
 
@@ -263,17 +295,27 @@ TEST_F(Safetensors, FlippedBitsNeverEscapeAsOtherErrors) {
 }
 
 TEST_F(Safetensors, SaveRefusesWhatTheFormatCannotHold) {
-  EXPECT_TRUE(throws_with([&] { save_safetensors(path("x.safetensors"), {{"__metadata__", ones({1})}}); },
-                          {"save_safetensors", "__metadata__", "rename the tensor"}));
-  EXPECT_TRUE(throws_with([&] { save_safetensors(path("x.safetensors"), {{"w", Tensor()}}); },
-                          {"save_safetensors", "tensor 'w' is undefined"}));
-  EXPECT_TRUE(throws_with([&] { save_safetensors(path("no_dir/x.safetensors"), {{"w", ones({1})}}); },
-                          {"write_file_atomic", path("no_dir/x.safetensors")}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        save_safetensors(path("x.safetensors"), {{"__metadata__", ones({1})}});
+      },
+      {"save_safetensors", "__metadata__", "rename the tensor"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        save_safetensors(path("x.safetensors"), {{"w", Tensor()}});
+      },
+      {"save_safetensors", "tensor 'w' is undefined"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        save_safetensors(path("no_dir/x.safetensors"), {{"w", ones({1})}});
+      },
+      {"write_file_atomic", path("no_dir/x.safetensors")}));
   EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
 }
 
 TEST_F(Safetensors, SavesDeviceTensorsThroughTheHost) {
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: the device copy path is exercised on GPU machines";
+  if (!cuda::is_available())
+    GTEST_SKIP() << "no CUDA device: the device copy path is exercised on GPU machines";
   const Tensor host = random_bits({4, 3}, DType::bf16, 8);
   save_safetensors(path("gpu.safetensors"), {{"w", host.to(Device::cuda())}});
   EXPECT_EQ(bytes_of(load_safetensors(path("gpu.safetensors")).tensors.at("w")), bytes_of(host));

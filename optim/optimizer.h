@@ -1,0 +1,97 @@
+#pragma once
+// The optimizer interface shared by SGD and AdamW: parameter groups with their own lr and weight
+// decay, per-parameter state, zero_grad, and a state dict for checkpoints. Names and semantics
+// follow torch.optim so that a PyTorch training loop reads the same here:
+//
+//   optim::AdamW opt(optim::weight_decay_groups(model.named_parameters(), lr, 0.05), lr);
+//   for (int64_t step = 0; step < total; ++step) {
+//     opt.zero_grad();
+//     loss(model, batch).backward();
+//     optim::clip_grad_norm_(model.parameters(), 1.0);
+//     opt.set_lr(schedule.lr(step));
+//     opt.step();
+//   }
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace octet::optim {
+
+// Parameters that share hyperparameters. An lr or weight_decay left at kInherit takes the value the
+// optimizer was constructed with (PyTorch's per-group defaults); after construction every group
+// holds real numbers, which may be changed between steps.
+struct ParamGroup {
+  static constexpr double kInherit = std::numeric_limits<double>::quiet_NaN();
+  std::vector<Tensor> params;
+  double lr = kInherit;
+  double weight_decay = kInherit;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient. Parameters whose grad is undefined are
+  // skipped and their state does not advance (as in PyTorch).
+  virtual void step() = 0;
+
+  // Sets every parameter's grad to undefined (PyTorch's set_to_none): the next backward writes fresh
+  // gradients instead of adding to old ones, and a parameter it does not reach is skipped by step().
+  void zero_grad();
+
+  // The groups' lr and weight_decay may be changed between steps. Which tensors are optimized may
+  // not: build a new optimizer for that (step() checks).
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  void set_lr(double lr);  // every group
+
+  // Everything needed to resume bitwise: per group "param_groups.<g>.lr", ".weight_decay" (f64 [])
+  // and ".num_params" (i64 []); per stepped parameter "state.<g>.<i>.step" (i64 [], updates so far)
+  // and its state tensors, e.g. "state.<g>.<i>.exp_avg" (the parameter's shape and dtype). g and i
+  // index param_groups() and the group's params. The tensors share storage with the optimizer's
+  // state: write them out (or clone them) before the next step().
+  virtual std::map<std::string, Tensor> state_dict() const;
+  // Copies a state_dict() in, restoring the groups' lr and weight_decay. The optimizer must have the
+  // same groups of parameters with the same shapes and dtypes, and the same kind of state; anything
+  // else throws naming the key and the fix, before anything is changed.
+  virtual void load_state_dict(const std::map<std::string, Tensor>& state);
+
+  const std::string& name() const { return name_; }  // "SGD", "AdamW"
+  // Updates made so far to param_groups()[group].params[index]; 0 before its first step.
+  int64_t step_count(size_t group, size_t index) const;
+
+ protected:
+  // Checks every group (at least one parameter overall; each one a defined f32 or f64 leaf, none
+  // repeated) and fills lr and weight_decay left at kInherit. `name` prefixes every error.
+  Optimizer(std::string name, std::vector<ParamGroup> groups, double lr, double weight_decay);
+
+  struct ParamState {
+    int64_t step = 0;                       // updates made so far
+    std::map<std::string, Tensor> buffers;  // the parameter's shape and dtype, on its device
+  };
+  // The buffers each stepped parameter holds, e.g. {"exp_avg", "exp_avg_sq"}.
+  virtual std::vector<std::string> state_buffer_names() const = 0;
+
+  // Calls update(group, param, state) for every parameter whose grad is defined, in group order.
+  using Update = std::function<void(const ParamGroup& group, const Tensor& param, ParamState& state)>;
+  void for_each_param_with_grad(const Update& update);
+
+  // Throws when the hyperparameter is not finite or fails `ok`, naming it and `expected`.
+  void check_hyperparameter(const char* what, double value, bool ok, const char* expected) const;
+
+ private:
+  void check_groups_unchanged(const char* op) const;
+
+  std::string name_;
+  std::vector<ParamGroup> groups_;
+  std::vector<std::vector<ParamState>> state_;  // state_[g][i] for groups_[g].params[i]
+};
+
+}  // namespace octet::optim

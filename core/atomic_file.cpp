@@ -49,8 +49,9 @@ std::string directory_of(const std::string& path) {
 std::string temporary_path(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   const std::filesystem::path target(path);
-  const std::string name = "." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                           std::to_string(counter.fetch_add(1));
+  std::string name = ".";  // appended piecewise: GCC 12 warns (-Wrestrict) on "." + string
+  name += target.filename().string();
+  name += ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   return (target.parent_path() / name).string();
 }
 

@@ -61,7 +61,10 @@ std::optional<DType> dtype_from_format_name(std::string_view name) {
 
 std::string supported_format_names() {
   std::string names;
-  for (const FormatName& f : kFormatNames) names += (names.empty() ? "" : " ") + std::string(f.name);
+  for (const FormatName& f : kFormatNames) {
+    if (!names.empty()) names += ' ';
+    names += f.name;
+  }
   return names;
 }
 

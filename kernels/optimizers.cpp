@@ -32,9 +32,10 @@ void check_update_args(const char* op, const Tensor& param, const Tensor& grad,
   OCTET_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64, op, ": param is ", param.describe(),
               "; optimizers update f32 master weights (or f64), so keep the parameter in f32 and cast a copy "
               "for low-precision compute");
-  OCTET_CHECK(grad.dtype() == param.dtype() || (param.dtype() == DType::f32 && grad.dtype() == DType::bf16), op,
-              ": grad ", grad.describe(), " does not fit param ", param.describe(), "; the gradient must have the "
-              "param's dtype (or bf16 for an f32 param), convert it with .to(", dtype_name(param.dtype()), ")");
+  OCTET_CHECK(grad.dtype() == param.dtype() || (param.dtype() == DType::f32 && grad.dtype() == DType::bf16),
+              op, ": grad ", grad.describe(), " does not fit param ", param.describe(),
+              "; the gradient must have the param's dtype (or bf16 for an f32 param), convert it with .to(",
+              dtype_name(param.dtype()), ")");
   OCTET_CHECK(grad.shape() == param.shape(), op, ": grad ", grad.describe(), " and param ", param.describe(),
               " differ in shape; the gradient must have the param's shape");
   for (const Tensor* s : state) {
@@ -79,8 +80,8 @@ void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   check_hyperparameter(op, "beta2", beta2, beta2 >= 0 && beta2 < 1, "in [0, 1)");
   check_hyperparameter(op, "eps", eps, eps >= 0, "finite and >= 0");
   check_hyperparameter(op, "weight_decay", weight_decay, weight_decay >= 0, "finite and >= 0");
-  OCTET_CHECK(step >= 1, op, ": step must count updates from 1 (the bias corrections divide by 1 - beta^step), got ",
-              step);
+  OCTET_CHECK(step >= 1, op,
+              ": step must count updates from 1 (the bias corrections divide by 1 - beta^step), got ", step);
 
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
@@ -100,8 +101,8 @@ void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   });
 }
 
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double momentum,
-               double dampening, bool nesterov, double weight_decay, bool first_step) {
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
+               double momentum, double dampening, bool nesterov, double weight_decay, bool first_step) {
   const char* op = "sgd_step_";
   check_hyperparameter(op, "momentum", momentum, momentum >= 0, "finite and >= 0");
   if (momentum != 0) {
@@ -115,7 +116,8 @@ void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
   check_hyperparameter(op, "dampening", dampening, true, "finite");
   check_hyperparameter(op, "weight_decay", weight_decay, weight_decay >= 0, "finite and >= 0");
   OCTET_CHECK(!nesterov || (momentum > 0 && dampening == 0), op,
-              ": nesterov needs momentum > 0 and dampening 0, got momentum ", momentum, " and dampening ", dampening);
+              ": nesterov needs momentum > 0 and dampening 0, got momentum ", momentum, " and dampening ",
+              dampening);
 
   with_update_types(param, grad, [&]<class T, class G>() {
     const cpu::SgdConstants<T> c{

@@ -28,8 +28,8 @@ void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
 //                  d ← d + momentum·buf (nesterov) or d ← buf
 //   p ← p - lr·d
 // momentum_buffer has param's shape and dtype, and may be undefined when momentum is 0.
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double momentum,
-               double dampening, bool nesterov, double weight_decay, bool first_step);
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
+               double momentum, double dampening, bool nesterov, double weight_decay, bool first_step);
 
 // Σ t², accumulated in double over fixed blocks of elements and then the block sums in order, so the
 // result is bitwise the same for any thread count. Any floating dtype. For gradient-norm clipping.

@@ -13,8 +13,8 @@ namespace octet::optim {
 class AdamW : public Optimizer {
  public:
   // lr and weight_decay apply to groups that leave them at ParamGroup::kInherit.
-  AdamW(std::vector<ParamGroup> groups, double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
-        double weight_decay = 0.01);
+  AdamW(std::vector<ParamGroup> groups, double lr, double beta1 = 0.9, double beta2 = 0.999,
+        double eps = 1e-8, double weight_decay = 0.01);
   // One group holding `params`.
   AdamW(std::vector<Tensor> params, double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
         double weight_decay = 0.01);

@@ -8,8 +8,9 @@
 namespace octet::optim {
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool error_if_nonfinite) {
-  OCTET_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm_: max_norm must be finite and > 0, got ",
-              max_norm, "; to train without clipping, do not call it");
+  OCTET_CHECK(std::isfinite(max_norm) && max_norm > 0,
+              "clip_grad_norm_: max_norm must be finite and > 0, got ", max_norm,
+              "; to train without clipping, do not call it");
   double sum_sq = 0;
   for (const Tensor& p : params) {
     OCTET_CHECK(p.defined(), "clip_grad_norm_: a parameter is undefined; pass the model's tensors");
@@ -18,8 +19,8 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, bool 
   const double norm = std::sqrt(sum_sq);
   if (!std::isfinite(norm)) {
     OCTET_CHECK(!error_if_nonfinite, "clip_grad_norm_: the total gradient norm is ", norm,
-                " (an inf or NaN gradient); lower the lr or enable loss scaling, or pass error_if_nonfinite = false "
-                "to get the norm back and skip the step");
+                " (an inf or NaN gradient); lower the lr or enable loss scaling, or pass "
+                "error_if_nonfinite = false to get the norm back and skip the step");
     return norm;
   }
   const double coef = max_norm / (norm + 1e-6);

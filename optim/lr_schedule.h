@@ -12,7 +12,8 @@ namespace octet::optim {
 //                                      (so step 0 already trains, and step warmup_steps - 1 is at base_lr)
 //   warmup_steps <= step < total_steps: lr = min_lr + (base_lr - min_lr) · (1 + cos(π·t)) / 2,
 //                                      t = (step - warmup_steps) / (total_steps - warmup_steps)
-//                                      (starts at base_lr; half way through the decay it is (base_lr + min_lr) / 2)
+//                                      (starts at base_lr; half way through the decay it is
+//                                      (base_lr + min_lr) / 2)
 //   step >= total_steps:               lr = min_lr
 // warmup_steps may be 0 (no warmup) and may equal total_steps (no decay).
 class WarmupCosineSchedule {

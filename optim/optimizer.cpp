@@ -38,7 +38,9 @@ bool parse_index(std::string_view s, size_t* out) {
 
 Tensor scalar_tensor(double value, DType dtype) { return full(Shape{}, value, dtype); }
 
-bool is_scalar_of(const Tensor& t, DType dtype) { return t.defined() && t.dtype() == dtype && t.numel() == 1; }
+bool is_scalar_of(const Tensor& t, DType dtype) {
+  return t.defined() && t.dtype() == dtype && t.numel() == 1;
+}
 
 }  // namespace
 
@@ -53,22 +55,27 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double lr
     if (std::isnan(group.lr)) group.lr = lr;
     if (std::isnan(group.weight_decay)) group.weight_decay = weight_decay;
     check_hyperparameter("a group's lr", group.lr, group.lr >= 0, "finite and >= 0");
-    check_hyperparameter("a group's weight_decay", group.weight_decay, group.weight_decay >= 0, "finite and >= 0");
+    check_hyperparameter("a group's weight_decay", group.weight_decay, group.weight_decay >= 0,
+                         "finite and >= 0");
     for (size_t i = 0; i < group.params.size(); ++i) {
       const Tensor& p = group.params[i];
-      OCTET_CHECK(p.defined(), name_, ": parameter ", i, " of group ", g, " is undefined; pass the model's tensors");
-      OCTET_CHECK(p.is_leaf(), name_, ": parameter ", i, " of group ", g, " (", p.describe(),
-                  ") is not a leaf but the result of an operation, so updating it would not change the model; "
-                  "optimize the leaf tensors (model.parameters())");
-      OCTET_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, name_, ": parameter ", i, " of group ", g,
-                  " is ", p.describe(), "; optimizers update f32 (or f64) master weights, keep parameters in f32");
+      OCTET_CHECK(p.defined(), name_, ": parameter ", i, " of group ", g,
+                  " is undefined; pass the model's tensors");
+      OCTET_CHECK(
+          p.is_leaf(), name_, ": parameter ", i, " of group ", g, " (", p.describe(),
+          ") is not a leaf but the result of an operation, so updating it would not change the model; "
+          "optimize the leaf tensors (model.parameters())");
+      OCTET_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, name_, ": parameter ", i, " of group ",
+                  g, " is ", p.describe(),
+                  "; optimizers update f32 (or f64) master weights, keep parameters in f32");
       OCTET_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", i, " of group ", g, " (", p.describe(),
                   ") appears more than once; give each tensor to exactly one group");
     }
     total += group.params.size();
     state_.emplace_back(group.params.size());
   }
-  OCTET_CHECK(total > 0, name_, ": got no parameters to optimize; pass model.parameters() or weight_decay_groups(...)");
+  OCTET_CHECK(total > 0, name_,
+              ": got no parameters to optimize; pass model.parameters() or weight_decay_groups(...)");
 }
 
 void Optimizer::check_hyperparameter(const char* what, double value, bool ok, const char* expected) const {
@@ -87,14 +94,14 @@ void Optimizer::set_lr(double lr) {
 }
 
 int64_t Optimizer::step_count(size_t group, size_t index) const {
-  OCTET_CHECK(group < state_.size() && index < state_[group].size(), name_, ".step_count: there is no parameter ",
-              index, " in group ", group);
+  OCTET_CHECK(group < state_.size() && index < state_[group].size(), name_,
+              ".step_count: there is no parameter ", index, " in group ", group);
   return state_[group][index].step;
 }
 
 void Optimizer::check_groups_unchanged(const char* op) const {
-  OCTET_CHECK(groups_.size() == state_.size(), name_, ".", op, ": param_groups() went from ", state_.size(), " to ",
-              groups_.size(), " groups; build a new optimizer to optimize other tensors");
+  OCTET_CHECK(groups_.size() == state_.size(), name_, ".", op, ": param_groups() went from ", state_.size(),
+              " to ", groups_.size(), " groups; build a new optimizer to optimize other tensors");
   for (size_t g = 0; g < groups_.size(); ++g) {
     OCTET_CHECK(groups_[g].params.size() == state_[g].size(), name_, ".", op, ": group ", g, " went from ",
                 state_[g].size(), " to ", groups_[g].params.size(),
@@ -119,7 +126,8 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
     const std::string group_prefix = "param_groups." + std::to_string(g) + ".";
     out[group_prefix + "lr"] = scalar_tensor(groups_[g].lr, DType::f64);
     out[group_prefix + "weight_decay"] = scalar_tensor(groups_[g].weight_decay, DType::f64);
-    out[group_prefix + "num_params"] = scalar_tensor(static_cast<double>(groups_[g].params.size()), DType::i64);
+    out[group_prefix + "num_params"] =
+        scalar_tensor(static_cast<double>(groups_[g].params.size()), DType::i64);
     for (size_t i = 0; i < state_[g].size(); ++i) {
       const ParamState& s = state_[g][i];
       if (s.step == 0) continue;
@@ -134,8 +142,9 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
   check_groups_unchanged("load_state_dict");
   const std::string op = name_ + ".load_state_dict";
-  const std::string same_groups = "; build the optimizer over the same parameter groups, in the same order, as the "
-                                  "one that saved this state";
+  const std::string same_groups =
+      "; build the optimizer over the same parameter groups, in the same order, as the one that saved "
+      "this state";
 
   // The group layout first: everything else is indexed by it.
   std::vector<size_t> saved_sizes;
@@ -167,16 +176,17 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
       if (parts[2] == "num_params") continue;  // checked above
       OCTET_CHECK(parts[2] == "lr" || parts[2] == "weight_decay", op, ": unexpected key '", key,
                   "'; a group holds lr, weight_decay and num_params");
-      OCTET_CHECK(is_scalar_of(value, DType::f64), op, ": ", key, " must be an f64 scalar, got ", value.describe());
+      OCTET_CHECK(is_scalar_of(value, DType::f64), op, ": ", key, " must be an f64 scalar, got ",
+                  value.describe());
       const double v = value.item();
       OCTET_CHECK(std::isfinite(v) && v >= 0, op, ": ", key, " must be finite and >= 0, got ", v);
       (parts[2] == "lr" ? lrs : wds)[g] = v;
       continue;
     }
-    OCTET_CHECK(parts.size() == 4 && parts[0] == "state" && parse_index(parts[1], &g) && parse_index(parts[2], &i) &&
-                    g < groups_.size() && i < groups_[g].params.size(),
-                op, ": unexpected key '", key, "'; keys are param_groups.<g>.<field> and state.<g>.<i>.<name> for ",
-                "the groups and parameters of this optimizer", same_groups);
+    OCTET_CHECK(parts.size() == 4 && parts[0] == "state" && parse_index(parts[1], &g) &&
+                    parse_index(parts[2], &i) && g < groups_.size() && i < groups_[g].params.size(),
+                op, ": unexpected key '", key, "'; keys are param_groups.<g>.<field> and ",
+                "state.<g>.<i>.<name> for the groups and parameters of this optimizer", same_groups);
     const Tensor& p = groups_[g].params[i];
     const std::string buffer(parts[3]);
     if (buffer == "step") {
@@ -188,9 +198,9 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
     OCTET_CHECK(std::find(buffer_names.begin(), buffer_names.end(), buffer) != buffer_names.end(), op,
                 ": unexpected key '", key, "'; ", name_, " state holds ", expected_names,
                 " (was it saved by another optimizer, or with other settings such as momentum?)");
-    OCTET_CHECK(value.defined() && value.shape() == p.shape() && value.dtype() == p.dtype(), op, ": ", key, " is ",
-                value.defined() ? value.describe() : std::string("undefined"), " but its parameter is ",
-                p.describe(), same_groups);
+    OCTET_CHECK(value.defined() && value.shape() == p.shape() && value.dtype() == p.dtype(), op, ": ", key,
+                " is ", value.defined() ? value.describe() : std::string("undefined"),
+                " but its parameter is ", p.describe(), same_groups);
     Tensor copy = empty(p.shape(), p.dtype(), p.device());
     copy.copy_(value);
     state[g][i].buffers[buffer] = copy;
@@ -203,12 +213,14 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
       const ParamState& s = state[g][i];
       const std::string prefix = "state." + std::to_string(g) + "." + std::to_string(i) + ".";
       if (s.step == 0) {
-        OCTET_CHECK(s.buffers.empty(), op, ": ", prefix, "step is missing while its state tensors are present; ",
-                    "pass the whole dict that state_dict() returned");
+        OCTET_CHECK(s.buffers.empty(), op, ": ", prefix,
+                    "step is missing while its state tensors are present; pass the whole dict that "
+                    "state_dict() returned");
         continue;
       }
       for (const std::string& b : buffer_names) {
-        OCTET_CHECK(s.buffers.count(b), op, ": ", prefix, b, " is missing (", name_, " state holds ", expected_names,
+        OCTET_CHECK(s.buffers.count(b), op, ": ", prefix, b, " is missing (", name_, " state holds ",
+                    expected_names,
                     "); was the state saved by another optimizer, or with other settings such as momentum?");
       }
     }

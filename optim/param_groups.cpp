@@ -17,8 +17,8 @@ bool decayed(const std::string& name, const Tensor& param) {
 
 }  // namespace
 
-std::vector<ParamGroup> weight_decay_groups(const std::vector<std::pair<std::string, Tensor>>& named, double lr,
-                                            double weight_decay) {
+std::vector<ParamGroup> weight_decay_groups(const std::vector<std::pair<std::string, Tensor>>& named,
+                                            double lr, double weight_decay) {
   ParamGroup no_decay{{}, lr, 0.0};
   ParamGroup decay{{}, lr, weight_decay};
   for (const auto& [name, param] : named) {

@@ -12,13 +12,15 @@ SGD::SGD(std::vector<ParamGroup> groups, double lr, double momentum, double damp
       nesterov_(nesterov) {
   check_hyperparameter("momentum", momentum, momentum >= 0, "finite and >= 0");
   check_hyperparameter("dampening", dampening, true, "finite");
-  OCTET_CHECK(!nesterov || (momentum > 0 && dampening == 0), "SGD: nesterov needs momentum > 0 and dampening 0, got ",
-              "momentum ", momentum, " and dampening ", dampening, "; set them so or turn nesterov off");
+  OCTET_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+              "SGD: nesterov needs momentum > 0 and dampening 0, got ", "momentum ", momentum,
+              " and dampening ", dampening, "; set them so or turn nesterov off");
 }
 
 SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double dampening, bool nesterov,
          double weight_decay)
-    : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params)}}, lr, momentum, dampening, nesterov, weight_decay) {}
+    : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params)}}, lr, momentum, dampening, nesterov,
+          weight_decay) {}
 
 std::vector<std::string> SGD::state_buffer_names() const {
   if (momentum_ == 0) return {};

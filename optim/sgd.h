@@ -13,8 +13,8 @@ namespace octet::optim {
 class SGD : public Optimizer {
  public:
   // lr and weight_decay apply to groups that leave them at ParamGroup::kInherit.
-  SGD(std::vector<ParamGroup> groups, double lr, double momentum = 0, double dampening = 0, bool nesterov = false,
-      double weight_decay = 0);
+  SGD(std::vector<ParamGroup> groups, double lr, double momentum = 0, double dampening = 0,
+      bool nesterov = false, double weight_decay = 0);
   // One group holding `params`.
   SGD(std::vector<Tensor> params, double lr, double momentum = 0, double dampening = 0, bool nesterov = false,
       double weight_decay = 0);

@@ -67,7 +67,8 @@ double sum_of_squares(const T* x, int64_t n) {
   return total;
 }
 
-template void adamw_step<float, float>(float*, const float*, float*, float*, int64_t, const AdamWConstants<float>&);
+template void adamw_step<float, float>(float*, const float*, float*, float*, int64_t,
+                                       const AdamWConstants<float>&);
 template void adamw_step<float, bfloat16>(float*, const bfloat16*, float*, float*, int64_t,
                                           const AdamWConstants<float>&);
 template void adamw_step<double, double>(double*, const double*, double*, double*, int64_t,

@@ -37,7 +37,9 @@ Vec adamw_constant_gradient(const Vec& p0, const Vec& g, double lr, double wd, d
   double geometric = 0;
   for (int j = 0; j < k; ++j) geometric += std::pow(c, j);
   Vec p(p0.size());
-  for (size_t i = 0; i < p.size(); ++i) p[i] = std::pow(c, k) * p0[i] - lr * g[i] / (std::abs(g[i]) + eps) * geometric;
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] = std::pow(c, k) * p0[i] - lr * g[i] / (std::abs(g[i]) + eps) * geometric;
+  }
   return p;
 }
 
@@ -50,7 +52,8 @@ TEST_P(AdamWConstantGradient, MatchesClosedFormPerGroup) {
   Tensor w = make_param({6, 5}, dtype, 1), b = make_param({5}, dtype, 2);
   const Tensor gw = random_tensor({6, 5}, dtype, 3), gb = random_tensor({5}, dtype, 4, 0.01);
   const Vec w0 = vals(w), b0 = vals(b);
-  optim::AdamW opt({optim::ParamGroup{{w}, 0.02, 0.1}, optim::ParamGroup{{b}, 0.005, 0.0}}, 1.0, 0.9, 0.99, eps);
+  optim::AdamW opt({optim::ParamGroup{{w}, 0.02, 0.1}, optim::ParamGroup{{b}, 0.005, 0.0}}, 1.0, 0.9, 0.99,
+                   eps);
   for (int step = 0; step < k; ++step) {
     w.set_grad(gw.clone());
     b.set_grad(gb.clone());
@@ -107,7 +110,8 @@ TEST(AdamW, Bf16GradientsUpdateF32Parameters) {
 // ---- SGD -------------------------------------------------------------------------------------------------
 
 // Σ_{t=1..k} of the step SGD takes on a constant gradient g, per unit of g. The buffer is
-// b_t = μ^(t-1) + (1-τ)(1 - μ^(t-1))/(1 - μ); nesterov (τ = 0) steps by 1 + μ·b_t with b_t = (1 - μ^t)/(1 - μ).
+// b_t = μ^(t-1) + (1-τ)(1 - μ^(t-1))/(1 - μ); nesterov (τ = 0) steps by 1 + μ·b_t with
+// b_t = (1 - μ^t)/(1 - μ).
 double sgd_total_step(double mu, double tau, bool nesterov, int k) {
   const double geo_k = (1 - std::pow(mu, k)) / (1 - mu);  // Σ_{t=1..k} μ^(t-1)
   if (nesterov) return k + mu / (1 - mu) * (k - mu * geo_k);
@@ -202,21 +206,25 @@ TEST(SGD, ZeroGradSetsGradsToNone) {
   EXPECT_EQ(vals(p), before);
 }
 
-// ---- preconditions ------------------------------------------------------------------------------------------
+// ---- preconditions ----------------------------------------------------------------------------------------
 
 TEST(OptimizerPreconditions, ErrorsNameTheProblemAndTheFix) {
   Tensor p = make_param({3}, DType::f32, 50);
-  EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{}, 0.1); }, {"SGD", "no parameters", "parameters()"}));
+  EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{}, 0.1); },
+                          {"SGD", "no parameters", "parameters()"}));
   EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{p}, -0.1); }, {"SGD", "lr", ">= 0"}));
   EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{p}, 0.1, 0.9, 0.999, 1e-8, -0.01); },
                           {"AdamW", "weight_decay", ">= 0"}));
-  EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{p}, 0.1, 1.0); }, {"AdamW", "beta1", "[0, 1)"}));
+  EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{p}, 0.1, 1.0); },
+                          {"AdamW", "beta1", "[0, 1)"}));
   EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{p}, 0.1, 0.9, 1.5); }, {"AdamW", "beta2"}));
-  EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{p}, 0.1, 0.9, 0.9, -1e-8); }, {"AdamW", "eps"}));
+  EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{p}, 0.1, 0.9, 0.9, -1e-8); },
+                          {"AdamW", "eps"}));
   EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{p}, 0.1, 0.0, 0.0, true); },
                           {"SGD", "nesterov", "momentum > 0"}));
   EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{p}, 0.1, -0.5); }, {"SGD", "momentum"}));
-  EXPECT_TRUE(throws_with([&] { optim::SGD({optim::ParamGroup{{p}, -2.0}}, 0.1); }, {"SGD", "group's lr", "-2"}));
+  EXPECT_TRUE(throws_with([&] { optim::SGD({optim::ParamGroup{{p}, -2.0}}, 0.1); },
+                          {"SGD", "group's lr", "-2"}));
 
   const Tensor non_leaf = p * 2.0;
   EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{non_leaf}, 0.1); },
@@ -224,7 +232,8 @@ TEST(OptimizerPreconditions, ErrorsNameTheProblemAndTheFix) {
   const Tensor ints = arange(3);
   EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{ints}, 0.1); }, {"AdamW", "i64[3]", "f32"}));
   const Tensor half = random_tensor({3}, DType::bf16);
-  EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{half}, 0.1); }, {"AdamW", "bf16[3]", "master"}));
+  EXPECT_TRUE(throws_with([&] { optim::AdamW(std::vector<Tensor>{half}, 0.1); },
+                          {"AdamW", "bf16[3]", "master"}));
   EXPECT_TRUE(throws_with([&] { optim::SGD({optim::ParamGroup{{p}}, optim::ParamGroup{{p}}}, 0.1); },
                           {"SGD", "more than once", "one group"}));
   EXPECT_TRUE(throws_with([&] { optim::SGD(std::vector<Tensor>{Tensor()}, 0.1); }, {"SGD", "undefined"}));

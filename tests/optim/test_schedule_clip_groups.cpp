@@ -21,7 +21,7 @@ using octet::testing::random_tensor;
 using octet::testing::throws_with;
 using Vec = std::vector<double>;
 
-// ---- WarmupCosineSchedule ----------------------------------------------------------------------------------
+// ---- WarmupCosineSchedule ---------------------------------------------------------------------------------
 
 TEST(WarmupCosineSchedule, Landmarks) {
   const double base = 0.1, min = 0.001;
@@ -56,7 +56,8 @@ TEST(WarmupCosineSchedule, WithoutWarmupOrWithoutDecay) {
 }
 
 TEST(WarmupCosineSchedule, BadArgumentsAreNamed) {
-  EXPECT_TRUE(throws_with([] { optim::WarmupCosineSchedule(0.1, 20, 10); }, {"warmup_steps 20", "total_steps 10"}));
+  EXPECT_TRUE(throws_with([] { optim::WarmupCosineSchedule(0.1, 20, 10); },
+                          {"warmup_steps 20", "total_steps 10"}));
   EXPECT_TRUE(throws_with([] { optim::WarmupCosineSchedule(0.1, 1, 10, 0.2); }, {"min_lr", "[0, base_lr]"}));
   EXPECT_TRUE(throws_with([] { optim::WarmupCosineSchedule(-0.1, 1, 10); }, {"base_lr", ">= 0"}));
   const optim::WarmupCosineSchedule s(0.1, 1, 10);
@@ -122,13 +123,14 @@ TEST(ClipGradNorm, NonFiniteNormIsReturnedWithGradientsUntouched) {
   const Vec before = b.grad().to_vector<double>();
   EXPECT_TRUE(std::isinf(optim::clip_grad_norm_({a, b}, 1.0)));
   EXPECT_EQ(b.grad().to_vector<double>(), before);
-  EXPECT_TRUE(throws_with([&] { optim::clip_grad_norm_({a, b}, 1.0, true); }, {"clip_grad_norm_", "inf", "skip"}));
+  EXPECT_TRUE(throws_with([&] { optim::clip_grad_norm_({a, b}, 1.0, true); },
+                          {"clip_grad_norm_", "inf", "skip"}));
   a.grad().data<float>()[0] = NAN;
   EXPECT_TRUE(std::isnan(optim::clip_grad_norm_({a, b}, 1.0)));
   EXPECT_TRUE(throws_with([&] { optim::clip_grad_norm_({b}, 0.0); }, {"clip_grad_norm_", "max_norm", "> 0"}));
 }
 
-// ---- weight_decay_groups -------------------------------------------------------------------------------------
+// ---- weight_decay_groups ----------------------------------------------------------------------------------
 
 TEST(WeightDecayGroups, TimmVitNames) {
   const int64_t D = 8;
@@ -167,13 +169,15 @@ TEST(WeightDecayGroups, TimmVitNames) {
     return out;
   };
   EXPECT_EQ(names_of(groups[0]),
-            (std::vector<std::string>{"cls_token", "pos_embed", "patch_embed.proj.bias", "blocks.0.norm1.weight",
-                                      "blocks.0.norm1.bias", "blocks.0.attn.qkv.bias", "decoder.decoder_pos_embed",
-                                      "norm.weight", "head.bias"}));
+            (std::vector<std::string>{"cls_token", "pos_embed", "patch_embed.proj.bias",
+                                      "blocks.0.norm1.weight", "blocks.0.norm1.bias",
+                                      "blocks.0.attn.qkv.bias", "decoder.decoder_pos_embed", "norm.weight",
+                                      "head.bias"}));
   EXPECT_EQ(groups[0].weight_decay, 0.0);
   EXPECT_EQ(names_of(groups[1]),
             (std::vector<std::string>{"patch_embed.proj.weight", "blocks.0.attn.qkv.weight",
-                                      "blocks.0.attn.proj.weight", "blocks.0.mlp.fc1.weight", "head.weight"}));
+                                      "blocks.0.attn.proj.weight", "blocks.0.mlp.fc1.weight",
+                                      "head.weight"}));
   EXPECT_EQ(groups[1].weight_decay, 0.05);
   EXPECT_EQ(groups[0].lr, 1e-3);
   EXPECT_EQ(groups[1].lr, 1e-3);

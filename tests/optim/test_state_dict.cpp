@@ -197,7 +197,8 @@ TEST(StateDict, LoadRefusesForeignOrIncompleteState) {
   Named other = clone_params(named);
 
   optim::SGD sgd(optim::weight_decay_groups(other, 0.1, 0.0), 0.1, 0.9);
-  expect_refused(sgd, sd, {"SGD.load_state_dict", "unexpected key 'state.0.0.exp_avg'", "step, momentum_buffer"});
+  expect_refused(sgd, sd,
+                 {"SGD.load_state_dict", "unexpected key 'state.0.0.exp_avg'", "step, momentum_buffer"});
 
   optim::AdamW adamw(optim::weight_decay_groups(other, 0.1, 0.0), 0.1);
   auto missing = sd;

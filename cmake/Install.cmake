@@ -13,15 +13,9 @@ else()
   set(OCTET_PACKAGE_VERSION 0.1.0)  # until project() states a version
 endif()
 
-# Libraries still being written are installed once their targets exist.
-set(OCTET_INSTALLED_LIBRARIES octet_core octet_kernels octet_autograd)
-set(OCTET_HEADER_FOLDERS core kernels autograd)
-foreach(folder nn optim models data)
-  if(TARGET octet_${folder})
-    list(APPEND OCTET_INSTALLED_LIBRARIES octet_${folder})
-    list(APPEND OCTET_HEADER_FOLDERS ${folder})
-  endif()
-endforeach()
+set(OCTET_INSTALLED_LIBRARIES octet_core octet_kernels octet_autograd octet_nn octet_optim octet_models octet_data
+    octet_training)
+set(OCTET_HEADER_FOLDERS core kernels autograd nn optim models data)
 
 # Static libraries carry their PRIVATE link dependencies into the export as link-only entries, so
 # the INTERFACE helpers they link (warning flags, cuDNN and NCCL locations) are exported with them.
@@ -47,6 +41,8 @@ foreach(folder ${OCTET_HEADER_FOLDERS})
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/ DESTINATION include/octet/${folder}
     FILES_MATCHING PATTERN "*.h")
 endforeach()
+
+install(FILES ${PROJECT_SOURCE_DIR}/apps/checkpoint.h DESTINATION include/octet/apps)
 
 install(EXPORT octetTargets NAMESPACE octet:: DESTINATION ${OCTET_INSTALL_CMAKEDIR})
 

@@ -1,0 +1,42 @@
+#pragma once
+// Training checkpoints: everything needed to continue a run so that its losses are bitwise equal to
+// a run that never stopped.
+//
+//   <root>/step-00000100/model.safetensors      weights under timm's names (loads in timm as is)
+//                        optimizer.safetensors  optimizer state (AdamW moments, SGD momentum, step)
+//                        trainer.json           step, data-loader position, RNG state, run flags
+//   <root>/latest                               the name of the newest complete checkpoint
+//
+// A checkpoint is written into a hidden temporary directory and renamed into place, and `latest` is
+// replaced atomically after it, so a crash mid-write never leaves a half checkpoint behind a name.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "data/loader.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+
+namespace octet::apps {
+
+struct TrainerState {
+  int64_t step = 0;                   // optimizer steps completed
+  data::DataLoader::State loader{};   // position of the next training batch
+  uint64_t rng_seed = 0;              // default_generator(): dropout and drop-path masks
+  uint64_t rng_offset = 0;
+  std::map<std::string, std::string> run;  // the flags that shape the run (model, batch size, lr, ...)
+};
+
+// Writes <root>/step-<step>/ and points <root>/latest at it. Returns the checkpoint's directory.
+std::string save_checkpoint(const std::string& root, const nn::Module& model, const optim::Optimizer& optimizer,
+                            const TrainerState& state);
+
+// `path` is a checkpoint directory or a root holding `latest`. Loads the weights and optimizer state
+// in place and returns the trainer state; a missing, corrupt or mismatched file is an error that
+// names it.
+TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer);
+
+// The checkpoint directory `path` refers to (see load_checkpoint).
+std::string resolve_checkpoint(const std::string& path);
+
+}  // namespace octet::apps

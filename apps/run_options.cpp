@@ -1,0 +1,123 @@
+#include "apps/run_options.h"
+
+#include <thread>
+
+#include "core/cuda_memory.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace octet {
+
+void add_run_flags(CLI::App& app, RunOptions& o) {
+  const auto names = models::vit_config_names();
+  app.add_option("--model", o.model, "model config")->check(CLI::IsMember(names))->capture_default_str();
+  app.add_option("--dataset", o.dataset, "fashion-mnist, or synthetic (noise images for throughput runs)")
+      ->check(CLI::IsMember({"fashion-mnist", "synthetic"}))->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST files (default: the Debian package's)");
+  app.add_option("--synthetic-size", o.synthetic_size, "images in the synthetic training set")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps (overrides --epochs)")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", o.batch_size, "images per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--eval-batch-size", o.eval_batch_size, "images per evaluation batch")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw or sgd (nesterov momentum)")
+      ->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "decoupled weight decay (not on norms, biases, pos_embed, cls_token)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--clip-grad", o.clip_grad, "global gradient-norm clip (0 = off)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--drop-path", o.drop_path, "stochastic-depth rate (default: the model config's)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--precision", o.precision, "fp32 (bf16 and fp8 are not built yet)")->capture_default_str();
+  app.add_option("--device", o.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for weights, shuffling and dropout")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
+  app.add_option("--log-every", o.log_every, "steps between log lines")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "steps between test evaluations (default: every epoch)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--metrics", o.metrics, "write step and eval events to this JSON Lines file");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints under this folder");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (default: at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", o.resume, "continue from a checkpoint folder (or a --checkpoint-dir: its latest)");
+}
+
+void check_run_options(RunOptions& o) {
+  OCTET_CHECK(o.precision == "fp32", "--precision ", o.precision,
+              ": only fp32 training is built so far (bf16 and fp8 come with the CUDA backend); pass --precision fp32");
+  OCTET_CHECK(o.device != "cuda", "--device cuda: this build has no CUDA kernels yet, so training runs on the CPU; "
+              "pass --device cpu or auto");
+  if (o.device == "auto" && cuda::is_available())
+    logging::warn("a GPU is present but Octet's CUDA kernels are not built yet: training on the CPU");
+  OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
+              "--checkpoint-every needs --checkpoint-dir DIR to say where checkpoints go");
+  if (o.threads == 0) o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::map<std::string, std::string> run_flags(const RunOptions& o) {
+  auto num = [](double v) { return std::to_string(v); };
+  return {{"model", o.model},
+          {"dataset", o.dataset},
+          {"epochs", std::to_string(o.epochs)},
+          {"steps", std::to_string(o.steps)},
+          {"batch_size", std::to_string(o.batch_size)},
+          {"optimizer", o.optimizer},
+          {"lr", num(o.lr)},
+          {"min_lr", num(o.min_lr)},
+          {"weight_decay", num(o.weight_decay)},
+          {"momentum", num(o.momentum)},
+          {"warmup_steps", std::to_string(o.warmup_steps)},
+          {"label_smoothing", num(o.label_smoothing)},
+          {"clip_grad", num(o.clip_grad)},
+          {"drop_path", num(o.drop_path)},
+          {"precision", o.precision},
+          {"seed", std::to_string(o.seed)},
+          {"threads", std::to_string(o.threads)}};
+}
+
+void warn_about_changed_flags(const std::map<std::string, std::string>& saved,
+                              const std::map<std::string, std::string>& now) {
+  for (const auto& [key, value] : now) {
+    const auto it = saved.find(key);
+    if (it != saved.end() && it->second != value)
+      logging::warn("resuming with --{} {} where the checkpoint ran with {}: the run will not match an "
+                    "uninterrupted one bit for bit", key, value, it->second);
+  }
+}
+
+models::ViTConfig model_config(const RunOptions& o) {
+  models::ViTConfig config = models::vit_config(o.model);
+  if (o.drop_path >= 0) config.drop_path_rate = o.drop_path;
+  return config;
+}
+
+Datasets load_datasets(const RunOptions& o, const models::ViTConfig& config) {
+  Datasets d;
+  if (o.dataset == "synthetic") {
+    const Shape image{config.in_chans, config.img_size, config.img_size};
+    d.train = data::make_synthetic(o.synthetic_size, image, config.num_classes, o.seed);
+    d.test = data::make_synthetic(std::min<int64_t>(o.synthetic_size, 10000), image, config.num_classes, o.seed + 1);
+    return d;
+  }
+  d.train = data::load_fashion_mnist(o.data_dir, /*train=*/true);
+  d.test = data::load_fashion_mnist(o.data_dir, /*train=*/false);
+  const Shape image = d.train->image_shape();
+  OCTET_CHECK(image == Shape({config.in_chans, config.img_size, config.img_size}) &&
+                  d.train->num_classes() == config.num_classes,
+              "--model ", config.name, " takes ", config.in_chans, "x", config.img_size, "x", config.img_size,
+              " images in ", config.num_classes, " classes, but Fashion-MNIST has ", image.str(), " images in ",
+              d.train->num_classes(), " classes; use --model vit_fashion_mnist, or --dataset synthetic");
+  return d;
+}
+
+}  // namespace octet

@@ -1,0 +1,56 @@
+#pragma once
+// train_vit's flags: their defaults (tuned for Fashion-MNIST on a 2-core CPU), their checks, and the
+// datasets and model they select.
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "data/fashion_mnist.h"
+#include "data/synthetic.h"
+#include "models/vit.h"
+
+namespace octet {
+
+struct RunOptions {
+  std::string model = "vit_fashion_mnist";
+  std::string dataset = "fashion-mnist";  // or "synthetic"
+  std::string data_dir;                   // "" = the Debian package's folder
+  int64_t synthetic_size = 60000;
+  int64_t epochs = 5;
+  int64_t steps = 0;  // > 0 overrides --epochs
+  int64_t batch_size = 128;
+  int64_t eval_batch_size = 500;
+  std::string optimizer = "adamw";
+  double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999;
+  int64_t warmup_steps = 200;
+  double label_smoothing = 0.1, clip_grad = 1.0, drop_path = -1;  // drop_path < 0: the model config's
+  std::string precision = "fp32";
+  std::string device = "auto";
+  uint64_t seed = 0;
+  int threads = 0;  // 0 = every core
+  int64_t log_every = 50, eval_every = 0;  // eval_every 0 = at the end of every epoch
+  std::string metrics, checkpoint_dir, resume;
+  int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint-dir is set)
+};
+
+void add_run_flags(CLI::App& app, RunOptions& options);
+// Cross-flag checks CLI11 cannot express; throws octet::Error (train_vit exits with code 2).
+void check_run_options(RunOptions& options);
+
+// The flags that shape a run, as strings: stored in checkpoints and in the metrics' start event.
+std::map<std::string, std::string> run_flags(const RunOptions& options);
+// Resuming with different flags is allowed (say, more --steps) but breaks bitwise equality: log it.
+void warn_about_changed_flags(const std::map<std::string, std::string>& saved,
+                              const std::map<std::string, std::string>& now);
+
+models::ViTConfig model_config(const RunOptions& options);
+
+struct Datasets {
+  std::shared_ptr<const data::Dataset> train, test;
+};
+// Loads --dataset and checks that its images fit the model.
+Datasets load_datasets(const RunOptions& options, const models::ViTConfig& config);
+
+}  // namespace octet

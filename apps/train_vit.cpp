@@ -1,0 +1,201 @@
+// train_vit: trains a Vision Transformer with Octet, the project's main program.
+//
+//   build/bin/train_vit                       Fashion-MNIST with the defaults below (the README's main job)
+//   build/bin/train_vit --dataset synthetic --model vit_small_patch16_224 --steps 20
+//   build/bin/train_vit --steps 200 --checkpoint-dir ckpt --checkpoint-every 100
+//   build/bin/train_vit --steps 200 --resume ckpt          continues bitwise-exactly from ckpt/latest
+//
+// The step reads top to bottom: next batch, forward, loss, backward, clip, schedule, optimizer step.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "apps/checkpoint.h"
+#include "apps/run_options.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "core/log.h"
+#include "core/random.h"
+#include "data/loader.h"
+#include "kernels/reduce.h"
+#include "kernels/threads.h"
+#include "models/vit.h"
+#include "nn/layers.h"
+#include "optim/optim.h"
+
+using namespace octet;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// JSON Lines: one object per event, flushed at once so that a crashed run keeps what it logged.
+class MetricsFile {
+ public:
+  MetricsFile(const std::string& path, bool append) {
+    if (path.empty()) return;
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
+    OCTET_CHECK(out_.good(), "cannot open --metrics file ", path, " for writing; pass a writable path");
+  }
+  void write(const json& event) {
+    if (out_.is_open()) out_ << event.dump() << '\n' << std::flush;
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+struct EvalResult {
+  double accuracy = 0, loss = 0;
+};
+
+// Accuracy and mean cross-entropy (no label smoothing) over the whole test set.
+EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader) {
+  NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, seen = 0;
+  double loss_sum = 0;
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    const data::Batch batch = loader.next();
+    const Tensor logits = model(batch.images);
+    const int64_t n = batch.labels.numel();
+    loss_sum += cross_entropy(logits, batch.labels).item() * static_cast<double>(n);
+    const Tensor predicted = kernels::max(logits, 1).indices;
+    const int64_t* p = predicted.data<int64_t>();
+    const int64_t* y = batch.labels.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i) correct += p[i] == y[i];
+    seen += n;
+  }
+  model.train();
+  return {static_cast<double>(correct) / static_cast<double>(seen), loss_sum / static_cast<double>(seen)};
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunOptions& o, const models::VisionTransformer& model) {
+  auto groups = optim::weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay);
+  if (o.optimizer == "sgd") return std::make_unique<optim::SGD>(groups, o.lr, o.momentum, 0.0, /*nesterov=*/true);
+  return std::make_unique<optim::AdamW>(groups, o.lr, o.beta1, o.beta2, 1e-8, o.weight_decay);
+}
+
+int train(const RunOptions& o) {
+  kernels::set_num_threads(o.threads);
+  const models::ViTConfig config = model_config(o);
+  const Datasets datasets = load_datasets(o, config);
+
+  Generator init_generator(o.seed);
+  models::VisionTransformer model(config, /*initialize=*/true, &init_generator);
+  manual_seed(o.seed + 1);  // the default generator draws dropout and drop-path masks
+  auto optimizer = make_optimizer(o, model);
+  nn::CrossEntropyLoss criterion(o.label_smoothing);
+
+  data::LoaderOptions train_options{.batch_size = o.batch_size, .shuffle = true, .drop_last = true, .seed = o.seed};
+  data::DataLoader train_loader(datasets.train, train_options);
+  data::DataLoader test_loader(datasets.test, {.batch_size = o.eval_batch_size, .shuffle = false, .drop_last = false});
+  const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * train_loader.batches_per_epoch();
+  const int64_t warmup_steps = std::min(o.warmup_steps, total_steps);  // a short run warms up throughout
+  const optim::WarmupCosineSchedule schedule(o.lr, warmup_steps, total_steps, std::min(o.min_lr, o.lr));
+
+  int64_t step = 0;
+  if (!o.resume.empty()) {
+    const apps::TrainerState state = apps::load_checkpoint(o.resume, model, *optimizer);
+    warn_about_changed_flags(state.run, run_flags(o));
+    step = state.step;
+    train_loader.set_state(state.loader);
+    default_generator().set_state(state.rng_seed, state.rng_offset);
+    logging::info("resumed from {} at step {} (epoch {}, batch {})", apps::resolve_checkpoint(o.resume), step,
+                  state.loader.epoch, state.loader.batch);
+  }
+  OCTET_CHECK(step < total_steps, "the checkpoint is at step ", step, " but the run ends at step ", total_steps,
+              "; raise --steps or --epochs to train further");
+
+  MetricsFile metrics(o.metrics, /*append=*/!o.resume.empty());
+  const double flops_per_image = 3.0 * model.flops_per_image_forward();  // forward + backward
+  logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images on {} thread(s)",
+                config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, o.batch_size, o.threads);
+  metrics.write({{"event", "start"}, {"model", config.name}, {"parameters", model.num_parameters()},
+                 {"total_steps", total_steps}, {"flags", run_flags(o)}});
+
+  const auto run_start = Clock::now();
+  double window_seconds = 0, window_loss = 0;
+  int64_t window_steps = 0;
+  model.train();
+  while (step < total_steps) {
+    const auto step_start = Clock::now();
+    const data::Batch batch = train_loader.next();
+    const double lr = schedule.lr(step);
+    optimizer->set_lr(lr);
+
+    const Tensor loss = criterion(model(batch.images), batch.labels);
+    loss.backward();
+    if (o.clip_grad > 0) optim::clip_grad_norm_(model.parameters(), o.clip_grad);
+    optimizer->step();
+    optimizer->zero_grad();
+    ++step;
+
+    const double loss_value = loss.item();
+    OCTET_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ", step,
+                "; lower --lr, raise --warmup-steps or set --clip-grad");
+    const double step_seconds = seconds_since(step_start);
+    const double images_per_sec = static_cast<double>(o.batch_size) / step_seconds;
+    metrics.write({{"event", "step"}, {"step", step}, {"epoch", batch.epoch}, {"loss", loss_value}, {"lr", lr},
+                   {"images_per_sec", images_per_sec}, {"step_ms", 1e3 * step_seconds}});
+    window_seconds += step_seconds, window_loss += loss_value, ++window_steps;
+    if (step % o.log_every == 0 || step == total_steps) {
+      const double ips = static_cast<double>(o.batch_size * window_steps) / window_seconds;
+      logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s",
+                    step, total_steps, batch.epoch, window_loss / window_steps, lr, ips,
+                    1e3 * window_seconds / window_steps, ips * flops_per_image / 1e9);
+      window_seconds = window_loss = 0, window_steps = 0;
+    }
+
+    const bool end_of_epoch = train_loader.state().batch == 0;
+    const bool eval_now = o.eval_every > 0 ? step % o.eval_every == 0 : end_of_epoch;
+    if (eval_now || step == total_steps) {
+      const EvalResult r = evaluate(model, test_loader);
+      logging::info("eval at step {}: test accuracy {:.2f}%, test loss {:.4f} ({:.0f} s elapsed)", step,
+                    100 * r.accuracy, r.loss, seconds_since(run_start));
+      metrics.write({{"event", "eval"}, {"step", step}, {"epoch", batch.epoch}, {"accuracy", r.accuracy},
+                     {"loss", r.loss}, {"elapsed_s", seconds_since(run_start)}});
+    }
+    const bool checkpoint_now = o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : step == total_steps;
+    if (!o.checkpoint_dir.empty() && (checkpoint_now || step == total_steps)) {
+      const Generator& rng = default_generator();
+      const std::string where = apps::save_checkpoint(
+          o.checkpoint_dir, model, *optimizer,
+          {.step = step, .loader = train_loader.state(), .rng_seed = rng.seed(), .rng_offset = rng.offset(),
+           .run = run_flags(o)});
+      logging::info("checkpoint written to {}", where);
+    }
+  }
+  metrics.write({{"event", "end"}, {"step", step}, {"elapsed_s", seconds_since(run_start)}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train_vit: train a Vision Transformer with Octet (Fashion-MNIST by default)"};
+  RunOptions options;
+  add_run_flags(app, options);
+  try {
+    app.parse(argc, argv);
+    check_run_options(options);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help, or the error and a pointer to --help
+    return code == 0 ? 0 : 2;
+  } catch (const Error& e) {
+    logging::error("{}", e.what());
+    return 2;
+  }
+  try {
+    return train(options);
+  } catch (const std::exception& e) {
+    logging::error("{}", e.what());
+    return 1;
+  }
+}

@@ -118,8 +118,20 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::
                "); it is corrupt or truncated, pass another --resume");
   }
   TrainerState state = from_json(j, trainer_file);
-  model.load_state_dict(nn::load_safetensors((dir / "model.safetensors").string()).tensors, /*strict=*/true);
-  optimizer.load_state_dict(nn::load_safetensors((dir / "optimizer.safetensors").string()).tensors);
+  const std::string model_file = (dir / "model.safetensors").string();
+  const std::string optimizer_file = (dir / "optimizer.safetensors").string();
+  nn::SafetensorsFile weights = nn::load_safetensors(model_file);
+  nn::SafetensorsFile optimizer_state = nn::load_safetensors(optimizer_file);
+  try {
+    model.load_state_dict(weights.tensors, /*strict=*/true);
+  } catch (const Error& e) {
+    OCTET_FAIL(model_file, " does not fit this model (was the checkpoint written with another --model?): ", e.what());
+  }
+  try {
+    optimizer.load_state_dict(optimizer_state.tensors);
+  } catch (const Error& e) {
+    OCTET_FAIL(optimizer_file, " does not fit this optimizer (was it written with another --optimizer?): ", e.what());
+  }
   return state;
 }
 

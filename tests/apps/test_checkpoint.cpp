@@ -1,0 +1,149 @@
+// Training checkpoints: a round trip restores weights, optimizer state and trainer state bit for
+// bit; every damaged or mismatched file is an error that names it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <cstring>
+#include <fstream>
+
+#include "apps/checkpoint.h"
+#include "autograd/ops.h"
+#include "models/vit.h"
+#include "nn/layers.h"
+#include "optim/optim.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+namespace fs = std::filesystem;
+using testing::throws_with;
+
+models::ViTConfig tiny_config(int64_t depth = 2) {
+  return {"tiny_test", 8, 4, 1, 3, 8, depth, 2, 2.0, true, 0.0, 0.0, 0.1};
+}
+
+// A model and optimizer that have taken `steps` AdamW steps on random data.
+struct TrainedRun {
+  models::VisionTransformer model;
+  optim::AdamW optimizer;
+  explicit TrainedRun(uint64_t seed, int steps, int64_t depth = 2)
+      : model(tiny_config(depth), true, &generator(seed)),
+        optimizer(optim::weight_decay_groups(model.named_parameters(), 1e-2, 0.05), 1e-2) {
+    Generator data(seed + 100);
+    for (int s = 0; s < steps; ++s) {
+      const Tensor images = randn({4, 1, 8, 8}, data);
+      const Tensor labels = from_vector<int64_t>({0, 1, 2, 1}, {4});
+      nn::CrossEntropyLoss(0.1)(model(images), labels).backward();
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+  }
+  static Generator& generator(uint64_t seed) {
+    static thread_local Generator g;
+    g.manual_seed(seed);
+    return g;
+  }
+};
+
+void expect_bitwise_equal(const nn::StateDict& a, const nn::StateDict& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.shape(), u.shape()) << name;
+    ASSERT_EQ(t.dtype(), u.dtype()) << name;
+    EXPECT_EQ(0, std::memcmp(t.data_ptr(), u.data_ptr(), t.nbytes())) << name;
+  }
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root = fs::temp_directory_path() / ("octet_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root);
+  }
+  void TearDown() override { fs::remove_all(root); }
+  apps::TrainerState state() const {
+    return {.step = 7, .loader = {.epoch = 2, .batch = 5}, .rng_seed = 11, .rng_offset = 12345,
+            .run = {{"model", "tiny_test"}, {"lr", "0.01"}}};
+  }
+  fs::path root;
+};
+
+TEST_F(CheckpointTest, RoundTripRestoresEverythingBitForBit) {
+  TrainedRun saved(1, 3);
+  const std::string dir = apps::save_checkpoint(root.string(), saved.model, saved.optimizer, state());
+  EXPECT_EQ(fs::path(dir).filename(), "step-00000007");
+
+  TrainedRun fresh(2, 1);  // other weights, other optimizer state
+  const apps::TrainerState loaded = apps::load_checkpoint(root.string(), fresh.model, fresh.optimizer);
+  EXPECT_EQ(loaded.step, 7);
+  EXPECT_EQ(loaded.loader.epoch, 2);
+  EXPECT_EQ(loaded.loader.batch, 5);
+  EXPECT_EQ(loaded.rng_seed, 11u);
+  EXPECT_EQ(loaded.rng_offset, 12345u);
+  EXPECT_EQ(loaded.run, state().run);
+  expect_bitwise_equal(saved.model.state_dict(), fresh.model.state_dict());
+  expect_bitwise_equal(saved.optimizer.state_dict(), fresh.optimizer.state_dict());
+}
+
+TEST_F(CheckpointTest, LatestPointsAtTheNewestAndRewritingAStepLeavesNoTemporaries) {
+  TrainedRun run(1, 1);
+  apps::TrainerState s = state();
+  apps::save_checkpoint(root.string(), run.model, run.optimizer, s);
+  s.step = 9;
+  apps::save_checkpoint(root.string(), run.model, run.optimizer, s);
+  apps::save_checkpoint(root.string(), run.model, run.optimizer, s);  // same step again
+  EXPECT_EQ(apps::resolve_checkpoint(root.string()), (root / "step-00000009").string());
+  EXPECT_EQ(apps::resolve_checkpoint((root / "step-00000007").string()), (root / "step-00000007").string());
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(root)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000007", "step-00000009"}));
+}
+
+TEST_F(CheckpointTest, DamagedFilesAreErrorsThatNameThem) {
+  TrainedRun run(1, 2);
+  const fs::path dir = apps::save_checkpoint(root.string(), run.model, run.optimizer, state());
+  auto rewrite = [](const fs::path& file, const std::string& bytes) { std::ofstream(file, std::ios::trunc) << bytes; };
+  auto load = [&] { apps::load_checkpoint(dir.string(), run.model, run.optimizer); };
+
+  const std::string json = [&] { std::ifstream in(dir / "trainer.json"); return std::string(std::istreambuf_iterator<char>(in), {}); }();
+  rewrite(dir / "trainer.json", json.substr(0, json.size() / 2));
+  EXPECT_TRUE(throws_with(load, {"trainer.json is not valid JSON"}));
+  rewrite(dir / "trainer.json", R"({"format_version": 1, "step": 3, "rng": {"seed": 1, "offset": 2}, "run": {}})");
+  EXPECT_TRUE(throws_with(load, {"has no \"/loader/epoch\""}));
+  rewrite(dir / "trainer.json", R"({"format_version": 1, "step": "x", "loader": {"epoch": 0, "batch": 0},
+                                    "rng": {"seed": 1, "offset": 2}, "run": {}})");
+  EXPECT_TRUE(throws_with(load, {"\"/step\" is \"x\""}));
+  rewrite(dir / "trainer.json", json);
+  load();  // restored: loads again
+
+  const auto size = fs::file_size(dir / "model.safetensors");
+  fs::resize_file(dir / "model.safetensors", size - 100);
+  EXPECT_TRUE(throws_with(load, {"model.safetensors"}));
+  apps::save_checkpoint(root.string(), run.model, run.optimizer, state());  // whole again
+  load();
+  fs::remove(dir / "optimizer.safetensors");
+  EXPECT_TRUE(throws_with(load, {"optimizer.safetensors"}));
+}
+
+TEST_F(CheckpointTest, ACheckpointOfAnotherModelNamesTheMismatch) {
+  TrainedRun run(1, 1);
+  apps::save_checkpoint(root.string(), run.model, run.optimizer, state());
+  TrainedRun deeper(1, 1, /*depth=*/3);
+  EXPECT_TRUE(throws_with([&] { apps::load_checkpoint(root.string(), deeper.model, deeper.optimizer); },
+                          {"was the checkpoint written with another --model?"}));
+}
+
+TEST_F(CheckpointTest, BadResumePathsSayWhatToPass) {
+  EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint((root / "nope").string()); }, {"the path does not exist"}));
+  fs::create_directories(root);
+  EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint(root.string()); }, {"neither trainer.json nor a `latest`"}));
+  std::ofstream(root / "latest") << "step-00000042\n";
+  EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint(root.string()); }, {"holds no trainer.json"}));
+}
+
+}  // namespace
+}  // namespace octet

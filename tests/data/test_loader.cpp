@@ -1,0 +1,206 @@
+// DataLoader: batch contents are the dataset's items in the sampler's order, epochs follow one
+// another, state()/set_state() resume bit for bit, evaluation reads a short last batch, worker
+// errors reach the caller, and destruction never waits on the queue.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "data/loader.h"
+#include "data/synthetic.h"
+#include "tests/testing.h"
+
+namespace {
+
+using namespace octet;
+using namespace octet::data;
+using octet::testing::throws_with;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<const Dataset> small_dataset(int64_t size = 22) { return make_synthetic(size, {2, 3, 3}, 5, 11); }
+
+// Checks that `batch` holds, in order, the dataset items at `indices`, bit for bit.
+void expect_batch_holds(const Batch& batch, const Dataset& ds, const std::vector<int64_t>& indices) {
+  const int64_t count = static_cast<int64_t>(indices.size());
+  Shape shape{count};
+  for (int64_t d : ds.image_shape()) shape.push_back(d);
+  ASSERT_EQ(batch.images.shape(), shape);
+  ASSERT_EQ(batch.images.dtype(), DType::f32);
+  ASSERT_EQ(batch.labels.shape(), (Shape{count}));
+  ASSERT_EQ(batch.labels.dtype(), DType::i64);
+  const int64_t n = ds.image_shape().numel();
+  std::vector<float> expected(n);
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t label;
+    ds.get(indices[k], expected.data(), &label);
+    EXPECT_EQ(batch.labels.data<int64_t>()[k], label) << "item " << k;
+    EXPECT_EQ(std::memcmp(batch.images.data<float>() + k * n, expected.data(), n * sizeof(float)), 0)
+        << "item " << k << " is not dataset index " << indices[k];
+  }
+}
+
+void expect_same_batch(const Batch& a, const Batch& b) {
+  EXPECT_EQ(a.epoch, b.epoch);
+  EXPECT_EQ(a.index, b.index);
+  ASSERT_EQ(a.images.shape(), b.images.shape());
+  EXPECT_EQ(std::memcmp(a.images.data<float>(), b.images.data<float>(), a.images.nbytes()), 0);
+  EXPECT_EQ(a.labels.to_vector<int64_t>(), b.labels.to_vector<int64_t>());
+}
+
+TEST(DataLoader, BatchesFollowTheSamplerAcrossEpochsOnEveryRank) {
+  auto ds = small_dataset();
+  for (int world : {1, 3}) {
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << world);
+      LoaderOptions options{.batch_size = 3,
+                            .shuffle = true,
+                            .drop_last = true,
+                            .seed = 5,
+                            .rank = rank,
+                            .world_size = world,
+                            .prefetch = 2};
+      DataLoader loader(ds, options);
+      const DistributedSampler sampler(22, rank, world, true, 5, true);
+      const int64_t per_rank = 22 / world;
+      ASSERT_EQ(loader.batches_per_epoch(), per_rank / 3);
+      for (int64_t epoch = 0; epoch < 3; ++epoch) {
+        const std::vector<int64_t> order = sampler.indices(epoch);
+        for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+          EXPECT_EQ(loader.state().epoch, epoch);
+          EXPECT_EQ(loader.state().batch, b);
+          const Batch batch = loader.next();
+          EXPECT_EQ(batch.epoch, epoch);
+          EXPECT_EQ(batch.index, b);
+          expect_batch_holds(batch, *ds, std::vector<int64_t>(order.begin() + 3 * b, order.begin() + 3 * b + 3));
+        }
+      }
+    }
+  }
+}
+
+TEST(DataLoader, EpochsComeInDifferentOrders) {
+  DataLoader loader(small_dataset(), {.batch_size = 22, .shuffle = true, .drop_last = true, .seed = 1});
+  ASSERT_EQ(loader.batches_per_epoch(), 1);
+  const Batch first = loader.next(), second = loader.next();
+  EXPECT_EQ(second.epoch, 1);
+  EXPECT_EQ(second.index, 0);
+  EXPECT_NE(first.labels.to_vector<int64_t>(), second.labels.to_vector<int64_t>());
+}
+
+TEST(DataLoader, SetStateResumesBitForBit) {
+  auto ds = small_dataset();
+  const LoaderOptions options{.batch_size = 4, .shuffle = true, .drop_last = false, .seed = 9, .prefetch = 3};
+  DataLoader original(ds, options);
+  const int64_t bpe = original.batches_per_epoch();
+  ASSERT_EQ(bpe, 6);  // 22 items: five full batches and one of 2
+  for (int i = 0; i < 7; ++i) original.next();
+  const DataLoader::State saved = original.state();
+  EXPECT_EQ(saved.epoch, 1);
+  EXPECT_EQ(saved.batch, 1);
+  std::vector<Batch> expected;
+  for (int i = 0; i < 13; ++i) expected.push_back(original.next());
+
+  // A fresh loader (as after a restart), a synchronous one, one with several assembly threads, and
+  // the original rewound with a full queue.
+  DataLoader fresh(ds, options);
+  fresh.set_state(saved);
+  LoaderOptions sync_options = options, threaded_options = options;
+  sync_options.prefetch = 0;
+  threaded_options.threads = 3;
+  DataLoader sync(ds, sync_options), threaded(ds, threaded_options);
+  sync.set_state(saved);
+  threaded.set_state(saved);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the original's queue fill
+  original.set_state(saved);
+  for (DataLoader* loader : {&fresh, &sync, &threaded, &original}) {
+    EXPECT_EQ(loader->state().epoch, 1);
+    EXPECT_EQ(loader->state().batch, 1);
+    for (const Batch& want : expected) expect_same_batch(loader->next(), want);
+  }
+}
+
+TEST(DataLoader, EvaluationReadsEveryItemOnceWithAShortLastBatch) {
+  auto ds = small_dataset(10);
+  DataLoader loader(ds, {.batch_size = 4, .shuffle = false, .drop_last = false});
+  ASSERT_EQ(loader.batches_per_epoch(), 3);
+  expect_batch_holds(loader.next(), *ds, {0, 1, 2, 3});
+  expect_batch_holds(loader.next(), *ds, {4, 5, 6, 7});
+  const Batch last = loader.next();
+  EXPECT_EQ(last.index, 2);
+  expect_batch_holds(last, *ds, {8, 9});
+  const Batch again = loader.next();
+  EXPECT_EQ(again.epoch, 1);
+  expect_batch_holds(again, *ds, {0, 1, 2, 3});
+}
+
+// Fails on one index, and sleeps 20 ms in get() from another on, to exercise the worker's error
+// and stop paths.
+class TroubledDataset : public Dataset {
+ public:
+  TroubledDataset(int64_t bad_index, int64_t slow_from) : bad_index_(bad_index), slow_from_(slow_from) {}
+  int64_t size() const override { return 200; }
+  Shape image_shape() const override { return {1, 2, 2}; }
+  int64_t num_classes() const override { return 2; }
+  void get(int64_t index, float* image, int64_t* label) const override {
+    if (index >= slow_from_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    OCTET_CHECK(index != bad_index_, "TroubledDataset: cannot read item ", index);
+    for (int k = 0; k < 4; ++k) image[k] = static_cast<float>(index);
+    *label = index % 2;
+  }
+
+ private:
+  int64_t bad_index_, slow_from_;
+};
+
+TEST(DataLoader, WorkerErrorsReachTheCallerInOrder) {
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << threads << " assembly threads");
+    DataLoader loader(std::make_shared<TroubledDataset>(13, 1000),
+                      {.batch_size = 4, .shuffle = false, .prefetch = 2, .threads = threads});
+    for (int b = 0; b < 3; ++b) EXPECT_EQ(loader.next().labels.numel(), 4);  // items 0..11 are fine
+    EXPECT_TRUE(throws_with([&] { loader.next(); }, {"cannot read item 13"}));
+    EXPECT_TRUE(throws_with([&] { loader.next(); }, {"cannot read item 13"}));  // and it stays failed
+    loader.set_state({0, 1});                                                   // a restart elsewhere works again
+    EXPECT_EQ(loader.next().images.data<float>()[0], 4.0f);
+  }
+}
+
+TEST(DataLoader, DestructionDoesNotWaitForTheQueue) {
+  {  // a full prefetch queue
+    auto loader = std::make_unique<DataLoader>(small_dataset(), LoaderOptions{.batch_size = 2, .prefetch = 4});
+    loader->next();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto start = Clock::now();
+    loader.reset();
+    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+  }
+  {  // in the middle of a slow batch: items 32..63 take 20 ms each, 0.64 s for the batch
+    auto loader = std::make_unique<DataLoader>(std::make_shared<TroubledDataset>(-1, 32),
+                                               LoaderOptions{.batch_size = 32, .shuffle = false, .prefetch = 2});
+    loader->next();  // the fast first batch; the worker is now inside the slow second one
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    const auto start = Clock::now();
+    loader.reset();
+    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(300));
+  }
+  {  // never started
+    DataLoader loader(small_dataset(), {.batch_size = 2});
+  }
+}
+
+TEST(DataLoader, RejectsBadOptionsAndStates) {
+  auto ds = small_dataset();
+  EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 0}); }, {"batch_size is 0"}));
+  EXPECT_TRUE(throws_with([&] { DataLoader(nullptr, {}); }, {"dataset is null"}));
+  EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 4, .prefetch = -1}); }, {"prefetch is -1"}));
+  EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 4, .threads = 0}); }, {"threads is 0"}));
+  EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 8, .drop_last = true, .world_size = 4}); },
+                          {"gets 5", "one batch of 8", "drop_last"}));
+  DataLoader loader(ds, {.batch_size = 4});
+  EXPECT_TRUE(throws_with([&] { loader.set_state({0, 5}); }, {"set_state", "0 <= batch < 5"}));
+  EXPECT_TRUE(throws_with([&] { loader.set_state({-1, 0}); }, {"set_state", "epoch >= 0"}));
+}
+
+}  // namespace

@@ -13,14 +13,16 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, bool initialize, G
   // The layers are built uninitialised: init_weights below replaces PyTorch's defaults anyway.
   nn::SkipInitGuard skip_init;
   const int64_t D = c.embed_dim;
-  patch_embed = register_module("patch_embed", std::make_shared<nn::PatchEmbed>(c.img_size, c.patch_size, c.in_chans, D));
+  patch_embed = register_module("patch_embed",
+                                std::make_shared<nn::PatchEmbed>(c.img_size, c.patch_size, c.in_chans, D));
   cls_token = register_parameter("cls_token", empty({1, 1, D}));
   pos_embed = register_parameter("pos_embed", empty({1, num_patches() + 1, D}));
   pos_drop = register_module("pos_drop", std::make_shared<nn::Dropout>(c.drop_rate, gen));
   blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.depth; ++i) {
     // Stochastic depth grows linearly with depth: torch.linspace(0, drop_path_rate, depth)[i].
-    const double drop_path = c.depth > 1 ? c.drop_path_rate * static_cast<double>(i) / static_cast<double>(c.depth - 1) : 0.0;
+    const double drop_path =
+        c.depth > 1 ? c.drop_path_rate * static_cast<double>(i) / static_cast<double>(c.depth - 1) : 0.0;
     auto block = std::make_shared<nn::TransformerBlock>(D, c.num_heads, c.mlp_ratio, c.qkv_bias, c.drop_rate,
                                                         c.attn_drop_rate, drop_path, gen);
     blocks->push_back(block);
@@ -55,10 +57,10 @@ double VisionTransformer::flops_per_image_forward() const {
   const auto hidden = static_cast<double>(static_cast<int64_t>(D * config_.mlp_ratio));
   const auto patch_features = static_cast<double>(config_.in_chans * config_.patch_size * config_.patch_size);
   const double patch_embedding = N * patch_features * D;
-  const double per_block = T * D * 3 * D     // qkv
-                           + T * T * D       // q·kᵀ, all heads together
-                           + T * T * D       // attention·v
-                           + T * D * D       // proj
+  const double per_block = T * D * 3 * D          // qkv
+                           + T * T * D            // q·kᵀ, all heads together
+                           + T * T * D            // attention·v
+                           + T * D * D            // proj
                            + 2 * T * D * hidden;  // fc1 and fc2
   const double classifier = D * static_cast<double>(config_.num_classes);
   return 2 * (patch_embedding + static_cast<double>(config_.depth) * per_block + classifier);

@@ -6,12 +6,17 @@ namespace octet::nn {
 
 MultiheadAttention::MultiheadAttention(int64_t dim, int64_t num_heads, bool qkv_bias, double attn_drop_rate,
                                        double proj_drop_rate, Generator* gen)
-    : Module("MultiheadAttention"), dim(dim), num_heads(num_heads), head_dim(num_heads > 0 ? dim / num_heads : 0) {
+    : Module("MultiheadAttention"),
+      dim(dim),
+      num_heads(num_heads),
+      head_dim(num_heads > 0 ? dim / num_heads : 0) {
   OCTET_CHECK(dim > 0 && num_heads > 0 && dim % num_heads == 0, "MultiheadAttention: dim ", dim,
-              " must be a positive multiple of num_heads ", num_heads, "; pick a head count that divides dim");
-  OCTET_CHECK(attn_drop_rate == 0.0, "MultiheadAttention: attn_drop = ", attn_drop_rate,
-              " is not supported: the attention kernels (reference and fused) apply no dropout to the attention "
-              "weights. Use attn_drop = 0 (timm's ViT default) and regularise with proj_drop or drop_path");
+              " must be a positive multiple of num_heads ", num_heads,
+              "; pick a head count that divides dim");
+  OCTET_CHECK(
+      attn_drop_rate == 0.0, "MultiheadAttention: attn_drop = ", attn_drop_rate,
+      " is not supported: the attention kernels (reference and fused) apply no dropout to the attention "
+      "weights. Use attn_drop = 0 (timm's ViT default) and regularise with proj_drop or drop_path");
   qkv = register_module("qkv", std::make_shared<Linear>(dim, 3 * dim, qkv_bias));
   proj = register_module("proj", std::make_shared<Linear>(dim, dim));
   proj_drop = register_module("proj_drop", std::make_shared<Dropout>(proj_drop_rate, gen));

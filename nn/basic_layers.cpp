@@ -8,8 +8,9 @@ namespace octet::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : Module("Linear"), in_features(in_features), out_features(out_features) {
-  OCTET_CHECK(in_features > 0 && out_features > 0, "Linear: in_features and out_features must be positive, got ",
-              in_features, " and ", out_features);
+  OCTET_CHECK(in_features > 0 && out_features > 0,
+              "Linear: in_features and out_features must be positive, got ", in_features, " and ",
+              out_features);
   weight = register_parameter("weight", empty({out_features, in_features}));
   if (bias) this->bias = register_parameter("bias", empty({out_features}));
   if (init_enabled()) reset_parameters(default_generator());

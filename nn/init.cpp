@@ -21,7 +21,8 @@ void assign(const Tensor& t, const std::vector<double>& values) {
 }
 
 std::vector<double> draws(const Tensor& t, Generator& gen, bool normal) {
-  OCTET_CHECK(t.defined() && is_floating(t.dtype()), "init: needs a defined floating tensor, got ", t.describe());
+  OCTET_CHECK(t.defined() && is_floating(t.dtype()), "init: needs a defined floating tensor, got ",
+              t.describe());
   const Tensor r = normal ? randn(t.shape(), gen, DType::f32) : rand(t.shape(), gen, DType::f32);
   return r.to_vector<double>();
 }
@@ -31,10 +32,10 @@ double normal_cdf(double x) { return 0.5 * std::erfc(-x / std::numbers::sqrt2); 
 // Φ⁻¹(p) for p in (0, 1): Acklam's rational approximation (relative error 1e-9), then one Halley
 // step on Φ(x) - p, which brings it to double precision.
 double normal_quantile(double p) {
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                              1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                             6.680131188771972e+01,  -1.328068155288572e+01};
+                             6.680131188771972e+01, -1.328068155288572e+01};
   static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
                              -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
   static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
@@ -82,8 +83,8 @@ void trunc_normal_(const Tensor& t, double mean, double std, double a, double b,
   OCTET_CHECK(std > 0 && a < b, "trunc_normal_: needs std > 0 and a < b, got std ", std, ", [", a, ", ", b,
               "]; a and b are absolute bounds, not multiples of std");
   const double cdf_a = normal_cdf((a - mean) / std), cdf_b = normal_cdf((b - mean) / std);
-  OCTET_CHECK(cdf_b > cdf_a, "trunc_normal_: [", a, ", ", b, "] lies too far in the tail of Normal(", mean, ", ",
-              std, ") to sample; move the bounds towards the mean");
+  OCTET_CHECK(cdf_b > cdf_a, "trunc_normal_: [", a, ", ", b, "] lies too far in the tail of Normal(", mean,
+              ", ", std, ") to sample; move the bounds towards the mean");
   std::vector<double> v = draws(t, gen, false);
   const int64_t n = static_cast<int64_t>(v.size());
   // Each element depends on its own uniform only, so a static split over threads stays deterministic.

@@ -105,7 +105,8 @@ class MultiheadAttention : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio = 4.0, bool qkv_bias = true,
-                   double proj_drop = 0.0, double attn_drop = 0.0, double drop_path = 0.0, Generator* gen = nullptr);
+                   double proj_drop = 0.0, double attn_drop = 0.0, double drop_path = 0.0,
+                   Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
 
   std::shared_ptr<LayerNorm> norm1;

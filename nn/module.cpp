@@ -30,13 +30,15 @@ void visit_modules(const Module& module, const std::string& prefix, std::set<con
                    const std::function<void(const std::string&, const Module&)>& fn) {
   if (!seen.insert(&module).second) return;
   fn(prefix, module);
-  for (const auto& [name, child] : module.named_children()) visit_modules(*child, join(prefix, name), seen, fn);
+  for (const auto& [name, child] : module.named_children()) {
+    visit_modules(*child, join(prefix, name), seen, fn);
+  }
 }
 
 }  // namespace
 
 Tensor Module::forward(const Tensor&) {
-  OCTET_FAIL(name_, ": forward() is not implemented; call the modules it holds, or override forward() in a subclass");
+  OCTET_FAIL(name_, ": forward() is not implemented; call the modules it holds, or override forward()");
 }
 
 Tensor Module::operator()(const Tensor& x) {
@@ -98,7 +100,9 @@ std::vector<NamedTensor> Module::named_buffers(bool recurse) const {
   return out;
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const { return children_; }
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
 
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
   // A module made with make_shared hands out a shared owner; one on the stack a non-owning pointer.
@@ -106,7 +110,8 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modul
   if (!self) self = std::shared_ptr<Module>(std::shared_ptr<Module>(), this);
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> out = {{"", self}};
   std::set<const Module*> seen = {this};
-  std::function<void(const std::string&, const Module&)> walk = [&](const std::string& prefix, const Module& m) {
+  using Walk = std::function<void(const std::string&, const Module&)>;
+  Walk walk = [&](const std::string& prefix, const Module& m) {
     for (const auto& [name, child] : m.children_) {
       if (!seen.insert(child.get()).second) continue;
       out.emplace_back(join(prefix, name), child);
@@ -145,7 +150,7 @@ void Module::to(Device device) {
 
 void Module::to(DType dtype) {
   OCTET_CHECK(is_floating(dtype), name_, ".to(", dtype_name(dtype),
-              "): modules convert their floating parameters and buffers; pass a floating dtype (f32, bf16, f64)");
+              "): modules convert floating parameters and buffers; pass a floating dtype (f32, bf16, f64)");
   NoGradGuard no_grad;
   for_each_tensor([&](const Tensor& t) {
     if (!is_floating(t.dtype())) return;  // integer buffers (counters, indices) keep their type
@@ -208,24 +213,26 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
       continue;
     }
     const Tensor& source = it->second;
-    OCTET_CHECK(source.defined(), "load_state_dict: '", key, "' is an undefined tensor in the state dict; "
-                                  "fill it, or remove the key and load with strict = false");
+    OCTET_CHECK(source.defined(), "load_state_dict: '", key,
+                "' is an undefined tensor in the state dict; fill it, or remove the key and load with "
+                "strict = false");
     OCTET_CHECK(source.shape() == target.shape(), "load_state_dict: '", key, "' has shape ", source.shape(),
                 " in the state dict but ", target.shape(), " in ", name_,
                 "; the checkpoint was saved from a different configuration: build the model with that "
                 "configuration");
-    OCTET_CHECK(source.dtype() == target.dtype(), "load_state_dict: '", key, "' is ", dtype_name(source.dtype()),
-                " in the state dict but ", dtype_name(target.dtype()), " in ", name_, "; convert the checkpoint (",
-                "tensor.to(", dtype_name(target.dtype()), ")) or the model (model.to(", dtype_name(source.dtype()),
-                ")) first");
+    OCTET_CHECK(source.dtype() == target.dtype(), "load_state_dict: '", key, "' is ",
+                dtype_name(source.dtype()), " in the state dict but ", dtype_name(target.dtype()), " in ",
+                name_, "; convert the checkpoint (tensor.to(", dtype_name(target.dtype()),
+                ")) or the model (model.to(", dtype_name(source.dtype()), ")) first");
   }
   for (const auto& [key, source] : state) {
     if (!own.contains(key)) result.unexpected.push_back(key);
   }
   if (strict) {
-    OCTET_CHECK(result.missing.empty() && result.unexpected.empty(), "load_state_dict: the state dict does not match ",
-                name_, ": missing keys [", list_names(result.missing), "], unexpected keys [",
-                list_names(result.unexpected), "]. Load a checkpoint of this model and configuration, rename its "
+    OCTET_CHECK(result.missing.empty() && result.unexpected.empty(),
+                "load_state_dict: the state dict does not match ", name_, ": missing keys [",
+                list_names(result.missing), "], unexpected keys [", list_names(result.unexpected),
+                "]. Load a checkpoint of this model and configuration, rename its "
                 "keys, or pass strict = false to load only the keys that match");
   }
   NoGradGuard no_grad;
@@ -239,8 +246,8 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
 // ---- registration -----------------------------------------------------------------------------------
 
 void Module::check_new_name(const std::string& name, const char* what) const {
-  OCTET_CHECK(!name.empty() && name.find('.') == std::string::npos, name_, ": cannot register ", what, " '", name,
-              "'; names must be non-empty and contain no '.' (dots join the names of nested modules)");
+  OCTET_CHECK(!name.empty() && name.find('.') == std::string::npos, name_, ": cannot register ", what, " '",
+              name, "'; names must be non-empty and contain no '.' (dots join the names of nested modules)");
   bool taken = false;
   for (const auto& [n, t] : parameters_) taken |= n == name;
   for (const Buffer& b : buffers_) taken |= b.name == name;
@@ -251,7 +258,8 @@ void Module::check_new_name(const std::string& name, const char* what) const {
 
 Tensor& Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
   check_new_name(name, "parameter");
-  OCTET_CHECK(value.defined(), name_, ": parameter '", name, "' is undefined; register a tensor holding its values");
+  OCTET_CHECK(value.defined(), name_, ": parameter '", name,
+              "' is undefined; register a tensor holding its values");
   // Registered parameters are leaves: a parameter computed by an op must not carry that op's graph.
   Tensor leaf = value.detach();
   leaf.requires_grad_(requires_grad);
@@ -261,7 +269,8 @@ Tensor& Module::register_parameter(const std::string& name, Tensor value, bool r
 
 Tensor& Module::register_buffer(const std::string& name, Tensor value, bool persistent) {
   check_new_name(name, "buffer");
-  OCTET_CHECK(value.defined(), name_, ": buffer '", name, "' is undefined; register a tensor holding its values");
+  OCTET_CHECK(value.defined(), name_, ": buffer '", name,
+              "' is undefined; register a tensor holding its values");
   buffers_.push_back({name, value.detach(), persistent});
   return buffers_.back().tensor;
 }
@@ -280,8 +289,8 @@ void ModuleList::push_back(std::shared_ptr<Module> module) {
 }
 
 const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
-  OCTET_CHECK(i < modules_.size(), "ModuleList: index ", i, " is out of range for a list of ", modules_.size(),
-              " modules");
+  OCTET_CHECK(i < modules_.size(), "ModuleList: index ", i, " is out of range for a list of ",
+              modules_.size(), " modules");
   return modules_[i];
 }
 

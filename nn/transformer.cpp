@@ -16,13 +16,13 @@ Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, dou
 
 Tensor Mlp::forward(const Tensor& x) { return (*drop2)((*fc2)((*drop1)((*act)((*fc1)(x))))); }
 
-TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias, double proj_drop,
-                                   double attn_drop, double drop_path, Generator* gen)
+TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
+                                   double proj_drop, double attn_drop, double drop_path, Generator* gen)
     : Module("TransformerBlock") {
   OCTET_CHECK(mlp_ratio > 0, "TransformerBlock: mlp_ratio must be positive, got ", mlp_ratio);
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(dim));
-  attn = register_module("attn",
-                         std::make_shared<MultiheadAttention>(dim, num_heads, qkv_bias, attn_drop, proj_drop, gen));
+  attn = register_module(
+      "attn", std::make_shared<MultiheadAttention>(dim, num_heads, qkv_bias, attn_drop, proj_drop, gen));
   drop_path1 = register_module("drop_path1", std::make_shared<DropPath>(drop_path, gen));
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(dim));
   // timm: hidden_features = int(dim * mlp_ratio).
@@ -69,8 +69,8 @@ PatchEmbed::PatchEmbed(int64_t img_size, int64_t patch_size, int64_t in_chans, i
 Tensor PatchEmbed::forward(const Tensor& images) {
   OCTET_CHECK(images.dim() == 4 && images.size(1) == in_chans && images.size(2) == img_size &&
                   images.size(3) == img_size,
-              "PatchEmbed: images ", images.describe(), " must be [B, ", in_chans, ", ", img_size, ", ", img_size,
-              "]; resize the images or build the model for this size");
+              "PatchEmbed: images ", images.describe(), " must be [B, ", in_chans, ", ", img_size, ", ",
+              img_size, "]; resize the images or build the model for this size");
   return (*proj)(images);
 }
 

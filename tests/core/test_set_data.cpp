@@ -56,7 +56,8 @@ TEST(SetData, RefusesNonLeavesUndefinedSourcesAndIntegerDataForGradTensors) {
   Tensor leaf = random_tensor({2}, DType::f32, 3);
   leaf.requires_grad_();
   const Tensor out = mul(leaf, 2.0);
-  EXPECT_TRUE(throws_with([&] { out.set_data(zeros({2})); }, {"set_data", "output of an operation", "Detach"}));
+  EXPECT_TRUE(
+      throws_with([&] { out.set_data(zeros({2})); }, {"set_data", "output of an operation", "Detach"}));
   EXPECT_TRUE(throws_with([&] { leaf.set_data(Tensor()); }, {"set_data", "undefined"}));
   EXPECT_TRUE(throws_with([&] { leaf.set_data(zeros({2}, DType::i64)); }, {"set_data", "floating", "i64"}));
   EXPECT_TRUE(throws_with([] { Tensor().set_data(zeros({2})); }, {"set_data", "undefined"}));

@@ -35,9 +35,10 @@ TEST(ViTConfigs, MatchTimm) {
     const char* name;
     int64_t dim, depth, heads;
   };
-  for (const Expected& e : {Expected{"vit_tiny_patch16_224", 192, 12, 3}, Expected{"vit_small_patch16_224", 384, 12, 6},
-                            Expected{"vit_base_patch16_224", 768, 12, 12}, Expected{"vit_large_patch16_224", 1024, 24, 16},
-                            Expected{"vit_huge_patch16_224", 1280, 32, 16}}) {
+  for (const Expected& e :
+       {Expected{"vit_tiny_patch16_224", 192, 12, 3}, Expected{"vit_small_patch16_224", 384, 12, 6},
+        Expected{"vit_base_patch16_224", 768, 12, 12}, Expected{"vit_large_patch16_224", 1024, 24, 16},
+        Expected{"vit_huge_patch16_224", 1280, 32, 16}}) {
     const ViTConfig c = vit_config(e.name);
     EXPECT_EQ(c.name, e.name);
     EXPECT_EQ(c.embed_dim, e.dim) << e.name;
@@ -58,13 +59,14 @@ TEST(ViTConfigs, MatchTimm) {
   EXPECT_EQ(f.img_size % f.patch_size, 0);
   EXPECT_EQ(f.embed_dim % f.num_heads, 0);
   EXPECT_EQ(vit_config_names().size(), 6u);
-  EXPECT_TRUE(throws_with([] { vit_config("vit_gigantic"); },
-                          {"'vit_gigantic'", "vit_tiny_patch16_224", "vit_huge_patch16_224", "vit_fashion_mnist"}));
+  EXPECT_TRUE(throws_with([] { vit_config("vit_gigantic"); }, {"'vit_gigantic'", "vit_tiny_patch16_224",
+                                                               "vit_huge_patch16_224", "vit_fashion_mnist"}));
 }
 
 TEST(VisionTransformer, ParameterCountsMatchTimm) {
   // Known totals of timm's models (sum of p.numel() over named_parameters()).
-  EXPECT_EQ(VisionTransformer(vit_config("vit_base_patch16_224"), /*initialize=*/false).num_parameters(), 86'567'656);
+  EXPECT_EQ(VisionTransformer(vit_config("vit_base_patch16_224"), /*initialize=*/false).num_parameters(),
+            86'567'656);
   EXPECT_EQ(VisionTransformer(vit_config("vit_huge_patch16_224"), false).num_parameters(), 632'199'400);
 }
 
@@ -76,14 +78,23 @@ TEST(VisionTransformer, NamesShapesAndOrderAreTimms) {
                                                          {"patch_embed.proj.bias", {8}}};
   for (int b = 0; b < 2; ++b) {
     const std::string p = "blocks." + std::to_string(b) + ".";
-    for (const auto& entry : std::vector<std::pair<std::string, Shape>>{
-             {"norm1.weight", {8}}, {"norm1.bias", {8}}, {"attn.qkv.weight", {24, 8}}, {"attn.qkv.bias", {24}},
-             {"attn.proj.weight", {8, 8}}, {"attn.proj.bias", {8}}, {"norm2.weight", {8}}, {"norm2.bias", {8}},
-             {"mlp.fc1.weight", {16, 8}}, {"mlp.fc1.bias", {16}}, {"mlp.fc2.weight", {8, 16}}, {"mlp.fc2.bias", {8}}}) {
+    for (const auto& entry : std::vector<std::pair<std::string, Shape>>{{"norm1.weight", {8}},
+                                                                        {"norm1.bias", {8}},
+                                                                        {"attn.qkv.weight", {24, 8}},
+                                                                        {"attn.qkv.bias", {24}},
+                                                                        {"attn.proj.weight", {8, 8}},
+                                                                        {"attn.proj.bias", {8}},
+                                                                        {"norm2.weight", {8}},
+                                                                        {"norm2.bias", {8}},
+                                                                        {"mlp.fc1.weight", {16, 8}},
+                                                                        {"mlp.fc1.bias", {16}},
+                                                                        {"mlp.fc2.weight", {8, 16}},
+                                                                        {"mlp.fc2.bias", {8}}}) {
       expected.emplace_back(p + entry.first, entry.second);
     }
   }
-  expected.insert(expected.end(), {{"norm.weight", {8}}, {"norm.bias", {8}}, {"head.weight", {5, 8}}, {"head.bias", {5}}});
+  expected.insert(expected.end(),
+                  {{"norm.weight", {8}}, {"norm.bias", {8}}, {"head.weight", {5, 8}}, {"head.bias", {5}}});
   std::vector<std::pair<std::string, Shape>> actual;
   for (const auto& [name, p] : vit.named_parameters()) actual.emplace_back(name, p.shape());
   EXPECT_EQ(actual, expected);
@@ -172,7 +183,9 @@ TEST(VisionTransformer, DropoutOnlyInTrainingAndDropPathGrowsWithDepth) {
 
   EXPECT_EQ(dropping.pos_drop->p, 0.2);
   EXPECT_EQ(dropping.head_drop->p, 0.2);
-  auto block = [&](size_t i) { return std::dynamic_pointer_cast<nn::TransformerBlock>((*dropping.blocks)[i]); };
+  auto block = [&](size_t i) {
+    return std::dynamic_pointer_cast<nn::TransformerBlock>((*dropping.blocks)[i]);
+  };
   EXPECT_EQ(block(0)->drop_path1->p, 0.0);
   EXPECT_EQ(block(1)->drop_path2->p, 0.3) << "linspace(0, 0.3, depth 2)";
   EXPECT_EQ(block(1)->attn->proj_drop->p, 0.2);
@@ -230,8 +243,11 @@ TEST(VisionTransformer, ConvertsToF64AndBack) {
   const Tensor logits64 = vit(images.to(DType::f64));
   EXPECT_EQ(logits64.dtype(), DType::f64);
   EXPECT_TRUE(octet::testing::all_close(logits64, f32_logits, 1e-5, 1e-5));
-  EXPECT_TRUE(throws_with([] { VisionTransformer(ViTConfig{"bad", 8, 3, 1, 2, 8, 1, 2}); },
-                          {"img_size 8", "multiple of patch_size 3"}));
+  EXPECT_TRUE(throws_with(
+      [] {
+        VisionTransformer(ViTConfig{"bad", 8, 3, 1, 2, 8, 1, 2});
+      },
+      {"img_size 8", "multiple of patch_size 3"}));
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ TEST(Init, TruncNormalHasTheTruncatedMoments) {
   // Closed forms for Normal(mu, sigma) restricted to [a, b].
   const double al = (a - mu) / sigma, be = (b - mu) / sigma, Z = Phi(be) - Phi(al);
   const double mean = mu + sigma * (phi(al) - phi(be)) / Z;
-  const double var = sigma * sigma * (1 + (al * phi(al) - be * phi(be)) / Z - std::pow((phi(al) - phi(be)) / Z, 2));
+  const double var =
+      sigma * sigma * (1 + (al * phi(al) - be * phi(be)) / Z - std::pow((phi(al) - phi(be)) / Z, 2));
   EXPECT_NEAR(s.mean, mean, 5 * std::sqrt(var / kN));
   EXPECT_NEAR(s.std, std::sqrt(var), std::sqrt(var) * 0.005);
   EXPECT_GE(s.min, a);

@@ -92,14 +92,17 @@ Vec ref_attention(const Vec& x, const MultiheadAttention& attn, int64_t B, int64
 Vec ref_mlp(const Vec& x, const Mlp& mlp) {
   const Vec h = ref_gelu(ref_linear(x, values(mlp.fc1->weight), values(mlp.fc1->bias), mlp.fc1->in_features,
                                     mlp.fc1->out_features));
-  return ref_linear(h, values(mlp.fc2->weight), values(mlp.fc2->bias), mlp.fc2->in_features, mlp.fc2->out_features);
+  return ref_linear(h, values(mlp.fc2->weight), values(mlp.fc2->bias), mlp.fc2->in_features,
+                    mlp.fc2->out_features);
 }
 
 Vec ref_block(const Vec& x, const TransformerBlock& block, int64_t B, int64_t N) {
   const int64_t D = block.attn->dim;
-  const Vec h = add(x, ref_attention(ref_layer_norm(x, values(block.norm1->weight), values(block.norm1->bias), D),
-                                     *block.attn, B, N));
-  return add(h, ref_mlp(ref_layer_norm(h, values(block.norm2->weight), values(block.norm2->bias), D), *block.mlp));
+  const Vec h =
+      add(x, ref_attention(ref_layer_norm(x, values(block.norm1->weight), values(block.norm1->bias), D),
+                           *block.attn, B, N));
+  return add(
+      h, ref_mlp(ref_layer_norm(h, values(block.norm2->weight), values(block.norm2->bias), D), *block.mlp));
 }
 
 // A stride-p, kernel-p convolution, output as tokens [B, (H/p)·(W/p), D] in row-major grid order.
@@ -115,7 +118,8 @@ Vec ref_patch_embed(const Vec& img, const PatchEmbed& pe, int64_t B) {
           for (int64_t c = 0; c < C; ++c)
             for (int64_t ky = 0; ky < p; ++ky)
               for (int64_t kx = 0; kx < p; ++kx)
-                acc += w[((d * C + c) * p + ky) * p + kx] * img[((b * C + c) * S + gy * p + ky) * S + gx * p + kx];
+                acc += w[((d * C + c) * p + ky) * p + kx] *
+                       img[((b * C + c) * S + gy * p + ky) * S + gx * p + kx];
           out[((b * G + gy) * G + gx) * D + d] = acc;
         }
   return out;
@@ -141,9 +145,15 @@ TEST(Layers, LinearMatchesTheReferenceWithAndWithoutBias) {
   const Tensor x = random_tensor({2, 3, 5}, DType::f64, 3);
   const Tensor y = with_bias(x);
   EXPECT_EQ(y.shape(), (Shape{2, 3, 4}));
-  EXPECT_TRUE(all_close(y, ref_linear(values(x), values(with_bias.weight), values(with_bias.bias), 5, 4), kTol, kTol));
-  EXPECT_TRUE(all_close(without_bias(x), ref_linear(values(x), values(without_bias.weight), {}, 5, 3), kTol, kTol));
-  EXPECT_TRUE(throws_with([&] { with_bias(random_tensor({2, 4}, DType::f64)); }, {"Linear(5 -> 4)", "f64[2, 4]", "5 features"}));
+  EXPECT_TRUE(all_close(y, ref_linear(values(x), values(with_bias.weight), values(with_bias.bias), 5, 4),
+                        kTol, kTol));
+  EXPECT_TRUE(
+      all_close(without_bias(x), ref_linear(values(x), values(without_bias.weight), {}, 5, 3), kTol, kTol));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        with_bias(random_tensor({2, 4}, DType::f64));
+      },
+      {"Linear(5 -> 4)", "f64[2, 4]", "5 features"}));
 }
 
 TEST(Layers, LayerNormAndGeluMatchTheReference) {
@@ -153,7 +163,8 @@ TEST(Layers, LayerNormAndGeluMatchTheReference) {
   EXPECT_EQ(values(norm.bias), Vec(6, 0.0));
   randomise(norm, 4);
   const Tensor x = random_tensor({3, 6}, DType::f64, 5, 3.0);
-  EXPECT_TRUE(all_close(norm(x), ref_layer_norm(values(x), values(norm.weight), values(norm.bias), 6), 1e-11, 1e-11));
+  EXPECT_TRUE(
+      all_close(norm(x), ref_layer_norm(values(x), values(norm.weight), values(norm.bias), 6), 1e-11, 1e-11));
   GELU gelu_layer;
   EXPECT_TRUE(all_close(gelu_layer(x), ref_gelu(values(x)), kTol, kTol));
 }
@@ -181,9 +192,10 @@ TEST(Layers, TimmNamesForTheBlock) {
   TransformerBlock block(8, 2);
   std::vector<std::string> names;
   for (const auto& [name, p] : block.named_parameters()) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
-                                             "attn.proj.weight", "attn.proj.bias", "norm2.weight", "norm2.bias",
-                                             "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                                      "attn.proj.weight", "attn.proj.bias", "norm2.weight", "norm2.bias",
+                                      "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"}));
   MultiheadAttention no_bias(8, 2, /*qkv_bias=*/false);
   EXPECT_FALSE(no_bias.qkv->bias.defined());
   EXPECT_TRUE(no_bias.proj->bias.defined()) << "timm's proj always has a bias";
@@ -201,7 +213,11 @@ TEST(Layers, PatchEmbedIsAStridedConvolution) {
   const Tensor tokens = pe(img);
   EXPECT_EQ(tokens.shape(), (Shape{2, 4, 5}));
   EXPECT_TRUE(all_close(tokens, ref_patch_embed(values(img), pe, 2), kTol, kTol));
-  EXPECT_TRUE(throws_with([&] { pe(random_tensor({2, 3, 12, 12}, DType::f64)); }, {"PatchEmbed", "[2, 3, 12, 12]", "[B, 3, 8, 8]"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        pe(random_tensor({2, 3, 12, 12}, DType::f64));
+      },
+      {"PatchEmbed", "[2, 3, 12, 12]", "[B, 3, 8, 8]"}));
   EXPECT_TRUE(throws_with([] { PatchEmbed(10, 4, 3, 5); }, {"img_size 10", "multiple of patch_size 4"}));
 }
 
@@ -297,7 +313,8 @@ TEST(Layers, BlockDropoutFollowsTrainAndEval) {
   block.eval();
   const Vec eval_out = values(block(x));
   EXPECT_EQ(values(block(x)), eval_out);
-  EXPECT_TRUE(all_close(block(x), ref_block(values(x), block, 4, 3), 1e-10, 1e-10)) << "eval is the plain block";
+  EXPECT_TRUE(all_close(block(x), ref_block(values(x), block, 4, 3), 1e-10, 1e-10))
+      << "eval is the plain block";
 }
 
 TEST(Layers, ConstructorErrorsSayWhatToChange) {
@@ -307,7 +324,11 @@ TEST(Layers, ConstructorErrorsSayWhatToChange) {
   EXPECT_TRUE(throws_with([] { Linear(0, 3); }, {"Linear", "positive"}));
   EXPECT_TRUE(throws_with([] { LayerNorm(0); }, {"LayerNorm", "positive"}));
   MultiheadAttention attn(8, 2);
-  EXPECT_TRUE(throws_with([&] { attn(random_tensor({2, 8})); }, {"MultiheadAttention", "f32[2, 8]", "[B, N, 8]"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        attn(random_tensor({2, 8}));
+      },
+      {"MultiheadAttention", "f32[2, 8]", "[B, N, 8]"}));
 }
 
 }  // namespace

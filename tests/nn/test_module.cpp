@@ -50,8 +50,8 @@ TEST(Module, NamesAreDottedInRegistrationOrderOwnTensorsFirst) {
   EXPECT_EQ(names_of(pair.named_parameters()),
             (std::vector<std::string>{"gain", "first.scale", "first.shift", "second.scale", "second.shift"}));
   EXPECT_EQ(names_of(pair.named_parameters(/*recurse=*/false)), (std::vector<std::string>{"gain"}));
-  EXPECT_EQ(names_of(pair.named_buffers()), (std::vector<std::string>{"first.steps", "first.scratch",
-                                                                       "second.steps", "second.scratch"}));
+  EXPECT_EQ(names_of(pair.named_buffers()),
+            (std::vector<std::string>{"first.steps", "first.scratch", "second.steps", "second.scratch"}));
   EXPECT_TRUE(pair.named_parameters()[1].second.is_same(pair.first->scale)) << "the registered tensor itself";
   EXPECT_EQ(pair.num_parameters(), 1 + 4 * 3);
   EXPECT_EQ(pair.parameters().size(), 5u);
@@ -82,10 +82,13 @@ TEST(Module, RegistrationErrorsNameTheProblem) {
    public:
     Bad() : Module("Bad") { register_parameter("w", ones({2})); }
     void add_param(const std::string& name) { register_parameter(name, ones({2})); }
-    void add_child(const std::string& name, std::shared_ptr<Module> m) { register_module(name, std::move(m)); }
+    void add_child(const std::string& name, std::shared_ptr<Module> m) {
+      register_module(name, std::move(m));
+    }
   } bad;
   EXPECT_TRUE(throws_with([&] { bad.add_param("w"); }, {"Bad", "'w'", "exists already"}));
-  EXPECT_TRUE(throws_with([&] { bad.add_child("w", std::make_shared<Affine>(2)); }, {"'w'", "exists already"}));
+  EXPECT_TRUE(
+      throws_with([&] { bad.add_child("w", std::make_shared<Affine>(2)); }, {"'w'", "exists already"}));
   EXPECT_TRUE(throws_with([&] { bad.add_param("a.b"); }, {"'a.b'", "no '.'"}));
   EXPECT_TRUE(throws_with([&] { bad.add_param(""); }, {"non-empty"}));
   EXPECT_TRUE(throws_with([&] { bad.add_child("c", nullptr); }, {"'c'", "null"}));
@@ -173,11 +176,12 @@ TEST(Module, HooksRunInOrderAndMayReplaceInputAndOutput) {
     EXPECT_TRUE(input.is_same(replacement)) << "the second pre-hook sees the first one's replacement";
     return Tensor();  // keep
   });
-  const size_t doubling = affine.register_forward_hook([&](Module&, const Tensor& input, const Tensor& output) {
-    calls.push_back("post1");
-    EXPECT_TRUE(input.is_same(replacement)) << "forward hooks see the input forward() used";
-    return output * 2.0;
-  });
+  const size_t doubling =
+      affine.register_forward_hook([&](Module&, const Tensor& input, const Tensor& output) {
+        calls.push_back("post1");
+        EXPECT_TRUE(input.is_same(replacement)) << "forward hooks see the input forward() used";
+        return output * 2.0;
+      });
   affine.register_forward_hook([&](Module&, const Tensor&, const Tensor&) {
     calls.push_back("post2");
     return Tensor();
@@ -186,7 +190,8 @@ TEST(Module, HooksRunInOrderAndMayReplaceInputAndOutput) {
   const Tensor y = affine(x);
   EXPECT_EQ(calls, (std::vector<std::string>{"pre1:Affine", "pre2", "post1", "post2"}));
   // Reference: 2·(replacement·scale + shift), element by element in double.
-  const auto r = replacement.to_vector<double>(), s = affine.scale.to_vector<double>(), b = affine.shift.to_vector<double>();
+  const auto r = replacement.to_vector<double>(), s = affine.scale.to_vector<double>(),
+             b = affine.shift.to_vector<double>();
   std::vector<double> expected(6);
   for (int i = 0; i < 6; ++i) expected[i] = 2 * (r[i] * s[i % 3] + b[i % 3]);
   EXPECT_TRUE(octet::testing::all_close(y, expected, 1e-6, 1e-6));
@@ -217,8 +222,8 @@ TEST(Module, StateDictHoldsParametersAndPersistentBuffersDetached) {
   const StateDict state = pair.state_dict();
   std::vector<std::string> keys;
   for (const auto& [k, t] : state) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{"first.scale", "first.shift", "first.steps", "gain", "second.scale",
-                                            "second.shift", "second.steps"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"first.scale", "first.shift", "first.steps", "gain",
+                                            "second.scale", "second.shift", "second.steps"}));
   EXPECT_FALSE(state.at("gain").requires_grad());
   EXPECT_EQ(state.at("gain").storage(), pair.gain.storage()) << "a view, not a copy";
 }
@@ -253,8 +258,9 @@ TEST(Module, LoadStateDictErrorsNameKeysShapesAndTheFix) {
   missing_and_extra.erase("gain");
   missing_and_extra.erase("first.steps");
   missing_and_extra["third.scale"] = ones({3});
-  EXPECT_TRUE(throws_with([&] { model.load_state_dict(missing_and_extra); },
-                          {"missing keys [first.steps, gain]", "unexpected keys [third.scale]", "strict = false"}));
+  EXPECT_TRUE(
+      throws_with([&] { model.load_state_dict(missing_and_extra); },
+                  {"missing keys [first.steps, gain]", "unexpected keys [third.scale]", "strict = false"}));
   EXPECT_EQ(model.first->scale.to_vector<double>(), untouched) << "a failed load writes nothing";
 
   // Not strict: the matching keys load and the rest are reported.
@@ -271,7 +277,8 @@ TEST(ModuleList, NamesChildrenByIndex) {
   list.push_back(std::make_shared<Affine>(2, 1));
   list.push_back(std::make_shared<Affine>(2, 3));
   EXPECT_EQ(list.size(), 2u);
-  EXPECT_EQ(names_of(list.named_parameters()), (std::vector<std::string>{"0.scale", "0.shift", "1.scale", "1.shift"}));
+  EXPECT_EQ(names_of(list.named_parameters()),
+            (std::vector<std::string>{"0.scale", "0.shift", "1.scale", "1.shift"}));
   EXPECT_EQ(list[1]->name(), "Affine");
   int count = 0;
   for (const auto& m : list) count += m != nullptr;

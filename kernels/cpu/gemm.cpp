@@ -1,6 +1,20 @@
+// CPU GEMM through OpenBLAS, with the threading done here.
+//
+// OpenBLAS's pthreads build keeps a thread pool of its own, and the other CPU kernels use OpenMP's.
+// Two pools on the same cores fight: after each GEMM OpenBLAS's workers spin waiting for the next
+// one while OpenMP wants the cores for a LayerNorm, and OpenMP's workers spin through the GEMM that
+// follows. So OpenBLAS runs single-threaded inside OpenMP threads and every kernel shares one pool:
+// a batch of GEMMs is split across threads by batch entry, a single GEMM by bands of output rows
+// (or columns, when those are more). Each output element is still one OpenBLAS dot-product order,
+// so results are the same on every run with the same thread count.
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "core/error.h"
 #include "kernels/cpu/gemm_cpu.h"
@@ -8,6 +22,11 @@
 namespace octet::kernels::cpu {
 
 namespace {
+// Below this many multiply-adds a GEMM runs on one thread: starting threads would cost more.
+constexpr int64_t kParallelMacs = int64_t{1} << 18;
+// Bands of rows or columns are multiples of this, so each thread's band keeps whole register tiles.
+constexpr int64_t kBandAlign = 32;
+
 // OpenBLAS takes 32-bit extents; refuse rather than wrap.
 int blas_int(int64_t v, const char* what) {
   OCTET_CHECK(v <= INT_MAX, "gemm: ", what, " = ", v, " exceeds OpenBLAS's 32-bit limit");
@@ -22,6 +41,31 @@ void call_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, doub
                const double* b, int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+// While alive, OpenBLAS's pthreads pool is set to one thread (the caller's); restores it after.
+// The OpenMP build of OpenBLAS already runs single-threaded inside an OpenMP parallel region.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
+    if (previous_ != 1) openblas_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (previous_ != 1) openblas_set_num_threads(previous_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_;
+};
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 }  // namespace
 
 template <class T>
@@ -30,14 +74,48 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
                           int64_t batch) {
   const int mi = blas_int(m, "M"), ni = blas_int(n, "N"), ki = blas_int(k, "K");
   // Row-major leading dims: the stored row length of each operand.
-  const int lda = trans_a ? mi : ki;
-  const int ldb = trans_b ? ki : ni;
+  const int lda = std::max(trans_a ? mi : ki, 1);
+  const int ldb = std::max(trans_b ? ki : ni, 1);
+  const int ldc = std::max(ni, 1);
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-  // OpenBLAS threads inside each call; batches run one after another so threads never nest.
+  const int64_t threads = max_threads();
+  const bool parallel = threads > 1 && m * n * k * batch >= kParallelMacs;
+  SingleThreadedBlas single;
+
+  if (batch >= threads || !parallel) {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t i = 0; i < batch; ++i) {
+      call_gemm(ta, tb, mi, ni, ki, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+    }
+    return;
+  }
+  // Fewer matrices than threads: split each C into bands along its longer side.
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t bands = std::min<int64_t>(threads, (extent + kBandAlign - 1) / kBandAlign);
   for (int64_t i = 0; i < batch; ++i) {
-    call_gemm(ta, tb, mi, ni, ki, alpha, a + i * stride_a, std::max(lda, 1), b + i * stride_b, std::max(ldb, 1),
-              beta, c + i * stride_c, std::max(ni, 1));
+    const T* ai = a + i * stride_a;
+    const T* bi = b + i * stride_b;
+    T* ci = c + i * stride_c;
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands))
+    for (int64_t band = 0; band < bands; ++band) {
+      // Band edges on multiples of kBandAlign; the last band takes the remainder.
+      const int64_t units = (extent + kBandAlign - 1) / kBandAlign;
+      const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
+      const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
+      if (hi <= lo) continue;
+      const int len = static_cast<int>(hi - lo);
+      if (by_rows) {
+        // Rows lo..hi of op(A): row offset in A, or column offset when A is stored transposed.
+        const T* a_band = ai + (trans_a ? lo : lo * lda);
+        call_gemm(ta, tb, len, ni, ki, alpha, a_band, lda, bi, ldb, beta, ci + lo * ldc, ldc);
+      } else {
+        // Columns lo..hi of op(B): column offset in B, or row offset when B is stored transposed.
+        const T* b_band = bi + (trans_b ? lo * ldb : lo);
+        call_gemm(ta, tb, mi, len, ki, alpha, ai, lda, b_band, ldb, beta, ci + lo, ldc);
+      }
+    }
   }
 }
 

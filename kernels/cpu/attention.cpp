@@ -19,44 +19,117 @@
 // The softmax backward needs Σ_j P_ij·dP_ij per row; that equals Σ_d dout_id·out_id (expand dP and
 // out = P·v), which costs O(S·D) instead of O(S·Sk) and is what flash attention computes too.
 //
-// Heads are processed in chunks of about 2^20 score elements, so the buffers do not grow with B·H
-// (a single head larger than that is its own chunk). Each chunk is a strided batch of GEMMs
-// (OpenBLAS threads inside) plus row passes split across OpenMP threads.
+// Heads are independent, so they are split across OpenMP threads (a contiguous range of heads per
+// thread); each thread runs its heads one at a time with OpenBLAS on that thread, so one head's score
+// matrix stays in cache between its GEMMs and its row passes. For f32 the row passes use the
+// vectorized exp of kernels/cpu/vec_math.h.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace octet::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kChunkScores = int64_t{1} << 20;  // score elements per chunk of heads
-constexpr int64_t kParallelWork = int64_t{1} << 15;
-
-int64_t heads_per_chunk(int64_t bh, int64_t s, int64_t sk) {
-  return std::clamp<int64_t>(kChunkScores / (s * sk), 1, bh);
-}
+// ---- row passes, f32 (vectorized) and f64 -----------------------------------------------------------
 
 // In place over `rows` rows of length n: x -> softmax(x), writing each row's log-sum-exp.
-template <class T>
-void softmax_rows(T* x, T* lse, int64_t rows, int64_t n) {
-#pragma omp parallel for schedule(static) if (rows * n > kParallelWork)
+OCTET_SIMD_CLONES void softmax_rows_f32(float* x, float* lse, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* row = x + r * n;
-    T max = row[0];
-    for (int64_t j = 1; j < n; ++j) max = std::max(max, row[j]);
-    T sum = 0;
+    float* row = x + r * n;
+    float max = row[0];
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = vec::exp(row[j] - max);
+      sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    lse[r] = max + std::log(sum);
+  }
+}
+
+// P = exp(X − lse) in place.
+OCTET_SIMD_CLONES void probabilities_f32(float* x, const float* lse, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    const float l = lse[r];
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] = vec::exp(row[j] - l);
+  }
+}
+
+// dS = P ⊙ (dP − δ) in place over dP, δ_r = Σ_c dout_rc·out_rc.
+OCTET_SIMD_CLONES void softmax_grad_f32(const float* p, float* ds, const float* dout, const float* out, int64_t rows,
+                                        int64_t n, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float delta = 0;
+#pragma omp simd reduction(+ : delta)
+    for (int64_t c = 0; c < d; ++c) delta += dout[r * d + c] * out[r * d + c];
+    const float* prow = p + r * n;
+    float* row = ds + r * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] = prow[j] * (row[j] - delta);
+  }
+}
+
+void softmax_rows(double* x, double* lse, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double* row = x + r * n;
+    const double max = *std::max_element(row, row + n);
+    double sum = 0;
     for (int64_t j = 0; j < n; ++j) {
       row[j] = std::exp(row[j] - max);
       sum += row[j];
     }
-    const T inv = T(1) / sum;
-    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    for (int64_t j = 0; j < n; ++j) row[j] /= sum;
     lse[r] = max + std::log(sum);
   }
+}
+void softmax_rows(float* x, float* lse, int64_t rows, int64_t n) { softmax_rows_f32(x, lse, rows, n); }
+
+void probabilities(double* x, const double* lse, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) x[r * n + j] = std::exp(x[r * n + j] - lse[r]);
+  }
+}
+void probabilities(float* x, const float* lse, int64_t rows, int64_t n) { probabilities_f32(x, lse, rows, n); }
+
+void softmax_grad(const double* p, double* ds, const double* dout, const double* out, int64_t rows, int64_t n,
+                  int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double delta = 0;
+    for (int64_t c = 0; c < d; ++c) delta += dout[r * d + c] * out[r * d + c];
+    for (int64_t j = 0; j < n; ++j) ds[r * n + j] = p[r * n + j] * (ds[r * n + j] - delta);
+  }
+}
+void softmax_grad(const float* p, float* ds, const float* dout, const float* out, int64_t rows, int64_t n,
+                  int64_t d) {
+  softmax_grad_f32(p, ds, dout, out, rows, n, d);
+}
+
+// Heads are worth a thread each once there is this much matmul work in all of them.
+constexpr int64_t kParallelMacs = int64_t{1} << 16;
+
+// Runs fn(head, scratch) for every head, a contiguous range of heads per thread; each thread owns
+// `scratch_size` elements of scratch.
+template <class T, class F>
+void for_each_head(int64_t bh, int64_t work_per_head, size_t scratch_size, F&& fn) {
+  BlasOnCallerThread blas;
+  const int64_t min_heads = std::max<int64_t>(2, kParallelMacs / std::max<int64_t>(work_per_head, 1));
+  parallel_ranges(bh, min_heads, [&](int64_t lo, int64_t hi) {
+    std::vector<T> scratch(scratch_size);
+    for (int64_t h = lo; h < hi; ++h) fn(h, scratch.data());
+  });
 }
 
 }  // namespace
@@ -64,63 +137,39 @@ void softmax_rows(T* x, T* lse, int64_t rows, int64_t n) {
 template <class T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, T* lse, int64_t bh, int64_t s, int64_t sk, int64_t d,
                        T scale) {
-  const int64_t chunk = heads_per_chunk(bh, s, sk);
-  std::vector<T> p(static_cast<size_t>(chunk * s * sk));
-  for (int64_t h0 = 0; h0 < bh; h0 += chunk) {
-    const int64_t nh = std::min(chunk, bh - h0);
-    const T* qh = q + h0 * s * d;
-    const T* kh = k + h0 * sk * d;
-    const T* vh = v + h0 * sk * d;
-    // X = s · q·kᵀ
-    gemm_strided_batched<T>(false, true, s, sk, d, scale, qh, s * d, kh, sk * d, T(0), p.data(), s * sk, nh);
-    // P = softmax(X), lse
-    softmax_rows(p.data(), lse + h0 * s, nh * s, sk);
-    // out = P·v
-    gemm_strided_batched<T>(false, false, s, d, sk, T(1), p.data(), s * sk, vh, sk * d, T(0), out + h0 * s * d, s * d,
-                            nh);
-  }
+  for_each_head<T>(bh, 2 * s * sk * d, static_cast<size_t>(s * sk), [&](int64_t h, T* p) {
+    const T* qh = q + h * s * d;
+    const T* kh = k + h * sk * d;
+    const T* vh = v + h * sk * d;
+    gemm_on_caller_thread<T>(false, true, s, sk, d, scale, qh, d, kh, d, T(0), p, sk);  // X = s · q·kᵀ
+    softmax_rows(p, lse + h * s, s, sk);                                                 // P, lse
+    gemm_on_caller_thread<T>(false, false, s, d, sk, T(1), p, sk, vh, d, T(0), out + h * s * d, d);  // P·v
+  });
 }
 
 template <class T>
 void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, T* dq, T* dk,
                         T* dv, int64_t bh, int64_t s, int64_t sk, int64_t d, T scale) {
-  const int64_t chunk = heads_per_chunk(bh, s, sk);
-  std::vector<T> p(static_cast<size_t>(chunk * s * sk)), ds(p.size());
-  for (int64_t h0 = 0; h0 < bh; h0 += chunk) {
-    const int64_t nh = std::min(chunk, bh - h0);
-    const T* qh = q + h0 * s * d;
-    const T* kh = k + h0 * sk * d;
-    const T* vh = v + h0 * sk * d;
-    const T* douth = dout + h0 * s * d;
-    const T* outh = out + h0 * s * d;
-    const T* lseh = lse + h0 * s;
-
+  const size_t scores = static_cast<size_t>(s * sk);
+  for_each_head<T>(bh, 5 * s * sk * d, 2 * scores, [&](int64_t h, T* scratch) {
+    T* p = scratch;
+    T* ds = scratch + scores;
+    const T* qh = q + h * s * d;
+    const T* kh = k + h * sk * d;
+    const T* vh = v + h * sk * d;
+    const T* douth = dout + h * s * d;
     // P = exp(s · q·kᵀ − lse)
-    gemm_strided_batched<T>(false, true, s, sk, d, scale, qh, s * d, kh, sk * d, T(0), p.data(), s * sk, nh);
-#pragma omp parallel for schedule(static) if (nh * s * sk > kParallelWork)
-    for (int64_t r = 0; r < nh * s; ++r) {
-      T* row = p.data() + r * sk;
-      for (int64_t j = 0; j < sk; ++j) row[j] = std::exp(row[j] - lseh[r]);
-    }
+    gemm_on_caller_thread<T>(false, true, s, sk, d, scale, qh, d, kh, d, T(0), p, sk);
+    probabilities(p, lse + h * s, s, sk);
     // dv = Pᵀ·dout
-    gemm_strided_batched<T>(true, false, sk, d, s, T(1), p.data(), s * sk, douth, s * d, T(0), dv + h0 * sk * d, sk * d,
-                            nh);
+    gemm_on_caller_thread<T>(true, false, sk, d, s, T(1), p, sk, douth, d, T(0), dv + h * sk * d, d);
     // dP = dout·vᵀ, then dS = P ⊙ (dP − δ) in place
-    gemm_strided_batched<T>(false, true, s, sk, d, T(1), douth, s * d, vh, sk * d, T(0), ds.data(), s * sk, nh);
-#pragma omp parallel for schedule(static) if (nh * s * (sk + d) > kParallelWork)
-    for (int64_t r = 0; r < nh * s; ++r) {
-      T delta = 0;
-      for (int64_t c = 0; c < d; ++c) delta += douth[r * d + c] * outh[r * d + c];
-      const T* prow = p.data() + r * sk;
-      T* row = ds.data() + r * sk;
-      for (int64_t j = 0; j < sk; ++j) row[j] = prow[j] * (row[j] - delta);
-    }
+    gemm_on_caller_thread<T>(false, true, s, sk, d, T(1), douth, d, vh, d, T(0), ds, sk);
+    softmax_grad(p, ds, douth, out + h * s * d, s, sk, d);
     // dq = s · dS·k,  dk = s · dSᵀ·q
-    gemm_strided_batched<T>(false, false, s, d, sk, scale, ds.data(), s * sk, kh, sk * d, T(0), dq + h0 * s * d, s * d,
-                            nh);
-    gemm_strided_batched<T>(true, false, sk, d, s, scale, ds.data(), s * sk, qh, s * d, T(0), dk + h0 * sk * d, sk * d,
-                            nh);
-  }
+    gemm_on_caller_thread<T>(false, false, s, d, sk, scale, ds, sk, kh, d, T(0), dq + h * s * d, d);
+    gemm_on_caller_thread<T>(true, false, sk, d, s, scale, ds, sk, qh, d, T(0), dk + h * sk * d, d);
+  });
 }
 
 template void attention_forward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t,

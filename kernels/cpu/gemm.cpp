@@ -42,23 +42,6 @@ void call_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, doub
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// While alive, OpenBLAS's pthreads pool is set to one thread (the caller's); restores it after.
-// The OpenMP build of OpenBLAS already runs single-threaded inside an OpenMP parallel region.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
-    if (previous_ != 1) openblas_set_num_threads(1);
-  }
-  ~SingleThreadedBlas() {
-    if (previous_ != 1) openblas_set_num_threads(previous_);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int previous_;
-};
-
 int max_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();
@@ -67,6 +50,23 @@ int max_threads() {
 #endif
 }
 }  // namespace
+
+// The OpenMP build of OpenBLAS already runs single-threaded inside an OpenMP parallel region; this is
+// for the pthreads build.
+BlasOnCallerThread::BlasOnCallerThread() : previous_(openblas_get_num_threads()) {
+  if (previous_ != 1) openblas_set_num_threads(1);
+}
+BlasOnCallerThread::~BlasOnCallerThread() {
+  if (previous_ != 1) openblas_set_num_threads(previous_);
+}
+
+template <class T>
+void gemm_on_caller_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  call_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, blas_int(m, "M"),
+            blas_int(n, "N"), blas_int(k, "K"), alpha, a, std::max(blas_int(lda, "lda"), 1), b,
+            std::max(blas_int(ldb, "ldb"), 1), beta, c, std::max(blas_int(ldc, "ldc"), 1));
+}
 
 template <class T>
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
@@ -81,7 +81,7 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   const int64_t threads = max_threads();
   const bool parallel = threads > 1 && m * n * k * batch >= kParallelMacs;
-  SingleThreadedBlas single;
+  BlasOnCallerThread single;
 
   if (batch >= threads || !parallel) {
 #pragma omp parallel for schedule(static) if (parallel)
@@ -119,6 +119,10 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   }
 }
 
+template void gemm_on_caller_thread<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                                           const float*, int64_t, float, float*, int64_t);
+template void gemm_on_caller_thread<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                            const double*, int64_t, double, double*, int64_t);
 template void gemm_strided_batched<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
                                           const float*, int64_t, float, float*, int64_t, int64_t);
 template void gemm_strided_batched<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,

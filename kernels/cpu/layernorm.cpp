@@ -9,28 +9,100 @@
 // the chain rule gives
 //   dx_i    = rstd · (g_i - mean_j(g_j) - xhat_i · mean_j(g_j · xhat_j))
 //   dweight = Σ_rows dy · xhat,   dbias = Σ_rows dy
+//
+// f32 rows go through vectorized loops (omp simd reductions: the lane order is fixed at compile
+// time, so results still repeat exactly); f64 keeps plain loops.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/nn_ops_cpu.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace octet::kernels::cpu {
 namespace {
 
 // Below this many elements the OpenMP fork costs more than it saves.
-constexpr int64_t kParallelWork = int64_t{1} << 15;
+constexpr int64_t kParallelWork = kParallelElements;
 // dweight/dbias are summed over fixed blocks of rows, then the block sums in block order. The
 // blocking does not depend on the thread count, so the result is bitwise reproducible on any
 // machine, and short partial sums lose less precision than one long running sum.
 constexpr int64_t kRowsPerBlock = 64;
 
-}  // namespace
+OCTET_SIMD_CLONES void forward_rows_f32(const float* x, const float* weight, const float* bias, float* y, float* mean,
+                                        float* rstd, int64_t rows, int64_t C, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    const float shift = xr[0];  // see forward_rows below for why
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < C; ++c) sum += xr[c] - shift;
+    const float m = shift + sum / static_cast<float>(C);
+    float sq = 0;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
+    const float rs = 1.0f / std::sqrt(sq / static_cast<float>(C) + eps);
+    mean[r] = m;
+    rstd[r] = rs;
+    if (weight && bias) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs * weight[c] + bias[c];
+    } else if (weight) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs * weight[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs;
+    }
+  }
+}
 
+// Rows [r0, r1): dx, and (with weight) dweight/dbias partial sums added into pw and pb.
+OCTET_SIMD_CLONES void backward_rows_f32(const float* dy, const float* x, const float* weight, const float* mean,
+                                         const float* rstd, float* dx, float* pw, float* pb, int64_t r0, int64_t r1,
+                                         int64_t C) {
+  const float inv_C = 1.0f / static_cast<float>(C);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * C;
+    const float* dyr = dy + r * C;
+    float* dxr = dx + r * C;
+    const float m = mean[r], rs = rstd[r];
+    float sum_g = 0, sum_g_xhat = 0;
+    if (weight) {
+#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
+      for (int64_t c = 0; c < C; ++c) {
+        const float g = dyr[c] * weight[c];
+        sum_g += g;
+        sum_g_xhat += g * ((xr[c] - m) * rs);
+      }
+    } else {
+#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
+      for (int64_t c = 0; c < C; ++c) {
+        sum_g += dyr[c];
+        sum_g_xhat += dyr[c] * ((xr[c] - m) * rs);
+      }
+    }
+    const float mean_g = sum_g * inv_C, mean_g_xhat = sum_g_xhat * inv_C;
+    if (weight) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - m) * rs;
+        dxr[c] = rs * (dyr[c] * weight[c] - mean_g - xhat * mean_g_xhat);
+        pw[c] += dyr[c] * xhat;
+        pb[c] += dyr[c];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] - mean_g - (xr[c] - m) * rs * mean_g_xhat);
+    }
+  }
+}
+
+// The same two passes in plain loops, for f64.
 template <class T>
-void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
-                       T eps) {
-#pragma omp parallel for schedule(static) if (rows * C > kParallelWork)
+void forward_rows(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C, T eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * C;
     T* yr = y + r * C;
@@ -56,6 +128,52 @@ void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean
     }
   }
 }
+void forward_rows(const float* x, const float* weight, const float* bias, float* y, float* mean, float* rstd,
+                  int64_t rows, int64_t C, float eps) {
+  forward_rows_f32(x, weight, bias, y, mean, rstd, rows, C, eps);
+}
+
+template <class T>
+void backward_rows(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd, T* dx, T* pw, T* pb,
+                   int64_t r0, int64_t r1, int64_t C) {
+  const T inv_C = T(1) / static_cast<T>(C);
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * C;
+    const T* dyr = dy + r * C;
+    T* dxr = dx + r * C;
+    const T m = mean[r], rs = rstd[r];
+    T sum_g = 0, sum_g_xhat = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const T g = weight ? dyr[c] * weight[c] : dyr[c];
+      sum_g += g;
+      sum_g_xhat += g * ((xr[c] - m) * rs);
+    }
+    const T mean_g = sum_g * inv_C, mean_g_xhat = sum_g_xhat * inv_C;
+    for (int64_t c = 0; c < C; ++c) {
+      const T xhat = (xr[c] - m) * rs;
+      const T g = weight ? dyr[c] * weight[c] : dyr[c];
+      dxr[c] = rs * (g - mean_g - xhat * mean_g_xhat);
+      if (weight) {
+        pw[c] += dyr[c] * xhat;
+        pb[c] += dyr[c];
+      }
+    }
+  }
+}
+void backward_rows(const float* dy, const float* x, const float* weight, const float* mean, const float* rstd,
+                   float* dx, float* pw, float* pb, int64_t r0, int64_t r1, int64_t C) {
+  backward_rows_f32(dy, x, weight, mean, rstd, dx, pw, pb, r0, r1, C);
+}
+
+}  // namespace
+
+template <class T>
+void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
+                       T eps) {
+  parallel_ranges(rows, kParallelWork / C + 1, [&](int64_t lo, int64_t hi) {
+    forward_rows(x + lo * C, weight, bias, y + lo * C, mean + lo, rstd + lo, hi - lo, C, eps);
+  });
+}
 
 template <class T>
 void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd, T* dx, T* dweight,
@@ -63,48 +181,26 @@ void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean,
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   // Per block: C sums for dweight, then C for dbias.
   std::vector<T> partial(weight ? static_cast<size_t>(blocks * 2 * C) : 0, T(0));
-  const T inv_C = T(1) / static_cast<T>(C);
-
-#pragma omp parallel for schedule(static) if (rows * C > kParallelWork)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    T* pw = weight ? partial.data() + blk * 2 * C : nullptr;
-    T* pb = weight ? pw + C : nullptr;
-    const int64_t r_end = std::min(rows, (blk + 1) * kRowsPerBlock);
-    for (int64_t r = blk * kRowsPerBlock; r < r_end; ++r) {
-      const T* xr = x + r * C;
-      const T* dyr = dy + r * C;
-      T* dxr = dx + r * C;
-      const T m = mean[r], rs = rstd[r];
-      T sum_g = 0, sum_g_xhat = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const T g = weight ? dyr[c] * weight[c] : dyr[c];
-        sum_g += g;
-        sum_g_xhat += g * ((xr[c] - m) * rs);
-      }
-      const T mean_g = sum_g * inv_C, mean_g_xhat = sum_g_xhat * inv_C;
-      for (int64_t c = 0; c < C; ++c) {
-        const T xhat = (xr[c] - m) * rs;
-        const T g = weight ? dyr[c] * weight[c] : dyr[c];
-        dxr[c] = rs * (g - mean_g - xhat * mean_g_xhat);
-        if (weight) {
-          pw[c] += dyr[c] * xhat;
-          pb[c] += dyr[c];
-        }
-      }
+  parallel_ranges(blocks, kParallelWork / (kRowsPerBlock * C) + 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      T* pw = weight ? partial.data() + blk * 2 * C : nullptr;
+      backward_rows(dy, x, weight, mean, rstd, dx, pw, weight ? pw + C : nullptr, blk * kRowsPerBlock,
+                    std::min(rows, (blk + 1) * kRowsPerBlock), C);
     }
-  }
+  });
 
   if (!weight) return;
-#pragma omp parallel for schedule(static) if (blocks * C > kParallelWork)
-  for (int64_t c = 0; c < C; ++c) {
-    T sw = 0, sb = 0;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      sw += partial[blk * 2 * C + c];
-      sb += partial[blk * 2 * C + C + c];
+  parallel_ranges(C, kParallelWork / blocks + 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      T sw = 0, sb = 0;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        sw += partial[blk * 2 * C + c];
+        sb += partial[blk * 2 * C + C + c];
+      }
+      dweight[c] = sw;
+      dbias[c] = sb;
     }
-    dweight[c] = sw;
-    dbias[c] = sb;
-  }
+  });
 }
 
 template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,

@@ -8,6 +8,10 @@
 #include <limits>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/cpu/reduce_cpu.h"
 
 namespace octet::kernels::cpu {
@@ -132,15 +136,22 @@ void sum(const T* a, int64_t outer, int64_t n, int64_t inner, T divisor, T* out)
     for (int64_t o = 0; o < outer; ++o) out[o] = pairwise_sum(partial.data() + o * chunks, chunks) / divisor;
     return;
   }
-  const int64_t tiles = ceil_div(inner, kTile);
-#pragma omp parallel if (parallel)
+  // Column tiles as wide as one thread's share (at least kTile), so that each row of a tile is one
+  // long contiguous read. Every column is still summed by the same pairwise tree over its n values,
+  // so the tile width (and with it the thread count) does not change any result.
+  int64_t threads = 1;
+#ifdef _OPENMP
+  if (parallel) threads = omp_get_max_threads();
+#endif
+  const int64_t width = std::max(kTile, ceil_div(ceil_div(inner, threads), kTile) * kTile);
+  const int64_t tiles = ceil_div(inner, width);
+#pragma omp parallel if (parallel && outer * tiles > 1)
   {
-    std::vector<T> scratch(static_cast<size_t>(kMaxDepth * kTile));
-    T acc[kTile];
-#pragma omp for
+    std::vector<T> scratch(static_cast<size_t>(kMaxDepth * width)), acc(static_cast<size_t>(width));
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < outer * tiles; ++t) {
-      const int64_t o = t / tiles, j0 = (t % tiles) * kTile, w = std::min(kTile, inner - j0);
-      pairwise_rows(a + o * n * inner + j0, n, inner, w, acc, scratch.data());
+      const int64_t o = t / tiles, j0 = (t % tiles) * width, w = std::min(width, inner - j0);
+      pairwise_rows(a + o * n * inner + j0, n, inner, w, acc.data(), scratch.data());
       for (int64_t j = 0; j < w; ++j) out[o * inner + j0 + j] = acc[j] / divisor;
     }
   }

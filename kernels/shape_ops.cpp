@@ -156,10 +156,11 @@ Tensor slice_backward(const Tensor& grad, const Shape& full_shape, int64_t dim, 
   OCTET_CHECK(start >= 0 && start + length <= full_shape[d], op, ": rows [", start, ", ", start + length,
               ") are outside dim ", d, " (extent ", full_shape[d], ") of full shape ", full_shape, " (grad ",
               grad.describe(), ")");
-  Tensor out = zeros(full_shape, grad.dtype(), grad.device());
+  Tensor out = empty(full_shape, grad.dtype(), grad.device());
   const int64_t inner_bytes = extent_product(full_shape, d + 1, full_shape.ndim()) * grad.element_size();
-  cpu::copy_rows(grad.data_ptr(), length * inner_bytes, static_cast<char*>(out.data_ptr()) + start * inner_bytes,
-                 full_shape[d] * inner_bytes, extent_product(full_shape, 0, d), length * inner_bytes);
+  // Zero bytes are 0.0 in every floating dtype, so the band and the zeros around it are written in one pass.
+  cpu::place_band(grad.data_ptr(), extent_product(full_shape, 0, d), full_shape[d] * inner_bytes,
+                  start * inner_bytes, length * inner_bytes, out.data_ptr());
   return out;
 }
 
@@ -226,7 +227,8 @@ Tensor index_select_backward(const Tensor& grad, const Shape& full_shape, int64_
               " replaced by the ", idx.size(), " indices");
   // Accumulate in the compute dtype so repeated bf16 rows are summed in f32 and rounded once.
   const Tensor g = to_compute(grad);
-  Tensor acc = zeros(full_shape, g.dtype(), grad.device());
+  Tensor acc = empty(full_shape, g.dtype(), grad.device());
+  cpu::zero_bytes(acc.data_ptr(), static_cast<int64_t>(acc.nbytes()));
   with_compute_type(g.dtype(), [&]<class T>() {
     cpu::scatter_add_rows<T>(g.data<T>(), acc.data<T>(), extent_product(full_shape, 0, d), full_shape[d],
                              extent_product(full_shape, d + 1, full_shape.ndim()), idx);

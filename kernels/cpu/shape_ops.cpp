@@ -9,6 +9,7 @@
 #endif
 
 #include "core/error.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/shape_ops_cpu.h"
 
 namespace octet::kernels::cpu {
@@ -189,6 +190,35 @@ void copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_strid
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(d + r * dst_stride, s + r * src_stride, static_cast<size_t>(row_bytes));
   }
+}
+
+void place_band(const void* src, int64_t rows, int64_t row_bytes, int64_t band_begin, int64_t band_bytes, void* dst) {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  const int64_t band_end = band_begin + band_bytes;
+  // Threads take consecutive byte ranges of dst, so one huge row (a slice along dim 0) splits too.
+  parallel_ranges(rows * row_bytes, kParallelBytes, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo / row_bytes; r * row_bytes < hi; ++r) {
+      const int64_t row = r * row_bytes;
+      // Writes row-relative bytes [b0, b1) clipped to [lo, hi): from `from` (at row offset b0), or zeros.
+      auto part = [&](int64_t b0, int64_t b1, const char* from) {
+        const int64_t first = std::max(lo, row + b0), last = std::min(hi, row + b1);
+        if (last <= first) return;
+        if (from) std::memcpy(d + first, from + (first - row - b0), static_cast<size_t>(last - first));
+        else std::memset(d + first, 0, static_cast<size_t>(last - first));
+      };
+      part(0, band_begin, nullptr);
+      part(band_begin, band_end, s + r * band_bytes);
+      part(band_end, row_bytes, nullptr);
+    }
+  });
+}
+
+void zero_bytes(void* dst, int64_t nbytes) {
+  auto* d = static_cast<char*>(dst);
+  parallel_ranges(nbytes, kParallelBytes, [&](int64_t lo, int64_t hi) {
+    std::memset(d + lo, 0, static_cast<size_t>(hi - lo));
+  });
 }
 
 void gather_rows(const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,

@@ -18,6 +18,12 @@ void permute(const void* in, void* out, const Shape& in_shape, const std::vector
 // set of rows, and a piece along `dim` is a column band of them.
 void copy_rows(const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows, int64_t row_bytes);
 
+// The gradient of a slice, written once: each of `rows` destination rows of `row_bytes` gets src's
+// row (rows of `band_bytes`, packed) at byte `band_begin` and zero bytes everywhere else.
+void place_band(const void* src, int64_t rows, int64_t row_bytes, int64_t band_begin, int64_t band_bytes, void* dst);
+// dst[0, nbytes) = 0, split across threads when large.
+void zero_bytes(void* dst, int64_t nbytes);
+
 // x seen as [outer, extent, inner]: out[o, j, :] = x[o, indices[j], :]. Indices are already checked.
 void gather_rows(const void* x, void* out, int64_t outer, int64_t extent, int64_t inner,
                  const std::vector<int64_t>& indices, size_t elem);

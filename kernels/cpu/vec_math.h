@@ -1,5 +1,5 @@
 #pragma once
-// Float math that vectorizes, for the CPU kernels' hot loops, and the helpers those loops share.
+// Float math that vectorizes, for the CPU kernels' hot loops, and the macro that compiles them for AVX2.
 //
 // std::exp and std::erf are scalar library calls (GELU spent ~8 ns per element in them); these are
 // branch-free polynomials that GCC turns into SIMD code inside an `omp simd` loop. Accuracy is that
@@ -8,13 +8,11 @@
 // OCTET_SIMD_CLONES compiles a function twice, for x86-64-v3 (AVX2 + FMA) and for the baseline, and
 // picks one at load time: the build has no -march flag, so without it every loop would be SSE2.
 // OpenMP parallel regions must stay outside such a function (their outlined bodies would not be
-// cloned), hence parallel_ranges() below calling a cloned function per range.
+// cloned): kernels call a cloned function per range of parallel_ranges() (kernels/cpu/parallel.h).
 #include <bit>
 #include <cstdint>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "kernels/cpu/parallel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define OCTET_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -23,27 +21,6 @@
 #endif
 
 namespace octet::kernels::cpu {
-
-// Below this many elements of work a kernel stays on one thread: waking threads costs more.
-inline constexpr int64_t kParallelElements = int64_t{1} << 15;
-
-// Splits [0, n) into one contiguous range per thread (fn(begin, end)), or runs fn(0, n) here when
-// n is below `min_parallel`. Ranges depend only on n and the thread count, never on timing.
-template <class F>
-void parallel_ranges(int64_t n, int64_t min_parallel, F&& fn) {
-#ifdef _OPENMP
-  if (n >= min_parallel && omp_get_max_threads() > 1) {
-#pragma omp parallel
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
-      if (hi > lo) fn(lo, hi);
-    }
-    return;
-  }
-#endif
-  if (n > 0) fn(int64_t{0}, n);
-}
 
 namespace vec {
 

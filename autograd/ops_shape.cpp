@@ -1,6 +1,6 @@
 // Differentiable shape ops and data movement. reshape, flatten, and slices that stay contiguous
-// (narrow; select and slice when every dim before the sliced one has extent 1) return views of
-// the input's storage; the rest copy through kernels/shape_ops.h.
+// (narrow; select, slice and split when every dim before the sliced one has extent 1) return views
+// of the input's storage; the rest copy through kernels/shape_ops.h.
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "kernels/elementwise.h"
@@ -119,9 +119,26 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
 
 std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int64_t dim) {
   const int64_t d = a.shape().normalize_dim(dim, "split");
+  // Pieces are views when they are contiguous runs (q, k, v out of [3, B, H, N, hd]); otherwise, or
+  // when the sizes are wrong (kernels::split names the problem), copies.
+  int64_t total = 0;
+  bool sizes_ok = true;
+  for (int64_t s : sizes) {
+    sizes_ok = sizes_ok && s >= 0;
+    total += s;
+  }
+  std::vector<Tensor> pieces;
+  if (sizes_ok && total == a.shape()[d] && slice_is_contiguous(a.shape(), d)) {
+    int64_t start = 0;
+    for (int64_t s : sizes) {
+      pieces.push_back(slice_data(a, d, start, s));
+      start += s;
+    }
+  } else {
+    pieces = k::split(a.detach(), sizes, d);
+  }
   // The engine hands zeros to pieces that received no gradient, so concat sees every piece.
-  return record("split", k::split(a.detach(), sizes, d), {a},
-                [d](const Grads& g) -> Grads { return {k::concat(g, d)}; });
+  return record("split", std::move(pieces), {a}, [d](const Grads& g) -> Grads { return {k::concat(g, d)}; });
 }
 
 Tensor broadcast_to(const Tensor& a, const Shape& shape) {

@@ -150,6 +150,7 @@ struct Block {
 
 struct Model {
   Config c;
+  bool qkv_split = false;
   Tensor embed_w, embed_b, cls, pos, norm_w, norm_b, head_w, head_b;
   std::vector<Block> blocks;
   std::vector<Tensor> params;
@@ -218,8 +219,16 @@ struct Model {
       Tensor qkv = prof.op("gemm qkv", [&] { return linear(h, blk.qkv_w, blk.qkv_b); });
       qkv = prof.op("reshape/permute/split", [&] { return reshape(qkv, {b, t, 3, nh, hd}); });
       qkv = prof.op("reshape/permute/split", [&] { return permute(qkv, {2, 0, 3, 1, 4}); });
-      std::vector<Tensor> parts = prof.ops("reshape/permute/split", [&] { return split(qkv, {1, 1, 1}, 0); });
-      for (Tensor& p : parts) p = prof.op("reshape/permute/split", [&] { return reshape(p, {b, nh, t, hd}); });
+      // q, k and v: three selects along dim 0, as nn::MultiheadAttention takes them, or one split.
+      std::vector<Tensor> parts;
+      if (qkv_split) {
+        parts = prof.ops("reshape/permute/split", [&] { return split(qkv, {1, 1, 1}, 0); });
+        for (Tensor& p : parts) p = prof.op("reshape/permute/split", [&] { return reshape(p, {b, nh, t, hd}); });
+      } else {
+        for (int64_t i = 0; i < 3; ++i) {
+          parts.push_back(prof.op("reshape/permute/split", [&] { return select(qkv, 0, i); }));
+        }
+      }
       Tensor a = prof.op("attention", [&] { return scaled_dot_product_attention(parts[0], parts[1], parts[2]); });
       a = prof.op("reshape/permute/split", [&] { return permute(a, {0, 2, 1, 3}); });
       a = prof.op("reshape/permute/split", [&] { return reshape(a, {b, t, d}); });
@@ -275,6 +284,7 @@ int main(int argc, char** argv) {
   Config c;
   int iters = 10, warmup = 2, profiled = 3;
   std::string json_path;
+  bool qkv_split = false;
   app.add_option("--batch", c.batch, "images per step")->check(CLI::PositiveNumber);
   app.add_option("--patch", c.patch, "patch size (28 must be a multiple)")->check(CLI::PositiveNumber);
   app.add_option("--dim", c.dim, "embedding width")->check(CLI::PositiveNumber);
@@ -285,6 +295,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--profiled", profiled, "extra steps that collect the per-op breakdown")->check(CLI::PositiveNumber);
   app.add_option("--json", json_path, "also write the results as JSON");
+  app.add_flag("--qkv-split", qkv_split, "take q, k, v with one split instead of nn's three selects");
   CLI11_PARSE(app, argc, argv);
   if (c.image % c.patch != 0 || c.dim % c.heads != 0) {
     std::fprintf(stderr, "bench_vit_ops: the patch must divide 28 and the heads must divide dim\n");
@@ -293,6 +304,7 @@ int main(int argc, char** argv) {
 
   Generator gen(7);
   Model model(c, gen);
+  model.qkv_split = qkv_split;
   const Tensor images = randn({c.batch, c.channels, c.image, c.image}, gen);
   std::vector<int64_t> label_values(static_cast<size_t>(c.batch));
   for (int64_t i = 0; i < c.batch; ++i) label_values[i] = (i * 7 + 3) % c.classes;
@@ -355,9 +367,9 @@ int main(int argc, char** argv) {
   threads = omp_get_max_threads();
 #endif
   std::printf("config: patch %ld (%ld tokens), dim %ld, depth %ld, heads %ld, mlp %g, batch %ld; %ld parameters; "
-              "%d OpenMP threads\n",
+              "%d OpenMP threads; q, k, v by %s\n",
               long(c.patch), long(c.tokens()), long(c.dim), long(c.depth), long(c.heads), c.mlp_ratio,
-              long(c.batch), long(model.num_parameters()), threads);
+              long(c.batch), long(model.num_parameters()), threads, qkv_split ? "split" : "select");
   std::printf("step %.2f ms (median of %d, min %.2f; CPU time %.2f ms)   %.0f images/s   epoch of 60000: %.0f s\n",
               step * 1e3, iters, *std::min_element(step_s.begin(), step_s.end()) * 1e3, median(step_cpu_s) * 1e3,
               c.batch / step, 60000.0 / c.batch * step);

@@ -15,7 +15,7 @@
 #include "kernels/cpu/parallel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OCTET_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define OCTET_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define OCTET_SIMD_CLONES
 #endif

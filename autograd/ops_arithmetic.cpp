@@ -14,9 +14,12 @@ namespace k = kernels;
 
 namespace {
 
-// g reduced to the operand's shape, or undefined when the operand needs no gradient.
+// g reduced to the operand's shape, or undefined when the operand needs no gradient. g itself when
+// nothing is broadcast (a residual add): the engine never writes into a gradient it was handed, so
+// both operands may share it, and sum_to would copy it.
 Tensor reduce_if(bool needed, const Tensor& g, const Shape& shape) {
-  return needed ? k::sum_to(g, shape) : Tensor();
+  if (!needed) return Tensor();
+  return g.shape() == shape ? g : k::sum_to(g, shape);
 }
 
 // s - a and s / a: not in the public API (the operators reach them), but they record like any op.

@@ -11,7 +11,6 @@
 // ½·(1 + tanh u) = σ(2u) and 1 - tanh² u = 4·σ(2u)·(1 - σ(2u)). f64 keeps the std:: functions.
 #include <cmath>
 #include <numbers>
-#include <type_traits>
 
 #include "kernels/cpu/nn_ops_cpu.h"
 #include "kernels/cpu/vec_math.h"
@@ -97,41 +96,33 @@ OCTET_SIMD_CLONES void gelu_backward_f32(const float* dy, const float* x, float*
   }
 }
 
+// The same in f64 with the std:: functions.
+void gelu_forward_range(const double* x, double* y, int64_t n, bool tanh_form) {
+  for (int64_t i = 0; i < n; ++i) y[i] = tanh_form ? gelu_tanh(x[i]) : gelu_erf(x[i]);
+}
+void gelu_backward_range(const double* dy, const double* x, double* dx, int64_t n, bool tanh_form) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (tanh_form ? gelu_tanh_grad(x[i]) : gelu_erf_grad(x[i]));
+}
+void gelu_forward_range(const float* x, float* y, int64_t n, bool tanh_form) { gelu_forward_f32(x, y, n, tanh_form); }
+void gelu_backward_range(const float* dy, const float* x, float* dx, int64_t n, bool tanh_form) {
+  gelu_backward_f32(dy, x, dx, n, tanh_form);
+}
+
 }  // namespace
 
 template <class T>
 void gelu_forward(const T* x, T* y, int64_t n, GeluApproximation approximation) {
-  if constexpr (std::is_same_v<T, float>) {
-    const bool tanh_form = approximation == GeluApproximation::Tanh;
-    return parallel_ranges(n, kParallelElements,
-                           [&](int64_t lo, int64_t hi) { gelu_forward_f32(x + lo, y + lo, hi - lo, tanh_form); });
-  }
-  constexpr int64_t kParallelWork = kParallelElements;
-  if (approximation == GeluApproximation::Tanh) {
-#pragma omp parallel for schedule(static) if (n > kParallelWork)
-    for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh(x[i]);
-  } else {
-#pragma omp parallel for schedule(static) if (n > kParallelWork)
-    for (int64_t i = 0; i < n; ++i) y[i] = gelu_erf(x[i]);
-  }
+  const bool tanh_form = approximation == GeluApproximation::Tanh;
+  parallel_ranges(n, kParallelElements,
+                  [&](int64_t lo, int64_t hi) { gelu_forward_range(x + lo, y + lo, hi - lo, tanh_form); });
 }
 
 template <class T>
 void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApproximation approximation) {
-  if constexpr (std::is_same_v<T, float>) {
-    const bool tanh_form = approximation == GeluApproximation::Tanh;
-    return parallel_ranges(n, kParallelElements, [&](int64_t lo, int64_t hi) {
-      gelu_backward_f32(dy + lo, x + lo, dx + lo, hi - lo, tanh_form);
-    });
-  }
-  constexpr int64_t kParallelWork = kParallelElements;
-  if (approximation == GeluApproximation::Tanh) {
-#pragma omp parallel for schedule(static) if (n > kParallelWork)
-    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
-  } else {
-#pragma omp parallel for schedule(static) if (n > kParallelWork)
-    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_erf_grad(x[i]);
-  }
+  const bool tanh_form = approximation == GeluApproximation::Tanh;
+  parallel_ranges(n, kParallelElements, [&](int64_t lo, int64_t hi) {
+    gelu_backward_range(dy + lo, x + lo, dx + lo, hi - lo, tanh_form);
+  });
 }
 
 template void gelu_forward<float>(const float*, float*, int64_t, GeluApproximation);

@@ -18,7 +18,7 @@ struct RunOptions {
   std::string dataset = "fashion-mnist";  // or "synthetic"
   std::string data_dir;                   // "" = the Debian package's folder
   int64_t synthetic_size = 60000;
-  int64_t epochs = 5;
+  int64_t epochs = 10;
   int64_t steps = 0;  // > 0 overrides --epochs
   int64_t batch_size = 128;
   int64_t eval_batch_size = 500;

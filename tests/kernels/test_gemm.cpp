@@ -65,7 +65,11 @@ INSTANTIATE_TEST_SUITE_P(
                                          GemmCase{1, 7, 5, 3, true, true, true}, GemmCase{3, 33, 17, 65, false, true, true},
                                          GemmCase{4, 16, 9, 31, false, false, false},
                                          GemmCase{4, 16, 9, 31, true, true, false},
-                                         GemmCase{2, 64, 48, 130, true, false, false}),
+                                         GemmCase{2, 64, 48, 130, true, false, false},
+                                         // Past 2^18 multiply-adds a single GEMM is split across threads.
+                                         GemmCase{1, 300, 130, 70, false, true, true},
+                                         GemmCase{1, 257, 129, 65, true, false, true},
+                                         GemmCase{1, 1000, 41, 20, true, true, true}),
                        ::testing::Values(DType::f32, DType::f64, DType::bf16, DType::e4m3)));
 
 TEST(Gemm, MixedFp8OperandsAndBf16Output) {

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -154,14 +156,41 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   return *this;
 }
 
+namespace {
+
+// Writes `count` copies of one element's bytes: memset when they are all equal (zeros, most often),
+// else a fill with the element's bit pattern as an integer of its width.
+void fill_pattern(void* out, const unsigned char* element, size_t size, int64_t count) {
+  const auto n = static_cast<size_t>(count);
+  if (std::all_of(element, element + size, [&](unsigned char b) { return b == element[0]; })) {
+    std::memset(out, element[0], n * size);
+    return;
+  }
+  auto fill_as = [&](auto word) {
+    std::memcpy(&word, element, sizeof word);
+    std::fill_n(static_cast<decltype(word)*>(out), n, word);
+  };
+  switch (size) {
+    case 2: fill_as(uint16_t{}); break;
+    case 4: fill_as(uint32_t{}); break;
+    case 8: fill_as(uint64_t{}); break;
+    default: OCTET_FAIL("fill_: no fill for ", size, "-byte elements");
+  }
+}
+
+}  // namespace
+
 const Tensor& Tensor::fill_(double value) const {
   require_defined("fill_");
-  // One element converted once, then replicated bytewise.
-  std::vector<unsigned char> element(element_size());
-  convert_elements(&value, DType::f64, element.data(), dtype(), 1);
-  std::vector<unsigned char> host(nbytes());
-  for (size_t i = 0; i < host.size(); i += element.size()) std::memcpy(&host[i], element.data(), element.size());
-  copy_bytes(data_ptr(), device(), host.data(), Device::cpu(), nbytes());
+  unsigned char element[8];
+  convert_elements(&value, DType::f64, element, dtype(), 1);
+  if (device().is_cpu()) {
+    fill_pattern(data_ptr(), element, element_size(), numel());
+  } else {  // filled on the host, then copied over (a device fill kernel comes with the CUDA backend)
+    std::vector<unsigned char> host(nbytes());
+    fill_pattern(host.data(), element, element_size(), numel());
+    copy_bytes(data_ptr(), device(), host.data(), Device::cpu(), nbytes());
+  }
   return *this;
 }
 

@@ -1,6 +1,8 @@
 // Tensor metadata, views, factories, conversions and printing.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <sstream>
 
 #include "core/float_formats.h"
@@ -111,6 +113,23 @@ TEST(Tensor, CopyCloneFillItem) {
   EXPECT_EQ(full({1}, 2.5, DType::bf16).item(), 2.5);
   EXPECT_EQ(full({}, 3, DType::i32).item<int>(), 3);
   EXPECT_THROW(a.item(), Error);
+}
+
+TEST(Tensor, FillWritesEveryElementOfEveryDtypeAndOnlyTheView) {
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16, DType::e4m3, DType::e5m2, DType::i32,
+                      DType::i64, DType::u8}) {
+    for (double value : {0.0, 3.0, -1.5}) {
+      if (value < 0 && dtype == DType::u8) continue;
+      const double expected = is_integral(dtype) ? std::trunc(value) : value;  // all exact in every format
+      Tensor t = full({5, 3}, 6.0, dtype);
+      t.narrow(1, 3).fill_(value);  // rows 1..3 only, at a byte offset
+      const std::vector<double> got = t.to_vector<double>();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool inside = i >= 3 && i < 12;
+        EXPECT_EQ(got[i], inside ? expected : 6.0) << dtype_name(dtype) << " value " << value << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(Tensor, PrintsShapeDtypeAndValues) {

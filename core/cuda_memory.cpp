@@ -1,33 +1,21 @@
 #include "core/cuda_memory.h"
 
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
 #include "core/error.h"
 
 #if OCTET_HAS_CUDA
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_stream.h"
 #endif
 
 namespace octet {
 
 #if OCTET_HAS_CUDA
-
-namespace {
-void check_cuda(cudaError_t status, const char* what) {
-  OCTET_CHECK(status == cudaSuccess, what, ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
-}
-
-// Switches the calling thread to `index` for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    cudaGetDevice(&previous_);
-    if (previous_ != index) check_cuda(cudaSetDevice(index), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-}  // namespace
 
 namespace cuda {
 bool is_available() { return device_count() > 0; }
@@ -43,26 +31,106 @@ int device_count() {
 
 namespace cuda_memory {
 
+namespace {
+constexpr int kMaxDevices = 64;
+
+// Octet's own count of bytes in live tensors: the pool's "used" attribute also counts blocks
+// whose free is queued but not yet reached by the stream.
+struct Counters {
+  std::atomic<size_t> in_use{0};
+  std::atomic<size_t> peak{0};
+};
+std::array<Counters, kMaxDevices> counters;
+
+void note_allocation(int device_index, size_t nbytes) {
+  Counters& c = counters[device_index];
+  const size_t now = c.in_use.fetch_add(nbytes) + nbytes;
+  size_t peak = c.peak.load();
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// On first use of a device: keep freed memory in the pool for good (release threshold = max), so
+// a training step's allocations are served from the pool instead of the driver.
+void configure_pool(int device_index) {
+  static std::array<std::once_flag, kMaxDevices> configured;
+  std::call_once(configured[device_index], [device_index] {
+    cudaMemPool_t pool = nullptr;
+    cuda::check(cudaDeviceGetDefaultMemPool(&pool, device_index), "cudaDeviceGetDefaultMemPool");
+    uint64_t threshold = UINT64_MAX;
+    cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+                "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  });
+}
+
+void check_device(int device_index) {
+  const int count = cuda::device_count();
+  OCTET_CHECK(device_index >= 0 && device_index < count && device_index < kMaxDevices, "cuda:", device_index,
+              ": this machine has ", count, " CUDA device(s); pick one of cuda:0..cuda:", count - 1);
+}
+}  // namespace
+
 void* allocate(size_t nbytes, int device_index) {
-  OCTET_CHECK(device_index >= 0 && device_index < cuda::device_count(), "allocate on cuda:", device_index,
-              ": this machine has ", cuda::device_count(), " CUDA device(s)");
-  DeviceGuard guard(device_index);
+  check_device(device_index);
+  configure_pool(device_index);
+  cuda::DeviceGuard guard(device_index);
   void* ptr = nullptr;
-  // The legacy default stream orders the block against all work on the device until streams
-  // are threaded through the kernels.
-  check_cuda(cudaMallocAsync(&ptr, nbytes == 0 ? 1 : nbytes, cudaStreamLegacy), "cudaMallocAsync");
+  const cudaError_t status = cudaMallocAsync(&ptr, nbytes == 0 ? 1 : nbytes, cuda::current_stream(device_index));
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    const MemoryStats s = memory_stats(device_index);
+    OCTET_FAIL("out of memory on cuda:", device_index, " allocating ", nbytes, " bytes (", s.in_use,
+               " bytes in use, ", s.reserved, " reserved); use a smaller batch size or model");
+  }
+  cuda::check(status, "cudaMallocAsync");
+  note_allocation(device_index, nbytes);
   return ptr;
 }
 
-void release(void* ptr, int device_index) noexcept {
-  DeviceGuard guard(device_index);
-  cudaFreeAsync(ptr, cudaStreamLegacy);
+void release(void* ptr, size_t nbytes, int device_index) noexcept {
+  cuda::DeviceGuard guard(device_index);
+  cudaFreeAsync(ptr, cuda::current_stream(device_index));
+  counters[device_index].in_use.fetch_sub(nbytes);
 }
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
   const int index = dst_device.is_cuda() ? dst_device.index : src_device.index;
-  DeviceGuard guard(index);
-  check_cuda(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault), "cudaMemcpy");
+  cuda::DeviceGuard guard(index);
+  cudaStream_t stream = cuda::current_stream(index);
+  cuda::check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after a copy");
+}
+
+void* allocate_pinned(size_t nbytes) {
+  void* ptr = nullptr;
+  cuda::check(cudaMallocHost(&ptr, nbytes == 0 ? 1 : nbytes), "cudaMallocHost (pinned host memory)");
+  return ptr;
+}
+
+void release_pinned(void* ptr) noexcept { cudaFreeHost(ptr); }
+
+MemoryStats memory_stats(int device_index) {
+  check_device(device_index);
+  MemoryStats s;
+  s.in_use = counters[device_index].in_use.load();
+  s.peak = counters[device_index].peak.load();
+  cudaMemPool_t pool = nullptr;
+  cuda::check(cudaDeviceGetDefaultMemPool(&pool, device_index), "cudaDeviceGetDefaultMemPool");
+  uint64_t value = 0;
+  cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &value), "cudaMemPoolGetAttribute");
+  s.reserved = value;
+  cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &value), "cudaMemPoolGetAttribute");
+  s.reserved_peak = value;
+  return s;
+}
+
+void reset_peak_memory_stats(int device_index) {
+  check_device(device_index);
+  counters[device_index].peak.store(counters[device_index].in_use.load());
+  cudaMemPool_t pool = nullptr;
+  cuda::check(cudaDeviceGetDefaultMemPool(&pool, device_index), "cudaDeviceGetDefaultMemPool");
+  uint64_t zero = 0;  // the only value the driver accepts: resets the high-water mark to "current"
+  cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero), "cudaMemPoolSetAttribute");
 }
 
 }  // namespace cuda_memory
@@ -83,8 +151,12 @@ int device_count() { return 0; }
 
 namespace cuda_memory {
 void* allocate(size_t, int) { no_cuda("allocate on a CUDA device"); }
-void release(void*, int) noexcept {}
+void release(void*, size_t, int) noexcept {}
 void copy(void*, Device, const void*, Device, size_t) { no_cuda("copy to or from a CUDA device"); }
+void* allocate_pinned(size_t) { no_cuda("allocate pinned host memory"); }
+void release_pinned(void*) noexcept {}
+MemoryStats memory_stats(int) { return {}; }
+void reset_peak_memory_stats(int) {}
 }  // namespace cuda_memory
 
 #endif

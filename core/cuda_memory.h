@@ -1,16 +1,35 @@
 #pragma once
-// Device memory for Storage. With CUDA, blocks come from cudaMallocAsync on the device's pool,
-// so freeing is stream-ordered and cheap. In a CPU-only build each call throws an Error that
-// says how to get a CUDA build.
+// Device memory for Storage, and pinned host memory for fast host-to-device copies.
+//
+// With CUDA, device blocks come from cudaMallocAsync on the device's default memory pool, ordered
+// on the device's compute stream (core/cuda_stream.h), so a free is stream-ordered and cheap and
+// a block freed by one step is handed straight back to the next. The pool's release threshold is
+// set to "never", so memory stays reserved between steps instead of going back to the driver at
+// every synchronisation. In a CPU-only build each call throws an Error that says how to get a
+// CUDA build; the statistics are all zero.
 #include <cstddef>
-
 #include "core/device.h"
 
 namespace octet::cuda_memory {
 
 void* allocate(size_t nbytes, int device_index);
-void release(void* ptr, int device_index) noexcept;
-// Copies between host and device or device and device, and waits for the copy to finish.
+void release(void* ptr, size_t nbytes, int device_index) noexcept;
+// Copies between host and device or device and device on the device's compute stream, and waits
+// for the copy to finish (the host side may be pageable memory that the caller frees next).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+
+// Page-locked host memory: the DMA engines read it directly, so a copy from it can run
+// asynchronously beside compute. Expensive to allocate: keep and reuse such buffers.
+void* allocate_pinned(size_t nbytes);
+void release_pinned(void* ptr) noexcept;
+
+struct MemoryStats {
+  size_t in_use = 0;    // bytes in live tensors on the device
+  size_t peak = 0;      // the most in_use has been since the start or the last reset_peak
+  size_t reserved = 0;  // bytes the pool holds from the driver (in use + cached for reuse)
+  size_t reserved_peak = 0;
+};
+MemoryStats memory_stats(int device_index);
+void reset_peak_memory_stats(int device_index);
 
 }  // namespace octet::cuda_memory

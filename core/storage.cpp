@@ -111,12 +111,17 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   } else {
     data_ = cuda_memory::allocate(nbytes, device.index);
     const int index = device.index;
-    deleter_ = [index](void* p) { cuda_memory::release(p, index); };
+    deleter_ = [index, nbytes](void* p) { cuda_memory::release(p, nbytes, index); };
   }
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
     : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+
+std::shared_ptr<Storage> Storage::pinned(size_t nbytes) {
+  void* data = cuda_memory::allocate_pinned(nbytes);
+  return std::make_shared<Storage>(data, nbytes, Device::cpu(), [](void* p) { cuda_memory::release_pinned(p); });
+}
 
 Storage::~Storage() {
   if (deleter_ && data_) deleter_(data_);

@@ -4,6 +4,7 @@
 // allocator (core/cuda_memory.h).
 #include <cstddef>
 #include <functional>
+#include <memory>
 
 #include "core/device.h"
 
@@ -16,6 +17,8 @@ class Storage {
   Storage(size_t nbytes, Device device);
   // Wraps memory Octet did not allocate; `deleter` runs when the last tensor lets go.
   Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  // Page-locked host memory (core/cuda_memory.h), for copies that overlap compute. CUDA builds only.
+  static std::shared_ptr<Storage> pinned(size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

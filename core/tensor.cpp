@@ -299,6 +299,11 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(storage), 0, shape, dtype);
 }
 
+Tensor empty_pinned(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) OCTET_CHECK(d >= 0, "empty_pinned: negative extent in shape ", shape);
+  return Tensor(Storage::pinned(static_cast<size_t>(shape.numel()) * dtype_size(dtype)), 0, shape, dtype);
+}
+
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
   t.zero_();

@@ -141,6 +141,8 @@ class Generator;
 
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
+// A host tensor in page-locked memory: copies from it to a GPU can run beside compute. CUDA builds.
+Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
 Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
 // [start, end) in steps of `step`, like Python's range.

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "core/cuda_convert.h"
 #include "core/grad_mode.h"
 #include "core/philox.h"
 #include "core/random.h"
@@ -125,8 +126,13 @@ Tensor Tensor::to(DType target) const {
     convert_elements(data_ptr(), dtype(), out.data_ptr(), target, numel());
     return out;
   }
-  // Device tensors convert through the host until the CUDA cast kernel takes this over.
-  return to(Device::cpu()).to(target).to(device());
+#if OCTET_HAS_CUDA
+  Tensor out = empty(shape(), target, device());
+  cuda::convert_elements(data_ptr(), dtype(), out.data_ptr(), target, numel(), device().index);
+  return out;
+#else
+  OCTET_FAIL("to(dtype): ", describe(), " is on a CUDA device but this build has no CUDA");
+#endif
 }
 
 Tensor Tensor::to(Device target) const {
@@ -151,9 +157,33 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   src.require_defined("copy_");
   OCTET_CHECK(src.numel() == numel(), "copy_: source ", src.describe(), " has ", src.numel(),
               " elements but the destination ", describe(), " has ", numel());
-  Tensor converted = src.dtype() == dtype() ? src : src.detach().to(Device::cpu()).to(dtype());
-  copy_bytes(data_ptr(), device(), converted.data_ptr(), converted.device(), nbytes());
+  if (src.device().is_cpu() && device().is_cpu()) {
+    const Tensor converted = src.dtype() == dtype() ? src : src.detach().to(dtype());
+    copy_bytes(data_ptr(), device(), converted.data_ptr(), converted.device(), nbytes());
+    return *this;
+  }
+#if OCTET_HAS_CUDA
+  // On one device: a stream-ordered copy or conversion, without waiting. Across devices: the bytes
+  // cross in the source's dtype or the destination's, whichever is converted on a GPU.
+  if (src.device() == device()) {
+    if (src.dtype() == dtype()) {
+      cuda::copy_device_bytes(data_ptr(), src.data_ptr(), nbytes(), device().index);
+    } else {
+      cuda::convert_elements(src.data_ptr(), src.dtype(), data_ptr(), dtype(), numel(), device().index);
+    }
+  } else if (src.dtype() == dtype()) {
+    copy_bytes(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+  } else if (device().is_cuda()) {
+    const Tensor staged = src.detach().to(device());
+    cuda::convert_elements(staged.data_ptr(), staged.dtype(), data_ptr(), dtype(), numel(), device().index);
+  } else {
+    const Tensor converted = src.detach().to(dtype());
+    copy_bytes(data_ptr(), device(), converted.data_ptr(), converted.device(), nbytes());
+  }
   return *this;
+#else
+  OCTET_FAIL("copy_: ", src.describe(), " -> ", describe(), " involves a CUDA device but this build has no CUDA");
+#endif
 }
 
 namespace {
@@ -186,10 +216,12 @@ const Tensor& Tensor::fill_(double value) const {
   convert_elements(&value, DType::f64, element, dtype(), 1);
   if (device().is_cpu()) {
     fill_pattern(data_ptr(), element, element_size(), numel());
-  } else {  // filled on the host, then copied over (a device fill kernel comes with the CUDA backend)
-    std::vector<unsigned char> host(nbytes());
-    fill_pattern(host.data(), element, element_size(), numel());
-    copy_bytes(data_ptr(), device(), host.data(), Device::cpu(), nbytes());
+  } else {
+#if OCTET_HAS_CUDA
+    cuda::fill_elements(data_ptr(), element, element_size(), numel(), device().index);
+#else
+    OCTET_FAIL("fill_: ", describe(), " is on a CUDA device but this build has no CUDA");
+#endif
   }
   return *this;
 }

@@ -6,6 +6,9 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/reduce_cpu.h"
+#if OCTET_HAS_CUDA
+#include "kernels/cuda/reduce_cuda.h"
+#endif
 
 namespace octet::kernels {
 namespace {
@@ -49,11 +52,19 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim, const char* op) {
 }
 
 void check_input(const char* op, const Tensor& a) {
-  check_cpu(op, {&a});
+  check_defined(op, {&a});
   check_floating(op, a);
 }
 
 Tensor sum_impl(const Tensor& a, Geometry g, const Shape& out_shape, bool mean) {
+  const char* op = mean ? "mean" : "sum";
+#if OCTET_HAS_CUDA
+  if (a.is_cuda()) {
+    const float divisor = mean ? static_cast<float>(g.n) : 1.f;
+    return cuda::sum(a, g.outer, g.n, g.inner, divisor, a.dtype(), op).reshape(out_shape);
+  }
+#endif
+  check_cpu(op, {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
     Tensor out = empty(out_shape, ac.dtype());
@@ -67,6 +78,15 @@ MaxResult max_impl(const char* op, const Tensor& a, Geometry g, const Shape& out
   OCTET_CHECK(g.n > 0 || g.outer * g.inner == 0, op, ": cannot take the maximum over an empty dim of ",
               a.describe());
   MaxResult r;
+#if OCTET_HAS_CUDA
+  if (a.is_cuda()) {
+    cuda::max(a, g.outer, g.n, g.inner, r.values, r.indices);
+    r.values = r.values.reshape(out_shape);
+    r.indices = r.indices.reshape(out_shape);
+    return r;
+  }
+#endif
+  check_cpu(op, {&a});
   r.indices = empty(out_shape, DType::i64);
   r.values = with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
@@ -79,6 +99,10 @@ MaxResult max_impl(const char* op, const Tensor& a, Geometry g, const Shape& out
 
 // The result stays in the compute dtype: FP8 scaling wants amax in f32 whatever the storage.
 Tensor amax_impl(const Tensor& a, Geometry g, const Shape& out_shape) {
+#if OCTET_HAS_CUDA
+  if (a.is_cuda()) return cuda::amax(a, g.outer, g.n, g.inner).reshape(out_shape);
+#endif
+  check_cpu("amax", {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
     Tensor out = empty(out_shape, ac.dtype());
@@ -90,6 +114,10 @@ Tensor amax_impl(const Tensor& a, Geometry g, const Shape& out_shape) {
 Tensor softmax_impl(const char* op, const Tensor& a, int64_t dim, bool log) {
   check_input(op, a);
   const Geometry g = geometry(a.shape(), dim, op);
+#if OCTET_HAS_CUDA
+  if (a.is_cuda()) return cuda::softmax(a, g.outer, g.n, g.inner, log);
+#endif
+  check_cpu(op, {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
     Tensor out = empty(a.shape(), ac.dtype());
@@ -104,6 +132,10 @@ Tensor softmax_backward_impl(const char* op, const Tensor& y, const Tensor& dy, 
   check_input(op, y);
   OCTET_CHECK(y.shape() == dy.shape(), op, ": y and dy must have the same shape (", describe_all({&y, &dy}), ")");
   const Geometry g = geometry(y.shape(), dim, op);
+#if OCTET_HAS_CUDA
+  if (y.is_cuda()) return cuda::softmax_backward(y, dy, g.outer, g.n, g.inner, log);
+#endif
+  check_cpu(op, {&y, &dy});
   return with_compute_type(y.dtype(), [&]<class T>() {
     const Tensor yc = to_compute(y), dyc = to_compute(dy);
     Tensor dx = empty(y.shape(), yc.dtype());
@@ -174,18 +206,31 @@ Tensor sum_to(const Tensor& a, const Shape& shape) {
       summed.push_back(s);
     }
   }
+  std::vector<Geometry> passes;
+  for (size_t r = 0; r < extents.size(); ++r) {
+    if (!summed[r]) continue;
+    Geometry g;
+    for (size_t i = 0; i < r; ++i) g.outer *= extents[i];
+    g.n = extents[r];
+    for (size_t i = r + 1; i < extents.size(); ++i) g.inner *= extents[i];
+    passes.push_back(g);
+    extents[r] = 1;  // later passes see this run as gone
+  }
+#if OCTET_HAS_CUDA
+  if (a.is_cuda()) {  // the first pass reads a's dtype directly; every pass writes f32
+    Tensor cur = a;
+    for (const Geometry& g : passes) cur = cuda::sum(cur, g.outer, g.n, g.inner, 1.f, DType::f32, "sum_to");
+    if (cur.data_ptr() == a.data_ptr()) cur = cur.detach().clone();
+    return cur.reshape(shape).to(a.dtype());
+  }
+#endif
+  check_cpu("sum_to", {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     Tensor cur = to_compute(a);
-    for (size_t r = 0; r < extents.size(); ++r) {
-      if (!summed[r]) continue;
-      Geometry g;
-      for (size_t i = 0; i < r; ++i) g.outer *= extents[i];
-      g.n = extents[r];
-      for (size_t i = r + 1; i < extents.size(); ++i) g.inner *= extents[i];
+    for (const Geometry& g : passes) {
       Tensor next = empty({g.outer * g.inner}, cur.dtype());
       cpu::sum<T>(cur.data<T>(), g.outer, g.n, g.inner, T(1), next.data<T>());
       cur = next;
-      extents[r] = 1;  // later passes see this run as gone
     }
     // With nothing summed, still hand back a new tensor: callers may accumulate into it.
     if (cur.data_ptr() == a.data_ptr()) cur = cur.clone();

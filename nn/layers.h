@@ -53,7 +53,9 @@ class Dropout : public Module {
 };
 
 // Stochastic depth (timm's DropPath): in training, each sample of the batch (dim 0) has its whole
-// residual branch zeroed with probability p, and kept samples are scaled by 1/(1-p).
+// residual branch zeroed with probability p, and kept samples are scaled by 1/(1-p). The B-element
+// mask is drawn on the host (the same Philox stream on every device) and copied to x's device in x's
+// dtype: one small synchronous copy per layer and step on a GPU, only when p > 0.
 class DropPath : public Module {
  public:
   explicit DropPath(double p = 0.0, Generator* gen = nullptr);
@@ -120,7 +122,8 @@ class TransformerBlock : public Module {
 // A Conv2d whose stride equals its kernel, as PatchEmbed uses it: every p×p patch is projected on
 // its own, so the convolution is patchify (features in (c, ky, kx) order) followed by a Linear with
 // the weight read as [D, C·p·p]. Returns tokens [B, N, D] (timm's conv output flattened and
-// transposed) for images [B, C, H, W].
+// transposed) for images [B, C, H, W]. Images of another floating dtype (f32 from a loader) are cast
+// to the weight's dtype first, so a model converted with to(DType::bf16) takes f32 images as they are.
 class PatchProjection : public Module {
  public:
   PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t patch_size);

@@ -48,7 +48,9 @@ PatchProjection::PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t pa
 Tensor PatchProjection::forward(const Tensor& images) {
   OCTET_CHECK(images.dim() == 4 && images.size(1) == in_chans, "PatchProjection: images ", images.describe(),
               " must be [B, ", in_chans, ", H, W]");
-  const Tensor patches = patchify(images, patch_size);  // [B, N, C·p·p], features in (c, ky, kx) order
+  // Images arrive as f32 from the loader; a bf16 model computes in bf16 from here on (a no-op when
+  // the dtypes already match).
+  const Tensor patches = patchify(cast(images, weight.dtype()), patch_size);  // [B, N, C·p·p], (c, ky, kx)
   return linear(patches, reshape(weight, {embed_dim, in_chans * patch_size * patch_size}), bias);
 }
 

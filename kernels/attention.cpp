@@ -1,11 +1,25 @@
-// Entry points for unfused attention: shape checks that name q, k and v, widening of low-precision
-// inputs to the compute type (f32, or f64 for f64), and rounding the results back to q's dtype once.
+// Entry points for attention: shape checks that name q, k and v, then the backend.
+//   CPU: unfused, widening low-precision inputs to the compute type (f32, or f64 for f64) and
+//        rounding the results back to q's dtype once.
+//   CUDA: cuDNN's fused kernels when they take the inputs (bf16/f16, head dim <= 128 and a multiple
+//        of 8) and cuDNN builds a plan for the shape; otherwise the unfused GPU kernels, with a
+//        warning logged once per reason. OCTET_DISABLE_CUDNN_ATTENTION=1 forces the unfused path
+//        (tests, A/B timing).
 #include "kernels/attention.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "kernels/common.h"
 #include "kernels/cpu/attention_cpu.h"
+
+#if OCTET_HAS_CUDA
+#include <mutex>
+#include <set>
+
+#include "core/log.h"
+#include "kernels/cuda/attention_cuda.h"
+#endif
 
 namespace octet::kernels {
 
@@ -16,7 +30,8 @@ std::string describe_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_cpu(op, {&q, &k, &v});
+  check_defined(op, {&q, &k, &v});
+  check_same_device(op, {&q, &k, &v});
   check_same_dtype(op, {&q, &k, &v});
   check_floating(op, q);
   OCTET_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": q, k and v must be [B, H, S, D] (",
@@ -29,11 +44,57 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
               describe_qkv(q, k, v), ")");
 }
 
+#if OCTET_HAS_CUDA
+// Why the fused cuDNN path is not taken for these inputs, or "" when it may be.
+std::string fused_attention_refusal(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const char* disabled = std::getenv("OCTET_DISABLE_CUDNN_ATTENTION");
+  if (disabled != nullptr && std::string(disabled) == "1") return "OCTET_DISABLE_CUDNN_ATTENTION=1";
+  return cuda::cudnn_attention_unsupported_reason(q, k, v);
+}
+
+// Logs each distinct reason for running the unfused GPU path once per process.
+void warn_unfused_once(const char* op, const std::string& why) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (warned.insert(why).second) {
+    logging::warn("{}: cuDNN fused attention not used ({}); running the unfused GPU kernels", op, why);
+  }
+}
+
+AttentionOutput attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  constexpr const char* op = "attention_forward";
+  std::string why = fused_attention_refusal(q, k, v);
+  if (why.empty()) {
+    if (auto fused = cuda::cudnn_attention_forward(q, k, v, scale, why)) return *fused;
+  }
+  warn_unfused_once(op, why);
+  return cuda::unfused_attention_forward(q, k, v, scale);
+}
+
+AttentionGrads attention_backward_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, double scale) {
+  constexpr const char* op = "attention_backward";
+  // Both GPU paths read dout and out in q's dtype (a no-op in training, where they already are).
+  const Tensor dout_q = dout.detach().to(q.dtype()), out_q = out.detach().to(q.dtype());
+  std::string why = fused_attention_refusal(q, k, v);
+  if (why.empty()) {
+    if (auto fused = cuda::cudnn_attention_backward(dout_q, q, k, v, out_q, lse, scale, why)) return *fused;
+  }
+  warn_unfused_once(op, why);
+  return cuda::unfused_attention_backward(dout_q, q, k, v, out_q, lse, scale);
+}
+#endif
+
 }  // namespace
 
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   constexpr const char* op = "attention_forward";
   check_qkv(op, q, k, v);
+#if OCTET_HAS_CUDA
+  if (q.is_cuda()) return attention_forward_cuda(q, k, v, scale);
+#endif
+  check_cpu(op, {&q, &k, &v});
   const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), sk = k.size(2);
   const DType ct = compute_dtype(q.dtype());
   Tensor out = empty(q.shape(), ct, q.device());
@@ -52,16 +113,22 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                                   const Tensor& out, const Tensor& lse, double scale) {
   constexpr const char* op = "attention_backward";
   check_qkv(op, q, k, v);
-  check_cpu(op, {&dout, &out, &lse});
+  check_defined(op, {&dout, &out, &lse});
+  check_same_device(op, {&q, &dout, &out, &lse});
   OCTET_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), op,
               ": dout and out must have q's shape (dout: ", dout.describe(), ", out: ", out.describe(), ", ",
               describe_qkv(q, k, v), ")");
   check_floating(op, dout);
   check_floating(op, out);
   const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), sk = k.size(2);
-  const DType ct = compute_dtype(q.dtype());
+  // The GPU keeps lse in f32 whatever q's dtype; the CPU in its compute type.
+  const DType ct = q.is_cuda() ? DType::f32 : compute_dtype(q.dtype());
   OCTET_CHECK(lse.shape() == Shape({b, h, s}) && lse.dtype() == ct, op, ": lse ", lse.describe(), " should be ",
               dtype_name(ct), Shape({b, h, s}), ", as attention_forward returns it (q: ", q.describe(), ")");
+#if OCTET_HAS_CUDA
+  if (q.is_cuda()) return attention_backward_cuda(dout, q, k, v, out, lse, scale);
+#endif
+  check_cpu(op, {&q, &k, &v, &dout, &out, &lse});
   Tensor dq = empty(q.shape(), ct, q.device());
   Tensor dk = empty(k.shape(), ct, q.device());
   Tensor dv = empty(v.shape(), ct, q.device());

@@ -1,0 +1,259 @@
+// Attention on the GPU against the CPU attention run in float64 on the same (already rounded) inputs:
+// the cuDNN fused path in bf16 (head dims 64, 80 and 128, odd sequence lengths, several heads), the
+// unfused GPU kernels (f32 at 1e-5, bf16 when forced), the plan cache, and the dispatcher's choice.
+// Errors are norm-wise relative, ||got − expected||₂ / ||expected||₂, except lse (max absolute).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/attention_cuda.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
+
+using kernels::AttentionGrads;
+using kernels::AttentionOutput;
+
+struct Case {
+  int64_t b, h, s, sk, d;
+};
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  return os << "B=" << c.b << " H=" << c.h << " S=" << c.s << " Sk=" << c.sk << " D=" << c.d;
+}
+
+double scale_for(const Case& c) { return 1.0 / std::sqrt(static_cast<double>(c.d)); }
+
+std::vector<double> host_values(const Tensor& t) { return t.to(Device::cpu()).to_vector<double>(); }
+
+// ||got − expected||₂ / ||expected||₂ over all elements.
+double relative_error(const Tensor& got, const Tensor& expected) {
+  EXPECT_EQ(got.shape(), expected.shape());
+  const std::vector<double> a = host_values(got), e = host_values(expected);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size() && i < e.size(); ++i) {
+    diff += (a[i] - e[i]) * (a[i] - e[i]);
+    norm += e[i] * e[i];
+  }
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+double max_abs_error(const Tensor& got, const Tensor& expected) {
+  EXPECT_EQ(got.shape(), expected.shape());
+  const std::vector<double> a = host_values(got), e = host_values(expected);
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < e.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]));
+  return worst;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  const std::vector<uint8_t> x(static_cast<const uint8_t*>(ha.data_ptr()),
+                               static_cast<const uint8_t*>(ha.data_ptr()) + ha.nbytes());
+  const std::vector<uint8_t> y(static_cast<const uint8_t*>(hb.data_ptr()),
+                               static_cast<const uint8_t*>(hb.data_ptr()) + hb.nbytes());
+  return x == y;
+}
+
+// Random q, k, v and dout in `dtype` on the GPU, and the float64 CPU forward and backward of exactly
+// those (rounded) values.
+struct Problem {
+  Case c;
+  Tensor q, k, v, dout;  // on the GPU
+  AttentionOutput ref;   // f64, cpu
+  AttentionGrads ref_grads;
+};
+Problem make_problem(const Case& c, DType dtype, uint64_t seed) {
+  const Tensor q = testing::random_tensor({c.b, c.h, c.s, c.d}, dtype, seed);
+  const Tensor k = testing::random_tensor({c.b, c.h, c.sk, c.d}, dtype, seed + 1);
+  const Tensor v = testing::random_tensor({c.b, c.h, c.sk, c.d}, dtype, seed + 2);
+  const Tensor dout = testing::random_tensor({c.b, c.h, c.s, c.d}, dtype, seed + 3);
+  const Tensor q64 = q.to(DType::f64), k64 = k.to(DType::f64), v64 = v.to(DType::f64);
+  const AttentionOutput ref = kernels::attention_forward(q64, k64, v64, scale_for(c));
+  const AttentionGrads grads =
+      kernels::attention_backward(dout.to(DType::f64), q64, k64, v64, ref.out, ref.lse, scale_for(c));
+  const Device gpu = Device::cuda(0);
+  return {c, q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu), ref, grads};
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+void expect_forward_close(const AttentionOutput& got, const Problem& p, double tolerance, const std::string& what) {
+  EXPECT_EQ(got.lse.dtype(), DType::f32) << what;
+  EXPECT_LE(relative_error(got.out, p.ref.out), tolerance) << what << " " << p.c << ": out";
+  EXPECT_LE(max_abs_error(got.lse, p.ref.lse), tolerance) << what << " " << p.c << ": lse";
+}
+
+void expect_backward_close(const AttentionGrads& got, const Problem& p, double tolerance, const std::string& what) {
+  EXPECT_LE(relative_error(got.dq, p.ref_grads.dq), tolerance) << what << " " << p.c << ": dq";
+  EXPECT_LE(relative_error(got.dk, p.ref_grads.dk), tolerance) << what << " " << p.c << ": dk";
+  EXPECT_LE(relative_error(got.dv, p.ref_grads.dv), tolerance) << what << " " << p.c << ": dv";
+}
+
+// ViT-B/ViT-L (64), ViT-H (80) and 128-wide heads; odd lengths, one with Sk != S.
+const std::vector<Case> kFusedCases = {
+    {2, 3, 197, 197, 64}, {1, 2, 50, 50, 80}, {2, 2, 17, 17, 128}, {2, 3, 197, 197, 80}, {1, 3, 17, 50, 64},
+};
+
+TEST(CudaAttention, CudnnForwardMatchesCpuInBf16) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : kFusedCases) {
+    const Problem p = make_problem(c, DType::bf16, 11);
+    std::string why_not;
+    const std::optional<AttentionOutput> got =
+        kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
+    ASSERT_TRUE(got.has_value()) << c << ": cuDNN built no plan: " << why_not;
+    EXPECT_EQ(got->out.dtype(), DType::bf16);
+    expect_forward_close(*got, p, 1e-2, "cuDNN forward");
+  }
+}
+
+TEST(CudaAttention, CudnnBackwardMatchesCpuInBf16) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : kFusedCases) {
+    const Problem p = make_problem(c, DType::bf16, 21);
+    std::string why_not;
+    const std::optional<AttentionOutput> fwd =
+        kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
+    ASSERT_TRUE(fwd.has_value()) << c << ": cuDNN built no forward plan: " << why_not;
+    const std::optional<AttentionGrads> got = kernels::cuda::cudnn_attention_backward(
+        p.dout, p.q, p.k, p.v, fwd->out, fwd->lse, scale_for(c), why_not);
+    ASSERT_TRUE(got.has_value()) << c << ": cuDNN built no backward plan: " << why_not;
+    EXPECT_EQ(got->dq.dtype(), DType::bf16);
+    expect_backward_close(*got, p, 1e-2, "cuDNN backward");
+  }
+}
+
+TEST(CudaAttention, DispatcherSendsBf16HeadDim80ToCudnn) {
+  SKIP_WITHOUT_GPU();
+  const Case c{2, 4, 65, 65, 80};
+  const Problem p = make_problem(c, DType::bf16, 31);
+  const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+  const size_t plans = kernels::cuda::cudnn_attention_cached_plans();
+  std::string why_not;
+  const std::optional<AttentionOutput> direct =
+      kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
+  ASSERT_TRUE(direct.has_value()) << why_not;
+  EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), plans) << "the dispatcher should have built this plan";
+  EXPECT_TRUE(same_bits(fwd.out, direct->out));
+  expect_forward_close(fwd, p, 1e-2, "dispatched forward");
+  const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+  expect_backward_close(grads, p, 1e-2, "dispatched backward");
+}
+
+TEST(CudaAttention, PlanCacheHitGivesIdenticalForwardBits) {
+  SKIP_WITHOUT_GPU();
+  const Case c{1, 2, 33, 33, 64};  // a shape no other test uses, so the first call builds
+  const Problem p = make_problem(c, DType::bf16, 41);
+  std::string why_not;
+  const size_t before = kernels::cuda::cudnn_attention_cached_plans();
+  const auto first = kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
+  ASSERT_TRUE(first.has_value()) << why_not;
+  const size_t after_first = kernels::cuda::cudnn_attention_cached_plans();
+  EXPECT_EQ(after_first, before + 1);
+  const auto second = kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
+  ASSERT_TRUE(second.has_value()) << why_not;
+  EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), after_first) << "the second call should reuse the plan";
+  EXPECT_TRUE(same_bits(first->out, second->out));
+  EXPECT_TRUE(same_bits(first->lse, second->lse));
+
+  // The backward plan is reused too. Its dq may accumulate with atomics, so the bits need not
+  // repeat; both calls must match the reference.
+  const auto grads1 =
+      kernels::cuda::cudnn_attention_backward(p.dout, p.q, p.k, p.v, first->out, first->lse, scale_for(c), why_not);
+  ASSERT_TRUE(grads1.has_value()) << why_not;
+  const size_t with_backward = kernels::cuda::cudnn_attention_cached_plans();
+  const auto grads2 =
+      kernels::cuda::cudnn_attention_backward(p.dout, p.q, p.k, p.v, first->out, first->lse, scale_for(c), why_not);
+  ASSERT_TRUE(grads2.has_value()) << why_not;
+  EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), with_backward);
+  expect_backward_close(*grads1, p, 1e-2, "first backward");
+  expect_backward_close(*grads2, p, 1e-2, "second backward");
+}
+
+TEST(CudaAttention, UnfusedPathMatchesCpuInF32) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : {Case{2, 3, 197, 197, 32}, Case{1, 2, 50, 17, 96}, Case{2, 1, 17, 50, 96}}) {
+    const Problem p = make_problem(c, DType::f32, 51);
+    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+    EXPECT_EQ(fwd.out.dtype(), DType::f32);
+    expect_forward_close(fwd, p, 1e-5, "unfused f32 forward");
+    const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+    expect_backward_close(grads, p, 1e-5, "unfused f32 backward");
+  }
+}
+
+TEST(CudaAttention, UnfusedPathTakesRowsLargerThanSharedMemory) {
+  SKIP_WITHOUT_GPU();
+  // Sk = 12301 puts the forward's and dq's score rows in global scratch; S = 6151 does so for dk/dv.
+  for (const Case& c : {Case{1, 1, 7, 12301, 32}, Case{1, 1, 6151, 5, 32}}) {
+    const Problem p = make_problem(c, DType::f32, 61);
+    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+    expect_forward_close(fwd, p, 1e-5, "unfused f32 forward, long rows");
+    const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+    expect_backward_close(grads, p, 1e-5, "unfused f32 backward, long rows");
+  }
+}
+
+TEST(CudaAttention, DisablingCudnnRunsTheUnfusedPathInBf16) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv disable("OCTET_DISABLE_CUDNN_ATTENTION", "1");
+  const Case c{2, 2, 50, 50, 80};  // a shape only this test uses: no cuDNN plan may appear for it
+  const Problem p = make_problem(c, DType::bf16, 71);
+  const size_t plans = kernels::cuda::cudnn_attention_cached_plans();
+  const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+  const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+  EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), plans);
+  expect_forward_close(fwd, p, 1e-2, "unfused bf16 forward");
+  expect_backward_close(grads, p, 1e-2, "unfused bf16 backward");
+}
+
+TEST(CudaAttention, HeadDimsCudnnCannotTakeFallBack) {
+  SKIP_WITHOUT_GPU();
+  const Case c{1, 3, 17, 17, 20};  // not a multiple of 8
+  const Problem p = make_problem(c, DType::bf16, 81);
+  EXPECT_NE(kernels::cuda::cudnn_attention_unsupported_reason(p.q, p.k, p.v), "");
+  const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+  expect_forward_close(fwd, p, 1e-2, "unfused bf16 forward, D=20");
+  const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+  expect_backward_close(grads, p, 1e-2, "unfused bf16 backward, D=20");
+}
+
+TEST(CudaAttention, ForwardOnOnePathBackwardOnTheOther) {
+  SKIP_WITHOUT_GPU();
+  const Case c{1, 2, 41, 41, 64};
+  const Problem p = make_problem(c, DType::bf16, 91);
+  std::string why_not;
+  const auto fused = kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
+  ASSERT_TRUE(fused.has_value()) << why_not;
+  const AttentionGrads unfused_grads =
+      kernels::cuda::unfused_attention_backward(p.dout, p.q, p.k, p.v, fused->out, fused->lse, scale_for(c));
+  expect_backward_close(unfused_grads, p, 1e-2, "unfused backward of the cuDNN forward");
+  const AttentionOutput unfused = kernels::cuda::unfused_attention_forward(p.q, p.k, p.v, scale_for(c));
+  const auto fused_grads = kernels::cuda::cudnn_attention_backward(p.dout, p.q, p.k, p.v, unfused.out, unfused.lse,
+                                                                   scale_for(c), why_not);
+  ASSERT_TRUE(fused_grads.has_value()) << why_not;
+  expect_backward_close(*fused_grads, p, 1e-2, "cuDNN backward of the unfused forward");
+}
+
+}  // namespace
+}  // namespace octet

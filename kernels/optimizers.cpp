@@ -1,80 +1,128 @@
 // Entry points for the fused optimizer updates: argument checks, the per-step constants (computed in
-// double, rounded once to the compute type), and dispatch on device and dtype to kernels/cpu/.
+// double, rounded once to the compute type by each kernel), and dispatch on device and dtype to
+// kernels/cpu/ and kernels/cuda/.
 #include "kernels/optimizers.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "core/float_formats.h"
 #include "kernels/common.h"
 #include "kernels/cpu/optimizers_cpu.h"
+#if OCTET_HAS_CUDA
+#include "kernels/cuda/optimizers_cuda.h"
+#endif
 
 namespace octet::kernels {
 namespace {
-
-// Whether two tensors' bytes intersect. An in-place update whose inputs alias each other would read
-// values it has already overwritten.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.storage() != b.storage() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const size_t a0 = a.storage_offset(), b0 = b.storage_offset();
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
 
 void check_hyperparameter(const char* op, const char* name, double value, bool ok, const char* expected) {
   OCTET_CHECK(std::isfinite(value) && ok, op, ": ", name, " must be ", expected, ", got ", value);
 }
 
-// param is the f32 or f64 master copy; every state tensor shares its shape and dtype; grad has its
-// shape and its dtype, or bf16 for an f32 param. All on one device, none aliasing another.
-void check_update_args(const char* op, const Tensor& param, const Tensor& grad,
+// A tensor an update touches, with the name an error calls it by.
+struct Named {
+  const Tensor* tensor;
+  std::string name;
+};
+
+// No two of the tensors share bytes: an in-place update whose inputs alias each other would read
+// values it has already overwritten (and on the GPU two blocks would race). Sorting the byte ranges
+// finds an overlapping pair, if any, in O(n log n) for a whole multi-tensor call.
+void check_no_overlap(const std::string& op, std::vector<Named> named) {
+  std::erase_if(named, [](const Named& n) { return !n.tensor->defined() || n.tensor->nbytes() == 0; });
+  auto begin = [](const Named& n) { return n.tensor->storage_offset(); };
+  std::stable_sort(named.begin(), named.end(), [&](const Named& a, const Named& b) {
+    const Storage* sa = a.tensor->storage().get();
+    const Storage* sb = b.tensor->storage().get();
+    return sa != sb ? std::less<const Storage*>()(sa, sb) : begin(a) < begin(b);
+  });
+  const Named* reaching = nullptr;  // of the ranges seen in this storage, the one reaching furthest
+  for (const Named& n : named) {
+    if (reaching && reaching->tensor->storage() == n.tensor->storage()) {
+      const size_t reach = begin(*reaching) + reaching->tensor->nbytes();
+      OCTET_CHECK(begin(n) >= reach, op, ": ", reaching->name, " and ", n.name, " share memory (",
+                  describe_all({reaching->tensor, n.tensor}),
+                  "); the update would read values it has already overwritten, give every tensor its own storage");
+      if (begin(n) + n.tensor->nbytes() > reach) reaching = &n;
+    } else {
+      reaching = &n;
+    }
+  }
+}
+
+// The tensor the update computes on is the master copy when there is one, else the param itself.
+// Without master: param is f32 or f64, grad has its dtype (or bf16 for an f32 param), the state has
+// its dtype. With master: param is bf16 or f16, grad has its dtype, master and state are f32. Every
+// tensor has param's shape; all of them sit on `device`.
+void check_update_args(const std::string& op_name, const Tensor& param, const Tensor& grad, const Tensor& master,
                        std::initializer_list<const Tensor*> state) {
+  const char* op = op_name.c_str();
   check_defined(op, {&param, &grad});
   for (const Tensor* s : state) check_defined(op, {&param, s});
-  OCTET_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64, op, ": param is ", param.describe(),
-              "; optimizers update f32 master weights (or f64), so keep the parameter in f32 and cast a copy "
-              "for low-precision compute");
-  OCTET_CHECK(grad.dtype() == param.dtype() || (param.dtype() == DType::f32 && grad.dtype() == DType::bf16),
-              op, ": grad ", grad.describe(), " does not fit param ", param.describe(),
-              "; the gradient must have the param's dtype (or bf16 for an f32 param), convert it with .to(",
-              dtype_name(param.dtype()), ")");
+  DType state_dtype = param.dtype();
+  if (master.defined()) {
+    OCTET_CHECK(param.dtype() == DType::bf16 || param.dtype() == DType::f16, op, ": param ", param.describe(),
+                " comes with an f32 master copy, which is for bf16 or f16 params; update an f32 param in place "
+                "and leave master undefined");
+    OCTET_CHECK(master.dtype() == DType::f32 && master.shape() == param.shape(), op, ": master ", master.describe(),
+                " must be f32 with the shape of param ", param.describe());
+    OCTET_CHECK(grad.dtype() == param.dtype(), op, ": grad ", grad.describe(), " does not fit param ",
+                param.describe(), "; the gradient of a low-precision param has the param's dtype");
+    state_dtype = DType::f32;
+  } else {
+    OCTET_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::f64, op, ": param is ", param.describe(),
+                "; optimizers update f32 master weights (or f64), so keep the parameter in f32 and cast a copy "
+                "for low-precision compute, or pass a bf16 param with its f32 master to the multi-tensor step");
+    OCTET_CHECK(grad.dtype() == param.dtype() || (param.dtype() == DType::f32 && grad.dtype() == DType::bf16),
+                op, ": grad ", grad.describe(), " does not fit param ", param.describe(),
+                "; the gradient must have the param's dtype (or bf16 for an f32 param), convert it with .to(",
+                dtype_name(param.dtype()), ")");
+  }
   OCTET_CHECK(grad.shape() == param.shape(), op, ": grad ", grad.describe(), " and param ", param.describe(),
               " differ in shape; the gradient must have the param's shape");
   for (const Tensor* s : state) {
-    OCTET_CHECK(s->dtype() == param.dtype() && s->shape() == param.shape(), op, ": optimizer state ",
-                s->describe(), " does not match param ", param.describe(),
-                "; allocate the state with the param's shape and dtype");
+    OCTET_CHECK(s->dtype() == state_dtype && s->shape() == param.shape(), op, ": optimizer state ",
+                s->describe(), " does not match param ", param.describe(), "; allocate the state with dtype ",
+                dtype_name(state_dtype), " and the param's shape");
   }
   check_same_device(op, {&param, &grad});
+  if (master.defined()) check_same_device(op, {&param, &master});
   for (const Tensor* s : state) check_same_device(op, {&param, s});
-  check_cpu(op, {&param, &grad});
-
-  OCTET_CHECK(!overlaps(param, grad), op, ": param and grad share memory (", describe_all({&param, &grad}),
-              "); the update would read values it has already overwritten, pass a separate gradient");
-  for (const Tensor* s : state) {
-    OCTET_CHECK(!overlaps(param, *s) && !overlaps(grad, *s), op, ": optimizer state ", s->describe(),
-                " shares memory with the param or grad; give every state tensor its own storage");
-  }
-  if (state.size() == 2) {
-    const Tensor& s0 = **state.begin();
-    const Tensor& s1 = **(state.begin() + 1);
-    OCTET_CHECK(!overlaps(s0, s1), op, ": the two state tensors share memory (", describe_all({&s0, &s1}),
-                "); give each its own storage");
-  }
 }
 
-// Calls f.template operator()<T, G>() with the parameter type T and the gradient's storage type G.
+// Every entry of a multi-tensor call on the device of the first.
+void check_one_device(const char* op, const Tensor& first, const Tensor& t, size_t index) {
+  OCTET_CHECK(t.device() == first.device(), op, ": tensors[", index, "] is on ", t.device().str(),
+              " but tensors[0] on ", first.device().str(), " (", describe_all({&first, &t}),
+              "); one call updates the tensors of one device, call it once per device");
+}
+
+// Calls f.template operator()<T, G, L>() with the update type T, the gradient's storage type G and
+// the type L of the param that receives the rounded master (L = T, unused, without a master).
 template <class F>
-void with_update_types(const Tensor& param, const Tensor& grad, F&& f) {
-  if (param.dtype() == DType::f64) return f.template operator()<double, double>();
-  if (grad.dtype() == DType::bf16) return f.template operator()<float, bfloat16>();
-  return f.template operator()<float, float>();
+void with_update_types(const Tensor& param, const Tensor& grad, const Tensor& master, F&& f) {
+  if (master.defined()) {
+    if (param.dtype() == DType::bf16) return f.template operator()<float, bfloat16, bfloat16>();
+    return f.template operator()<float, float16, float16>();
+  }
+  if (param.dtype() == DType::f64) return f.template operator()<double, double, double>();
+  if (grad.dtype() == DType::bf16) return f.template operator()<float, bfloat16, float>();
+  return f.template operator()<float, float, float>();
 }
 
-}  // namespace
+// What an update writes: the master when there is one (with the param as its rounded copy), else
+// the param itself.
+template <class T, class L>
+std::pair<T*, L*> updated_and_rounded(const Tensor& param, const Tensor& master) {
+  if (master.defined()) return {master.data<T>(), static_cast<L*>(param.data_ptr())};
+  return {param.data<T>(), nullptr};
+}
 
-void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  const char* op = "adamw_step_";
-  check_update_args(op, param, grad, {&exp_avg, &exp_avg_sq});
+cpu::AdamWConstants<double> adamw_constants(const char* op, double lr, double beta1, double beta2, double eps,
+                                            double weight_decay, int64_t step) {
   check_hyperparameter(op, "lr", lr, lr >= 0, "finite and >= 0");
   check_hyperparameter(op, "beta1", beta1, beta1 >= 0 && beta1 < 1, "in [0, 1)");
   check_hyperparameter(op, "beta2", beta2, beta2 >= 0 && beta2 < 1, "in [0, 1)");
@@ -82,67 +130,202 @@ void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   check_hyperparameter(op, "weight_decay", weight_decay, weight_decay >= 0, "finite and >= 0");
   OCTET_CHECK(step >= 1, op,
               ": step must count updates from 1 (the bias corrections divide by 1 - beta^step), got ", step);
-
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  with_update_types(param, grad, [&]<class T, class G>() {
-    const cpu::AdamWConstants<T> c{
-        .decay = static_cast<T>(1.0 - lr * weight_decay),
-        .beta1 = static_cast<T>(beta1),
-        .one_minus_beta1 = static_cast<T>(1.0 - beta1),
-        .beta2 = static_cast<T>(beta2),
-        .one_minus_beta2 = static_cast<T>(1.0 - beta2),
-        .step_size = static_cast<T>(lr / bias_correction1),
-        .bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2)),
-        .eps = static_cast<T>(eps),
-    };
-    cpu::adamw_step<T, G>(param.data<T>(), static_cast<const G*>(grad.data_ptr()), exp_avg.data<T>(),
-                          exp_avg_sq.data<T>(), param.numel(), c);
+  return {
+      .decay = 1.0 - lr * weight_decay,
+      .beta1 = beta1,
+      .one_minus_beta1 = 1.0 - beta1,
+      .beta2 = beta2,
+      .one_minus_beta2 = 1.0 - beta2,
+      .step_size = lr / bias_correction1,
+      .bias_correction2_sqrt = std::sqrt(bias_correction2),
+      .eps = eps,
+  };
+}
+
+std::vector<Named> named_tensors(const AdamWTensors& t, const std::string& prefix) {
+  return {{&t.param, prefix + "param"},
+          {&t.grad, prefix + "grad"},
+          {&t.master, prefix + "master"},
+          {&t.exp_avg, prefix + "exp_avg"},
+          {&t.exp_avg_sq, prefix + "exp_avg_sq"}};
+}
+
+void adamw_cpu(const char* op, const AdamWTensors& t, const cpu::AdamWConstants<double>& constants) {
+  check_cpu(op, {&t.param, &t.grad, &t.exp_avg, &t.exp_avg_sq});
+  if (t.master.defined()) check_cpu(op, {&t.master});
+  with_update_types(t.param, t.grad, t.master, [&]<class T, class G, class L>() {
+    const auto [updated, rounded] = updated_and_rounded<T, L>(t.param, t.master);
+    cpu::adamw_step<T, G, L>(updated, static_cast<const G*>(t.grad.data_ptr()), t.exp_avg.data<T>(),
+                             t.exp_avg_sq.data<T>(), rounded, t.param.numel(), cpu::rounded_to<T>(constants));
   });
 }
 
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
-               double momentum, double dampening, bool nesterov, double weight_decay, bool first_step) {
-  const char* op = "sgd_step_";
+cpu::SgdConstants<double> sgd_constants(const char* op, double lr, double momentum, double dampening, bool nesterov,
+                                        double weight_decay, bool first_step) {
   check_hyperparameter(op, "momentum", momentum, momentum >= 0, "finite and >= 0");
-  if (momentum != 0) {
-    OCTET_CHECK(momentum_buffer.defined(), op, ": momentum is ", momentum,
-                " but momentum_buffer is undefined; allocate it with the param's shape and dtype");
-    check_update_args(op, param, grad, {&momentum_buffer});
-  } else {
-    check_update_args(op, param, grad, {});
-  }
   check_hyperparameter(op, "lr", lr, lr >= 0, "finite and >= 0");
   check_hyperparameter(op, "dampening", dampening, true, "finite");
   check_hyperparameter(op, "weight_decay", weight_decay, weight_decay >= 0, "finite and >= 0");
   OCTET_CHECK(!nesterov || (momentum > 0 && dampening == 0), op,
               ": nesterov needs momentum > 0 and dampening 0, got momentum ", momentum, " and dampening ",
               dampening);
+  return {.lr = lr,
+          .momentum = momentum,
+          .one_minus_dampening = 1.0 - dampening,
+          .weight_decay = weight_decay,
+          .nesterov = nesterov,
+          .first_step = first_step};
+}
 
-  with_update_types(param, grad, [&]<class T, class G>() {
-    const cpu::SgdConstants<T> c{
-        .lr = static_cast<T>(lr),
-        .momentum = static_cast<T>(momentum),
-        .one_minus_dampening = static_cast<T>(1.0 - dampening),
-        .weight_decay = static_cast<T>(weight_decay),
-        .nesterov = nesterov,
-        .first_step = first_step,
-    };
-    // With momentum 0 the buffer plays no part, even when the caller passed one.
-    T* buffer = momentum != 0 ? momentum_buffer.data<T>() : nullptr;
-    cpu::sgd_step<T, G>(param.data<T>(), static_cast<const G*>(grad.data_ptr()), buffer, param.numel(), c);
+// The entry as the kernels take it: with momentum 0 the buffer plays no part, even when the caller
+// passed one.
+SgdTensors checked_sgd_entry(const std::string& op, const SgdTensors& t, double momentum, const std::string& prefix) {
+  SgdTensors used = t;
+  if (momentum != 0) {
+    OCTET_CHECK(t.momentum_buffer.defined(), op, ": momentum is ", momentum, " but ", prefix,
+                "momentum_buffer is undefined; allocate it with the param's shape (f32 for a bf16 param)");
+    check_update_args(op, t.param, t.grad, t.master, {&t.momentum_buffer});
+  } else {
+    used.momentum_buffer = Tensor();
+    check_update_args(op, t.param, t.grad, t.master, {});
+  }
+  return used;
+}
+
+std::vector<Named> named_tensors(const SgdTensors& t, const std::string& prefix) {
+  return {{&t.param, prefix + "param"},
+          {&t.grad, prefix + "grad"},
+          {&t.master, prefix + "master"},
+          {&t.momentum_buffer, prefix + "momentum_buffer"}};
+}
+
+void sgd_cpu(const char* op, const SgdTensors& t, const cpu::SgdConstants<double>& constants) {
+  check_cpu(op, {&t.param, &t.grad});
+  if (t.master.defined()) check_cpu(op, {&t.master});
+  if (t.momentum_buffer.defined()) check_cpu(op, {&t.momentum_buffer});
+  with_update_types(t.param, t.grad, t.master, [&]<class T, class G, class L>() {
+    const auto [updated, rounded] = updated_and_rounded<T, L>(t.param, t.master);
+    T* buffer = t.momentum_buffer.defined() ? t.momentum_buffer.data<T>() : nullptr;
+    cpu::sgd_step<T, G, L>(updated, static_cast<const G*>(t.grad.data_ptr()), buffer, rounded, t.param.numel(),
+                           cpu::rounded_to<T>(constants));
   });
 }
 
-double sum_of_squares(const Tensor& t) {
-  const char* op = "sum_of_squares";
-  check_defined(op, {&t});
-  check_floating(op, t);
+std::string entry_prefix(size_t i) { return "tensors[" + std::to_string(i) + "]."; }
+std::string entry_op(const char* op, size_t i) { return std::string(op) + " on tensors[" + std::to_string(i) + "]"; }
+
+}  // namespace
+
+// ---- AdamW -----------------------------------------------------------------------------------------------
+
+void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                 double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const char* op = "adamw_step_";
+  const AdamWTensors t{param, grad, exp_avg, exp_avg_sq, Tensor()};
+  check_update_args(op, param, grad, Tensor(), {&exp_avg, &exp_avg_sq});
+  check_no_overlap(op, named_tensors(t, ""));
+  const auto constants = adamw_constants(op, lr, beta1, beta2, eps, weight_decay, step);
+#if OCTET_HAS_CUDA
+  if (param.is_cuda()) return cuda::adamw_step_multi_({t}, constants);
+#endif
+  adamw_cpu(op, t, constants);
+}
+
+void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, int64_t step) {
+  const char* op = "adamw_step_multi_";
+  const auto constants = adamw_constants(op, lr, beta1, beta2, eps, weight_decay, step);
+  if (tensors.empty()) return;
+  std::vector<Named> all;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamWTensors& t = tensors[i];
+    check_update_args(entry_op(op, i), t.param, t.grad, t.master,
+                      {&t.exp_avg, &t.exp_avg_sq});
+    check_one_device(op, tensors[0].param, t.param, i);
+    for (Named& n : named_tensors(t, entry_prefix(i))) all.push_back(std::move(n));
+  }
+  check_no_overlap(op, std::move(all));
+#if OCTET_HAS_CUDA
+  if (tensors[0].param.is_cuda()) return cuda::adamw_step_multi_(tensors, constants);
+#endif
+  for (const AdamWTensors& t : tensors) adamw_cpu(op, t, constants);
+}
+
+// ---- SGD ---------------------------------------------------------------------------------------------------
+
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double momentum,
+               double dampening, bool nesterov, double weight_decay, bool first_step) {
+  const char* op = "sgd_step_";
+  const auto constants = sgd_constants(op, lr, momentum, dampening, nesterov, weight_decay, first_step);
+  const SgdTensors t = checked_sgd_entry(op, {param, grad, momentum_buffer, Tensor()}, momentum, "");
+  check_no_overlap(op, named_tensors(t, ""));
+#if OCTET_HAS_CUDA
+  if (param.is_cuda()) return cuda::sgd_step_multi_({t}, constants);
+#endif
+  sgd_cpu(op, t, constants);
+}
+
+void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double momentum, double dampening,
+                     bool nesterov, double weight_decay, bool first_step) {
+  const char* op = "sgd_step_multi_";
+  const auto constants = sgd_constants(op, lr, momentum, dampening, nesterov, weight_decay, first_step);
+  if (tensors.empty()) return;
+  std::vector<SgdTensors> used;
+  used.reserve(tensors.size());
+  std::vector<Named> all;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    used.push_back(checked_sgd_entry(entry_op(op, i), tensors[i], momentum,
+                                     entry_prefix(i)));
+    check_one_device(op, tensors[0].param, tensors[i].param, i);
+    for (Named& n : named_tensors(used.back(), entry_prefix(i))) all.push_back(std::move(n));
+  }
+  check_no_overlap(op, std::move(all));
+#if OCTET_HAS_CUDA
+  if (used[0].param.is_cuda()) return cuda::sgd_step_multi_(used, constants);
+#endif
+  for (const SgdTensors& t : used) sgd_cpu(op, t, constants);
+}
+
+// ---- sum of squares -----------------------------------------------------------------------------------------
+
+namespace {
+
+double sum_of_squares_cpu(const char* op, const Tensor& t) {
   check_cpu(op, {&t});
   if (t.dtype() == DType::f64) return cpu::sum_of_squares(t.data<double>(), t.numel());
   // Every other floating format widens to f32 exactly.
   const Tensor t32 = t.detach().to(DType::f32);
   return cpu::sum_of_squares(t32.data<float>(), t32.numel());
+}
+
+}  // namespace
+
+double sum_of_squares(const Tensor& t) {
+  const char* op = "sum_of_squares";
+  check_defined(op, {&t});
+  check_floating(op, t);
+#if OCTET_HAS_CUDA
+  if (t.is_cuda()) return cuda::sum_of_squares_multi({t});
+#endif
+  return sum_of_squares_cpu(op, t);
+}
+
+double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
+  const char* op = "sum_of_squares_multi";
+  if (tensors.empty()) return 0.0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_defined(op, {&tensors[i]});
+    check_floating(op, tensors[i]);
+    check_one_device(op, tensors[0], tensors[i], i);
+  }
+#if OCTET_HAS_CUDA
+  if (tensors[0].is_cuda()) return cuda::sum_of_squares_multi(tensors);
+#endif
+  double total = 0;
+  for (const Tensor& t : tensors) total += sum_of_squares_cpu(op, t);
+  return total;
 }
 
 }  // namespace octet::kernels

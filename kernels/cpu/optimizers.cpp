@@ -1,5 +1,6 @@
-// Fused AdamW and SGD updates and the blocked sum of squares, on the CPU. Each element's update is
-// independent of every other, so a static OpenMP split gives the same bits for any thread count.
+// Fused AdamW and SGD updates (optionally writing the rounded copy of an f32 master in the same pass)
+// and the blocked sum of squares, on the CPU. Each element's update is independent of every other,
+// so a static OpenMP split gives the same bits for any thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -18,8 +19,9 @@ constexpr int64_t kSumBlock = int64_t{1} << 14;
 
 }  // namespace
 
-template <class T, class G>
-void adamw_step(T* param, const G* grad, T* exp_avg, T* exp_avg_sq, int64_t n, const AdamWConstants<T>& c) {
+template <class T, class G, class L>
+void adamw_step(T* param, const G* grad, T* exp_avg, T* exp_avg_sq, L* rounded, int64_t n,
+                const AdamWConstants<T>& c) {
 #pragma omp parallel for schedule(static) if (n > kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const T g = static_cast<T>(grad[i]);
@@ -29,11 +31,12 @@ void adamw_step(T* param, const G* grad, T* exp_avg, T* exp_avg_sq, int64_t n, c
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     param[i] = param[i] * c.decay - c.step_size * m / denom;
+    if (rounded) rounded[i] = static_cast<L>(param[i]);
   }
 }
 
-template <class T, class G>
-void sgd_step(T* param, const G* grad, T* buffer, int64_t n, const SgdConstants<T>& c) {
+template <class T, class G, class L>
+void sgd_step(T* param, const G* grad, T* buffer, L* rounded, int64_t n, const SgdConstants<T>& c) {
 #pragma omp parallel for schedule(static) if (n > kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     T d = static_cast<T>(grad[i]);
@@ -45,6 +48,7 @@ void sgd_step(T* param, const G* grad, T* buffer, int64_t n, const SgdConstants<
       d = c.nesterov ? d + c.momentum * b : b;
     }
     param[i] -= c.lr * d;
+    if (rounded) rounded[i] = static_cast<L>(param[i]);
   }
 }
 
@@ -67,15 +71,17 @@ double sum_of_squares(const T* x, int64_t n) {
   return total;
 }
 
-template void adamw_step<float, float>(float*, const float*, float*, float*, int64_t,
-                                       const AdamWConstants<float>&);
-template void adamw_step<float, bfloat16>(float*, const bfloat16*, float*, float*, int64_t,
-                                          const AdamWConstants<float>&);
-template void adamw_step<double, double>(double*, const double*, double*, double*, int64_t,
-                                         const AdamWConstants<double>&);
-template void sgd_step<float, float>(float*, const float*, float*, int64_t, const SgdConstants<float>&);
-template void sgd_step<float, bfloat16>(float*, const bfloat16*, float*, int64_t, const SgdConstants<float>&);
-template void sgd_step<double, double>(double*, const double*, double*, int64_t, const SgdConstants<double>&);
+// The combinations kernels/optimizers.cpp dispatches to: f32 params with f32 or bf16 gradients,
+// f64 params, and f32 masters of bf16 or f16 params (gradients in the param's dtype).
+#define OCTET_OPTIMIZER_INSTANCES(T, G, L)                                                                  \
+  template void adamw_step<T, G, L>(T*, const G*, T*, T*, L*, int64_t, const AdamWConstants<T>&);          \
+  template void sgd_step<T, G, L>(T*, const G*, T*, L*, int64_t, const SgdConstants<T>&);
+OCTET_OPTIMIZER_INSTANCES(float, float, float)
+OCTET_OPTIMIZER_INSTANCES(float, bfloat16, float)
+OCTET_OPTIMIZER_INSTANCES(double, double, double)
+OCTET_OPTIMIZER_INSTANCES(float, bfloat16, bfloat16)
+OCTET_OPTIMIZER_INSTANCES(float, float16, float16)
+#undef OCTET_OPTIMIZER_INSTANCES
 template double sum_of_squares<float>(const float*, int64_t);
 template double sum_of_squares<double>(const double*, int64_t);
 

@@ -1,6 +1,8 @@
 // The fused AdamW and SGD updates and the blocked sum of squares, against float64 references written
 // here from the textbook formulas (bias-corrected m̂ and v̂ for Adam; the weight decay as p - lr·wd·p),
-// on random inputs already rounded to the tested dtypes. Then the argument errors.
+// on random inputs already rounded to the tested dtypes. Then the multi-tensor forms against the
+// single-tensor ones (bf16 and f16 params with f32 masters against f32 steps on the masters), and
+// the argument errors.
 #include "kernels/optimizers.h"
 
 #include <omp.h>
@@ -196,8 +198,6 @@ TEST(SumOfSquares, InfAndNanPropagate) {
   EXPECT_TRUE(std::isnan(kernels::sum_of_squares(t)));
 }
 
-// ---- errors -----------------------------------------------------------------------------------------------
-
 // A "cuda:0" tensor faked over host memory, so the device checks run without a GPU; the checks
 // fail before any byte is touched.
 Tensor fake_cuda_tensor(const Shape& shape) {
@@ -205,6 +205,162 @@ Tensor fake_cuda_tensor(const Shape& shape) {
   auto storage = std::make_shared<Storage>(host.data_ptr(), host.nbytes(), Device::cuda(0), [host](void*) {});
   return Tensor(storage, 0, shape, DType::f32);
 }
+
+// ---- multi-tensor forms -------------------------------------------------------------------------------------
+
+// Sizes below and above the OpenMP threshold, and one element.
+const std::vector<int64_t> kMultiSizes = {37, kLarge, 1, 4099};
+
+std::vector<float> floats(const Tensor& t) { return t.to_vector<float>(); }
+
+TEST(MultiTensorSteps, AdamWEqualsTheSingleTensorStepOnEachEntry) {
+  const double lr = 2e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.05;
+  std::vector<kernels::AdamWTensors> multi, single;
+  for (size_t i = 0; i < kMultiSizes.size(); ++i) {
+    const int64_t n = kMultiSizes[i];
+    const uint64_t seed = 100 + 10 * i;
+    // The last entry takes a bf16 gradient for its f32 param, as the single-tensor step allows.
+    const DType grad_dtype = i + 1 == kMultiSizes.size() ? DType::bf16 : DType::f32;
+    const Tensor p = random_tensor({n}, DType::f32, seed), g = random_tensor({n}, grad_dtype, seed + 1, 0.1);
+    const Tensor m = random_tensor({n}, DType::f32, seed + 2, 0.05);
+    const Tensor v = uniform_tensor({n}, 1e-4, 2e-2, DType::f32, seed + 3);
+    multi.push_back({p, g, m, v, Tensor()});
+    single.push_back({p.clone(), g.clone(), m.clone(), v.clone(), Tensor()});
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    kernels::adamw_step_multi_(multi, lr, b1, b2, eps, wd, step);
+    for (const auto& t : single) kernels::adamw_step_(t.param, t.grad, t.exp_avg, t.exp_avg_sq, lr, b1, b2, eps, wd, step);
+  }
+  for (size_t i = 0; i < multi.size(); ++i) {
+    EXPECT_EQ(floats(multi[i].param), floats(single[i].param)) << "entry " << i;
+    EXPECT_EQ(floats(multi[i].exp_avg), floats(single[i].exp_avg)) << "entry " << i;
+    EXPECT_EQ(floats(multi[i].exp_avg_sq), floats(single[i].exp_avg_sq)) << "entry " << i;
+  }
+}
+
+// bf16 training: the update runs on the f32 master exactly as an f32 step would, and the bf16 param
+// is the master rounded, after every step. f16 params work the same way.
+TEST(MultiTensorSteps, AdamWOnAMasterEqualsTheF32StepAndRoundsTheParam) {
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+  for (DType low : {DType::bf16, DType::f16}) {
+    std::vector<kernels::AdamWTensors> mixed, reference;
+    for (size_t i = 0; i < kMultiSizes.size(); ++i) {
+      const int64_t n = kMultiSizes[i];
+      const Tensor master = random_tensor({n}, DType::f32, 200 + i);
+      const Tensor m = zeros({n}), v = zeros({n});
+      mixed.push_back({master.to(low), Tensor(), m, v, master});
+      reference.push_back({master.clone(), Tensor(), m.clone(), v.clone(), Tensor()});
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < mixed.size(); ++i) {
+        // The gradient a bf16 model produces: low precision; the reference widens the same values.
+        const Tensor g = random_tensor({kMultiSizes[i]}, low, 300 + 10 * step + i, 0.1);
+        mixed[i].grad = g;
+        reference[i].grad = g.to(DType::f32);
+      }
+      kernels::adamw_step_multi_(mixed, lr, b1, b2, eps, wd, step);
+      kernels::adamw_step_multi_(reference, lr, b1, b2, eps, wd, step);
+      for (size_t i = 0; i < mixed.size(); ++i) {
+        EXPECT_EQ(floats(mixed[i].master), floats(reference[i].param)) << dtype_name(low) << " entry " << i;
+        EXPECT_EQ(floats(mixed[i].exp_avg_sq), floats(reference[i].exp_avg_sq)) << dtype_name(low) << " entry " << i;
+        EXPECT_EQ(floats(mixed[i].param), floats(mixed[i].master.to(low))) << dtype_name(low) << " entry " << i;
+      }
+    }
+  }
+}
+
+TEST(MultiTensorSteps, SgdEqualsTheSingleTensorStepAndHandlesMasters) {
+  const double lr = 0.05, momentum = 0.9, wd = 1e-2;
+  for (bool nesterov : {false, true}) {
+    std::vector<kernels::SgdTensors> f32_multi, f32_single, bf16_multi;
+    for (size_t i = 0; i < kMultiSizes.size(); ++i) {
+      const int64_t n = kMultiSizes[i];
+      const Tensor p = random_tensor({n}, DType::f32, 400 + i);
+      f32_multi.push_back({p, Tensor(), zeros({n}), Tensor()});
+      f32_single.push_back({p.clone(), Tensor(), zeros({n}), Tensor()});
+      bf16_multi.push_back({p.to(DType::bf16), Tensor(), zeros({n}), p.clone()});
+    }
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < kMultiSizes.size(); ++i) {
+        const Tensor g = random_tensor({kMultiSizes[i]}, DType::bf16, 500 + 10 * step + i);
+        f32_multi[i].grad = g.to(DType::f32);
+        f32_single[i].grad = g.to(DType::f32);
+        bf16_multi[i].grad = g;
+      }
+      kernels::sgd_step_multi_(f32_multi, lr, momentum, 0.0, nesterov, wd, step == 0);
+      kernels::sgd_step_multi_(bf16_multi, lr, momentum, 0.0, nesterov, wd, step == 0);
+      for (const auto& t : f32_single) {
+        kernels::sgd_step_(t.param, t.grad, t.momentum_buffer, lr, momentum, 0.0, nesterov, wd, step == 0);
+      }
+    }
+    for (size_t i = 0; i < kMultiSizes.size(); ++i) {
+      EXPECT_EQ(floats(f32_multi[i].param), floats(f32_single[i].param)) << "entry " << i;
+      EXPECT_EQ(floats(f32_multi[i].momentum_buffer), floats(f32_single[i].momentum_buffer)) << "entry " << i;
+      EXPECT_EQ(floats(bf16_multi[i].master), floats(f32_single[i].param)) << "entry " << i;
+      EXPECT_EQ(floats(bf16_multi[i].param), floats(bf16_multi[i].master.to(DType::bf16))) << "entry " << i;
+    }
+  }
+}
+
+TEST(MultiTensorSteps, SgdWithoutMomentumTakesNoBuffer) {
+  const Tensor master = random_tensor({33}, DType::f32, 600), g = random_tensor({33}, DType::bf16, 601);
+  const Tensor param = master.to(DType::bf16);
+  const Vec m0 = vals(master), gv = vals(g);
+  kernels::sgd_step_multi_({{param, g, Tensor(), master}}, 0.1, 0.0, 0.0, false, 0.0, true);
+  Vec want(33);
+  for (int i = 0; i < 33; ++i) want[i] = static_cast<float>(m0[i] - static_cast<float>(0.1f * static_cast<float>(gv[i])));
+  EXPECT_TRUE(all_close(master, want, 0, 0));
+  EXPECT_EQ(floats(param), floats(master.to(DType::bf16)));
+}
+
+TEST(MultiTensorSteps, SumOfSquaresIsTheSumOverTensorsInOrder) {
+  std::vector<Tensor> tensors;
+  double want = 0;
+  for (DType d : {DType::f32, DType::bf16, DType::f64, DType::f16}) {
+    for (int64_t n : {int64_t{1}, int64_t{1000}, 3 * kLarge}) {
+      tensors.push_back(random_tensor({n}, d, 700 + n));
+      want += kernels::sum_of_squares(tensors.back());
+    }
+  }
+  EXPECT_EQ(kernels::sum_of_squares_multi(tensors), want);
+  EXPECT_EQ(kernels::sum_of_squares_multi({}), 0.0);
+}
+
+TEST(MultiTensorSteps, EmptyListsAreNoOps) {
+  EXPECT_NO_THROW(kernels::adamw_step_multi_({}, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1));
+  EXPECT_NO_THROW(kernels::sgd_step_multi_({}, 0.1, 0.9, 0.0, false, 0.0, true));
+}
+
+TEST(MultiTensorStepErrors, EntriesAreNamedWithTheFix) {
+  const Tensor p = random_tensor({6}), g = random_tensor({6}, DType::f32, 2), m = zeros({6}), v = zeros({6});
+  auto adamw_multi = [](const std::vector<kernels::AdamWTensors>& t) {
+    kernels::adamw_step_multi_(t, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1);
+  };
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{p, g, m, v, p.clone()}}); },
+                          {"adamw_step_multi_ on tensors[0]", "master", "bf16 or f16", "leave master undefined"}));
+  const Tensor pb = p.to(DType::bf16);
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{p, g, m, v, Tensor()}, {pb, g, m.clone(), v.clone(), p.clone()}}); },
+                          {"tensors[1]", "grad f32[6]", "bf16[6]", "param's dtype"}));
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{pb, pb.clone(), m, v, Tensor()}}); },
+                          {"tensors[0]", "bf16[6]", "master"}));
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{pb, pb.clone(), m, v, p.to(DType::f64)}}); },
+                          {"tensors[0]", "master", "f64[6]", "must be f32"}));
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{pb, pb.clone(), m.to(DType::bf16), v, p.clone()}}); },
+                          {"tensors[0]", "state", "allocate the state with dtype f32"}));
+  // The same state tensor handed to two entries.
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{p, g, m, v, Tensor()}, {p.clone(), g.clone(), m, zeros({6}), Tensor()}}); },
+                          {"adamw_step_multi_", "tensors[0].exp_avg and tensors[1].exp_avg share memory"}));
+  EXPECT_TRUE(throws_with([&] { adamw_multi({{p, g, m, v, Tensor()}, {fake_cuda_tensor({6}), fake_cuda_tensor({6}),
+                                                                       fake_cuda_tensor({6}), fake_cuda_tensor({6}),
+                                                                       Tensor()}}); },
+                          {"adamw_step_multi_", "tensors[1] is on cuda:0", "once per device"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_multi_({{p, g, Tensor(), Tensor()}}, 0.1, 0.9, 0, false, 0, true); },
+                          {"sgd_step_multi_ on tensors[0]", "tensors[0].momentum_buffer is undefined"}));
+  EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares_multi({p, arange(3)}); },
+                          {"sum_of_squares_multi", "floating", "i64[3]"}));
+}
+
+// ---- errors -----------------------------------------------------------------------------------------------
 
 void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double lr = 1e-3,
            double b1 = 0.9, double b2 = 0.999, double eps = 1e-8, double wd = 0.0, int64_t step = 1) {
@@ -228,12 +384,15 @@ TEST(OptimizerKernelErrors, ShapesDtypesAndDevicesAreNamedWithTheFix) {
   EXPECT_TRUE(throws_with([&] { adamw(p, g, m, Tensor()); }, {"adamw_step_", "undefined"}));
   EXPECT_TRUE(throws_with([&] { adamw(p, fake_cuda_tensor({4, 3}), m, v); },
                           {"adamw_step_", "cuda:0", "cpu", ".to(device)"}));
+#if !OCTET_HAS_CUDA
+  // A CPU-only build refuses device tensors by name (a CUDA build runs them on the GPU).
   const Tensor pc = fake_cuda_tensor({4, 3}), gc = fake_cuda_tensor({4, 3});
   const Tensor mc = fake_cuda_tensor({4, 3}), vc = fake_cuda_tensor({4, 3});
   EXPECT_TRUE(throws_with([&] { adamw(pc, gc, mc, vc); }, {"adamw_step_", "no CUDA kernel yet", "cuda:0"}));
   EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(pc, gc, Tensor(), 0.1, 0, 0, false, 0, true); },
                           {"sgd_step_", "no CUDA kernel yet"}));
   EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares(gc); }, {"sum_of_squares", "no CUDA kernel yet"}));
+#endif
   EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares(arange(5)); },
                           {"sum_of_squares", "floating", "i64[5]"}));
 }
@@ -245,7 +404,7 @@ TEST(OptimizerKernelErrors, AliasedTensorsAreRefused) {
   // Overlapping views of one buffer.
   const Tensor flat = random_tensor({12});
   EXPECT_TRUE(throws_with([&] { adamw(flat.narrow(0, 8), random_tensor({8}), flat.narrow(4, 8), v); },
-                          {"adamw_step_", "shares memory"}));
+                          {"adamw_step_", "share memory"}));
   // Disjoint views are fine.
   EXPECT_NO_THROW(adamw(flat.narrow(0, 6), random_tensor({6}), flat.narrow(6, 6), zeros({6})));
 }

@@ -1,0 +1,22 @@
+#pragma once
+// CUDA implementations behind kernels/optimizers.h (plain C++: no CUDA types). The entry points in
+// kernels/optimizers.cpp have checked every tensor (shapes, dtypes, one CUDA device, no aliasing)
+// and computed the per-step constants in double; the kernels round them once to f32 (f64 for f64
+// parameters), as the CPU kernels do.
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cpu/optimizers_cpu.h"
+#include "kernels/optimizers.h"
+
+namespace octet::kernels::cuda {
+
+// One launch per group of entries sharing dtypes (param, grad, master or not), per chunk of at most
+// a few dozen tensors; see optimizers.cu for the descriptor table.
+void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, const cpu::AdamWConstants<double>& constants);
+// momentum_buffer must be undefined in every entry when momentum is 0, defined in every entry otherwise.
+void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConstants<double>& constants);
+// Fixed chunks, block sums in double, a fixed-order final sum on the device, one read to the host.
+double sum_of_squares_multi(const std::vector<Tensor>& tensors);
+
+}  // namespace octet::kernels::cuda

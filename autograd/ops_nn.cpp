@@ -9,6 +9,7 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/linear.h"
 #include "kernels/reduce.h"
 #include "kernels/shape_ops.h"
 
@@ -76,32 +77,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   });
 }
 
-// y = x·Wᵀ + b over x's rows: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy.
+// y = x·Wᵀ + b over x's rows: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy. On the GPU the bias add rides
+// in the forward GEMM's epilogue and db in the wgrad GEMM's (kernels/linear.h).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   OCTET_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: x must be [..., in] and weight [out, in], got ",
               x.describe(), " and ", weight.describe());
   const Tensor xd = x.detach(), wd = weight.detach(), bd = detached(bias);
-  const Tensor x2 = rows_of(xd);
-  Shape out_shape = x.shape();
-  out_shape.back() = weight.size(0);
-  Tensor y2;
-  if (bd.defined()) {
-    // Start the output from the broadcast bias and let the GEMM accumulate onto it (beta = 1).
-    y2 = k::broadcast_to(bd.to(x.dtype()), {x2.size(0), weight.size(0)});
-    k::gemm(x2, false, wd, true, y2, 1.0, 1.0);
-  } else {
-    y2 = k::matmul(x2, wd, false, true);
-  }
+  Tensor y = k::linear_forward(xd, wd, bd, k::LinearActivation::None).y;
   const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
-  const Shape x_shape = x.shape();
   const DType b_dtype = bd.defined() ? bd.dtype() : x.dtype();
-  return record("linear", y2.reshape(out_shape), {x, weight, bias}, [=](const Grads& g) -> Grads {
-    const Tensor dy2 = rows_of(g[0]);
-    Tensor dx, dw, db;
-    if (nx) dx = matmul_as(dy2, wd, false, false, xd.dtype()).reshape(x_shape);
-    if (nw) dw = matmul_as(dy2, x2, true, false, wd.dtype());
-    if (nb) db = k::sum(dy2, 0).to(b_dtype);
-    return {dx, dw, db};
+  return record("linear", y, {x, weight, bias}, [=](const Grads& g) -> Grads {
+    k::LinearGrads d = k::linear_backward(g[0], xd, wd, Tensor(), k::LinearActivation::None, nx, nw, nb);
+    return {d.dx, d.dweight, nb ? d.dbias.to(b_dtype) : Tensor()};
   });
 }
 

@@ -4,6 +4,9 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/gemm_cpu.h"
+#if OCTET_HAS_CUDA
+#include "kernels/cuda/gemm_cuda.h"
+#endif
 
 namespace octet::kernels {
 
@@ -55,7 +58,7 @@ Shape output_shape(const Tensor& a, const GemmDims& d, bool trans_a) {
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha, double beta) {
   constexpr const char* op = "gemm";
-  check_cpu(op, {&a, &b, &c});
+  check_same_device(op, {&a, &b, &c});
   check_floating(op, a);
   check_floating(op, b);
   check_floating(op, c);
@@ -66,12 +69,20 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const bool f64 = a.dtype() == DType::f64 || b.dtype() == DType::f64 || c.dtype() == DType::f64;
   if (f64) check_same_dtype("gemm (f64 needs f64 everywhere)", {&a, &b, &c});
   OCTET_CHECK(!is_fp8(c.dtype()), op, ": FP8 output is not supported; write to bf16 or f32 (", c.describe(), ")");
+  const int64_t stride_a = d.m * d.k, stride_b = d.b_shared ? 0 : d.k * d.n, stride_c = d.m * d.n;
+#if OCTET_HAS_CUDA
+  if (c.is_cuda()) {
+    cuda::gemm(a, trans_a, b, trans_b, c, cuda::GemmProblem{d.m, d.n, d.k, d.batch, stride_a, stride_b, stride_c}, alpha,
+               beta);
+    return;
+  }
+#endif
+  check_cpu(op, {&a, &b, &c});
 
   // Low-precision operands widen to f32 exactly; a non-f32 output is computed in f32 and rounded once.
   const Tensor a32 = to_compute(a), b32 = to_compute(b);
   const bool direct = c.dtype() == compute_dtype(c.dtype());
   Tensor acc = direct ? c : to_compute(c);
-  const int64_t stride_a = d.m * d.k, stride_b = d.b_shared ? 0 : d.k * d.n, stride_c = d.m * d.n;
   with_compute_type(a32.dtype(), [&]<class T>() {
     cpu::gemm_strided_batched<T>(trans_a, trans_b, d.m, d.n, d.k, static_cast<T>(alpha), a32.data<T>(), stride_a,
                                  b32.data<T>(), stride_b, static_cast<T>(beta), acc.data<T>(), stride_c, d.batch);

@@ -1,6 +1,8 @@
 #pragma once
 // Matrix multiplication. CPU: OpenBLAS sgemm/dgemm; bf16, f16 and FP8 operands are widened to f32
-// first, which is an exact emulation of a low-precision GEMM with f32 accumulation.
+// first, which is an exact emulation of a low-precision GEMM with f32 accumulation. CUDA: cuBLASLt
+// with f32 accumulation (kernels/cuda/gemm_cuda.h); there a and b must share one dtype (f32, bf16
+// or f16) and c is that dtype or f32.
 #include <optional>
 
 #include "core/tensor.h"

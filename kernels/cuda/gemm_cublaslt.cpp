@@ -1,0 +1,338 @@
+// GEMM through cuBLASLt (kernels/cuda/gemm_cuda.h).
+//
+// Row-major to column-major. cuBLASLt is column-major: a row-major [r, c] buffer, read column-major
+// with leading dimension c, is the c × r matrix that is its transpose. Octet asks for the row-major
+// C = op(A)·op(B) (C is m × n). Transposing both sides gives Cᵀ = op(B)ᵀ·op(A)ᵀ, and every matrix in
+// that product is exactly what cuBLASLt sees when it reads our row-major buffers:
+//   - Cᵀ (n × m, ld n) is our C buffer read column-major;
+//   - op(B)ᵀ (n × k): b's buffer read column-major is bᵀ, so cuBLASLt's A is our b with
+//     transa = trans_b (b stored [k, n] reads as n × k directly; stored [n, k] it reads as k × n and
+//     needs the transpose);
+//   - op(A)ᵀ (k × m): likewise cuBLASLt's B is our a with transb = trans_a.
+// So each call swaps the operands, keeps their transpose flags, and swaps m and n. Epilogues follow:
+// cuBLASLt's "rows of D" are our columns j < n and its "columns of D" our rows i < m.
+//
+// Each device has one cuBLASLt handle and one 32 MiB workspace, made on first use. The call goes on
+// the device's current stream (core/cuda_stream.h). The workspace is shared by every stream of the
+// device, so GEMMs on one device must not run on two streams at once; Octet issues all of them on
+// the compute stream. Algorithms from cublasLtMatmulAlgoGetHeuristic are cached per problem key.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "core/cuda_stream.h"
+#include "core/error.h"
+#include "kernels/common.h"
+#include "kernels/cuda/gemm_cuda.h"
+#include "kernels/elementwise.h"
+
+namespace octet::kernels::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kMaxDevices = 64;
+
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  OCTET_FAIL("cuBLASLt ", what, ": ", cublasLtGetStatusName(status), " (", cublasLtGetStatusString(status), ")");
+}
+
+struct DeviceContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+// The handle and workspace live until the process exits: freeing them from a static destructor
+// would race the CUDA runtime's own teardown. cudaMalloc (not the stream-ordered pool) so that the
+// workspace is valid on every stream from the start.
+DeviceContext& context_for(int device) {
+  OCTET_CHECK(device >= 0 && device < kMaxDevices, "gemm: CUDA device index ", device, " is out of range");
+  static std::array<DeviceContext, kMaxDevices> contexts{};
+  static std::array<std::once_flag, kMaxDevices> created;
+  std::call_once(created[device], [device] {
+    DeviceContext& ctx = contexts[device];
+    check_lt(cublasLtCreate(&ctx.handle), "cublasLtCreate");
+    octet::cuda::check(cudaMalloc(&ctx.workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
+  });
+  return contexts[device];
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: OCTET_FAIL("gemm: no cuBLASLt type for ", dtype_name(dtype));
+  }
+}
+
+// The largest power of two up to 256 dividing the address: cuBLASLt assumes 256-byte aligned
+// pointers unless told otherwise, and views at an offset (flat parameters) can be less aligned.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// Owning wrappers for the descriptors, destroyed on every path out (errors included).
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  MatmulDesc() { check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate"); }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  template <class T>
+  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
+    check_lt(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)), "cublasLtMatmulDescSetAttribute");
+  }
+};
+
+// A row-major [rows, cols] buffer as cuBLASLt's column-major cols × rows matrix (ld = cols), with
+// `batch` matrices `stride` elements apart.
+struct Layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch, int64_t stride) {
+    check_lt(cublasLtMatrixLayoutCreate(&layout, cuda_type(dtype), static_cast<uint64_t>(cols),
+                                        static_cast<uint64_t>(rows), cols),
+             "cublasLtMatrixLayoutCreate");
+    if (batch > 1) {
+      const auto count = static_cast<int32_t>(batch);
+      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+               "cublasLtMatrixLayoutSetAttribute");
+      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                sizeof(stride)),
+               "cublasLtMatrixLayoutSetAttribute");
+    }
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(layout); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  Preference() { check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  template <class T>
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
+             "cublasLtMatmulPreferenceSetAttribute");
+  }
+};
+
+// Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
+// algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
+// follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key.
+using AlgoKey = std::array<int64_t, 17>;
+
+// nullopt records "no algorithm" so that a failing epilogue is asked about once, not every step.
+std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>& algo_cache() {
+  static std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+  return cache;
+}
+std::mutex& algo_cache_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue kind) {
+  switch (kind) {
+    case GemmEpilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::GeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::BiasGradFromA: return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::DGeluBiasGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool uses_bias(GemmEpilogue kind) {
+  return kind == GemmEpilogue::Bias || kind == GemmEpilogue::GeluAuxBias || kind == GemmEpilogue::BiasGradFromA ||
+         kind == GemmEpilogue::DGeluBiasGrad;
+}
+bool uses_aux(GemmEpilogue kind) {
+  return kind == GemmEpilogue::GeluAux || kind == GemmEpilogue::GeluAuxBias || kind == GemmEpilogue::DGelu ||
+         kind == GemmEpilogue::DGeluBiasGrad;
+}
+
+void check_operands(const Tensor& a, const Tensor& b, const Tensor& c) {
+  OCTET_CHECK(a.dtype() == b.dtype() && (a.dtype() == DType::f32 || a.dtype() == DType::bf16 || a.dtype() == DType::f16),
+              "gemm: on the GPU both operands must be f32, bf16 or f16 and of one dtype (",
+              describe_all({&a, &b, &c}), "); convert one with .to(dtype)");
+  OCTET_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::f32, "gemm: on the GPU the output must be the operands' dtype (",
+              dtype_name(a.dtype()), ") or f32 (", describe_all({&a, &b, &c}), ")");
+  OCTET_CHECK(a.device() == c.device() && b.device() == c.device(), "gemm: operands on different devices (",
+              describe_all({&a, &b, &c}), ")");
+}
+
+std::string problem_text(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                         const GemmProblem& p, GemmEpilogue epilogue) {
+  std::string s = "op(a)[" + std::to_string(p.m) + ", " + std::to_string(p.k) + "]·op(b)[" + std::to_string(p.k) +
+                  ", " + std::to_string(p.n) + "] x " + std::to_string(p.batch) + " (" + describe_all({&a, &b, &c}) +
+                  ", trans_a=" + std::to_string(trans_a) + ", trans_b=" + std::to_string(trans_b) +
+                  ", epilogue " + std::to_string(static_cast<int>(lt_epilogue(epilogue))) + ")";
+  return s;
+}
+
+// The shared body: returns false when cuBLASLt has no algorithm (or, for an epilogue, refuses the
+// one it offered); throws on any other failure.
+bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, const GemmProblem& p,
+            double alpha, double beta, const GemmEpilogueArgs& epilogue) {
+  const int device = c.device().index;
+  octet::cuda::DeviceGuard device_guard(device);
+  DeviceContext& ctx = context_for(device);
+  cudaStream_t stream = octet::cuda::current_stream(device);
+
+  MatmulDesc desc;
+  const cublasOperation_t lt_trans_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
+  const cublasOperation_t lt_trans_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is our a
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
+  const cublasLtEpilogue_t lt_epi = lt_epilogue(epilogue.kind);
+  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epi);
+  const auto c_type = static_cast<int32_t>(cuda_type(c.dtype()));
+  const void* bias_ptr = nullptr;
+  const void* aux_ptr = nullptr;
+  if (uses_bias(epilogue.kind)) {
+    bias_ptr = epilogue.bias.data_ptr();
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, c_type);
+  }
+  if (uses_aux(epilogue.kind)) {
+    aux_ptr = epilogue.aux.data_ptr();
+    const int64_t aux_ld = p.n;
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, c_type);
+  }
+
+  const Layout b_layout(b.dtype(), trans_b ? p.n : p.k, trans_b ? p.k : p.n, p.batch, p.stride_b);
+  const Layout a_layout(a.dtype(), trans_a ? p.k : p.m, trans_a ? p.m : p.k, p.batch, p.stride_a);
+  const Layout c_layout(c.dtype(), p.m, p.n, p.batch, p.stride_c);
+
+  const uint32_t align_a = alignment_of(a.data_ptr()), align_b = alignment_of(b.data_ptr());
+  const uint32_t align_c = alignment_of(c.data_ptr());
+  const AlgoKey key{device,
+                    p.m,
+                    p.n,
+                    p.k,
+                    p.batch,
+                    p.stride_b == 0,
+                    trans_a,
+                    trans_b,
+                    static_cast<int64_t>(a.dtype()),
+                    static_cast<int64_t>(c.dtype()),
+                    static_cast<int64_t>(lt_epi),
+                    align_a,
+                    align_b,
+                    align_c,
+                    bias_ptr ? alignment_of(bias_ptr) : 0,
+                    aux_ptr ? alignment_of(aux_ptr) : 0,
+                    beta != 0.0};
+
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  {
+    std::lock_guard<std::mutex> lock(algo_cache_mutex());
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) {
+      algo = it->second;
+    } else {
+      Preference pref;
+      pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      const cublasStatus_t status =
+          cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.desc, b_layout.layout, a_layout.layout, c_layout.layout,
+                                         c_layout.layout, pref.pref, 1, &result, &returned);
+      // NOT_SUPPORTED means "no algorithm for this configuration", like returned == 0.
+      if (status != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(status, "cublasLtMatmulAlgoGetHeuristic");
+      if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
+      algo_cache()[key] = algo;
+    }
+  }
+  if (!algo) return false;
+
+  // alpha and beta are host floats: the scale type of CUBLAS_COMPUTE_32F is f32.
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  const cublasStatus_t status =
+      cublasLtMatmul(ctx.handle, desc.desc, &alpha_f, b.data_ptr(), b_layout.layout, a.data_ptr(), a_layout.layout,
+                     &beta_f, c.data_ptr(), c_layout.layout, c.data_ptr(), c_layout.layout, &*algo, ctx.workspace,
+                     kWorkspaceBytes, stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED && epilogue.kind != GemmEpilogue::None) {
+    std::lock_guard<std::mutex> lock(algo_cache_mutex());
+    algo_cache()[key] = std::nullopt;
+    return false;
+  }
+  check_lt(status, "cublasLtMatmul");
+  return true;
+}
+
+// k = 0: the product is empty and C becomes beta · C.
+void scale_output(const Tensor& c, double beta) {
+  if (beta == 1.0) return;
+  if (beta == 0.0) {
+    octet::cuda::DeviceGuard device_guard(c.device().index);
+    octet::cuda::check(cudaMemsetAsync(c.data_ptr(), 0, c.nbytes(), octet::cuda::current_stream(c.device().index)),
+                       "gemm: cudaMemsetAsync");
+    return;
+  }
+  mul_scalar_(c, beta);
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, const GemmProblem& problem,
+          double alpha, double beta) {
+  check_operands(a, b, c);
+  if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return;
+  if (problem.k == 0) return scale_output(c, beta);
+  if (run_lt(a, trans_a, b, trans_b, c, problem, alpha, beta, GemmEpilogueArgs{})) return;
+  OCTET_FAIL("gemm: cuBLASLt has no algorithm for ", problem_text(a, trans_a, b, trans_b, c, problem, GemmEpilogue::None),
+             "; with bf16/f16 operands, sizes whose rows are not 16-byte multiples (K or N not a multiple of 8) can "
+             "lack kernels: pad them, or run this GEMM in f32");
+}
+
+bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                        const GemmProblem& problem, double alpha, double beta, const GemmEpilogueArgs& epilogue) {
+  check_operands(a, b, c);
+  if (epilogue.kind == GemmEpilogue::None) {
+    gemm(a, trans_a, b, trans_b, c, problem, alpha, beta);
+    return true;
+  }
+  // The layout rules the epilogues carry: one matrix (no batch), a non-empty product, and an aux
+  // matrix whose leading dimension (our n) is a multiple of 8.
+  if (problem.batch != 1 || problem.m == 0 || problem.n == 0 || problem.k == 0) return false;
+  if (uses_aux(epilogue.kind)) {
+    if (problem.n % 8 != 0) return false;
+    OCTET_CHECK(epilogue.aux.defined() && epilogue.aux.dtype() == c.dtype() && epilogue.aux.numel() == problem.m * problem.n &&
+                    epilogue.aux.device() == c.device(),
+                "gemm: the epilogue's aux matrix must be [", problem.m, ", ", problem.n, "] in ",
+                dtype_name(c.dtype()), " on ", c.device().str(), ", got ",
+                epilogue.aux.defined() ? epilogue.aux.describe() : std::string("undefined"));
+  }
+  if (uses_bias(epilogue.kind)) {
+    const int64_t length = epilogue.kind == GemmEpilogue::BiasGradFromA ? problem.m : problem.n;
+    OCTET_CHECK(epilogue.bias.defined() && epilogue.bias.dtype() == c.dtype() && epilogue.bias.numel() == length &&
+                    epilogue.bias.device() == c.device(),
+                "gemm: the epilogue's bias vector must have ", length, " elements in ", dtype_name(c.dtype()), " on ",
+                c.device().str(), ", got ", epilogue.bias.defined() ? epilogue.bias.describe() : std::string("undefined"));
+  }
+  return run_lt(a, trans_a, b, trans_b, c, problem, alpha, beta, epilogue);
+}
+
+}  // namespace octet::kernels::cuda

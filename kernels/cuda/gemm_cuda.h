@@ -1,0 +1,53 @@
+#pragma once
+// GEMMs on CUDA tensors through cuBLASLt. Plain C++ (no CUDA types): kernels/gemm.cpp and
+// kernels/linear.cpp call these after their shape checks.
+//
+// Operands: a and b share one dtype, f32, bf16 or f16; c is a's dtype or f32 (bf16 inputs with an
+// f32 output is the wgrad into an f32 master gradient). Accumulation is always f32
+// (CUBLAS_COMPUTE_32F, never TF32), so f32 results match the CPU's to rounding.
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace octet::kernels::cuda {
+
+// A row-major problem: C[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C, done `batch` times.
+// Strides count elements between consecutive batches; stride_b = 0 shares one b across batches.
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// What cuBLASLt does to the product on its way out, in Octet's row-major terms (C = op(A)·op(B),
+// before alpha/beta), with the cuBLASLt epilogue that does it.
+enum class GemmEpilogue {
+  None,
+  Bias,           // C[i, j] += bias[j]                                          BIAS
+  GeluAux,        // aux = C; C = gelu_tanh(aux)                                   GELU_AUX
+  GeluAuxBias,    // aux[i, j] = C[i, j] + bias[j]; C = gelu_tanh(aux)             GELU_AUX_BIAS
+  BiasGradFromA,  // bias[i] = Σ_k op(A)[i, k]: the wgrad's dbias when A = dyᵀ    BGRADB (our A is its B)
+  DGelu,          // C[i, j] *= gelu_tanh'(aux[i, j])                              DGELU
+  DGeluBiasGrad,  // as DGelu, then bias[j] = Σ_i C[i, j]                          DGELU_BGRAD
+};
+
+struct GemmEpilogueArgs {
+  GemmEpilogue kind = GemmEpilogue::None;
+  // Bias, GeluAuxBias: the input [n]. BiasGradFromA: the output [m]. DGeluBiasGrad: the output [n].
+  // Always in C's dtype (cuBLASLt's bias vectors and bias gradients are C-typed here).
+  Tensor bias;
+  // GeluAux*: written, DGelu*: read. [m, n] in C's dtype; n must be a multiple of 8 (its leading dim).
+  Tensor aux;
+};
+
+// Runs the GEMM on c's device and current stream. Throws an error naming the shapes and dtypes when
+// cuBLASLt has no algorithm for it.
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, const GemmProblem& problem,
+          double alpha, double beta);
+
+// The same GEMM with a fused epilogue (batch 1 only). Returns false, having written nothing, when the
+// epilogue's layout rules do not hold or cuBLASLt offers no algorithm for it at these shapes, dtypes
+// and alignments; the caller then runs gemm() and the generic kernels instead.
+bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                        const GemmProblem& problem, double alpha, double beta, const GemmEpilogueArgs& epilogue);
+
+}  // namespace octet::kernels::cuda

@@ -1,5 +1,7 @@
 #include "optim/adamw.h"
 
+#include <map>
+
 #include "kernels/optimizers.h"
 
 namespace octet::optim {
@@ -17,15 +19,27 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, double beta1, double beta2, 
     : AdamW(std::vector<ParamGroup>{ParamGroup{std::move(params)}}, lr, beta1, beta2, eps, weight_decay) {}
 
 void AdamW::step() {
-  for_each_param_with_grad([&](const ParamGroup& group, const Tensor& p, ParamState& s) {
-    if (s.step == 0) {
-      s.buffers["exp_avg"] = zeros(p.shape(), p.dtype(), p.device());
-      s.buffers["exp_avg_sq"] = zeros(p.shape(), p.dtype(), p.device());
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const std::vector<ParamToUpdate> todo = params_with_grad(g);
+    // One multi-tensor launch per distinct step count (the bias corrections depend on it); all of a
+    // group's parameters share it unless some missed gradients in earlier steps.
+    std::map<int64_t, std::vector<kernels::AdamWTensors>> by_step;
+    for (const ParamToUpdate& u : todo) {
+      std::map<std::string, Tensor>& b = u.state->buffers;
+      if (u.state->step == 0) {
+        b["exp_avg"] = zeros(u.param.shape(), state_dtype(u.param), u.param.device());
+        b["exp_avg_sq"] = zeros(u.param.shape(), state_dtype(u.param), u.param.device());
+      }
+      const auto master = b.find("master");
+      by_step[u.state->step + 1].push_back({u.param, u.param.grad(), b.at("exp_avg"), b.at("exp_avg_sq"),
+                                            master != b.end() ? master->second : Tensor()});
     }
-    kernels::adamw_step_(p, p.grad(), s.buffers.at("exp_avg"), s.buffers.at("exp_avg_sq"), group.lr, beta1_,
-                         beta2_, eps_, group.weight_decay, s.step + 1);
-    ++s.step;
-  });
+    const ParamGroup& group = param_groups()[g];
+    for (const auto& [step, tensors] : by_step) {
+      kernels::adamw_step_multi_(tensors, group.lr, beta1_, beta2_, eps_, group.weight_decay, step);
+    }
+    for (const ParamToUpdate& u : todo) ++u.state->step;
+  }
 }
 
 }  // namespace octet::optim

@@ -1,9 +1,10 @@
 #pragma once
 // AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization"), as torch.optim.AdamW: the
 // weight decay shrinks the parameter directly (p ← p·(1 - lr·weight_decay)) instead of entering the
-// gradient, and the moments are bias-corrected by 1 - beta^step. State (exp_avg, exp_avg_sq) has each
-// parameter's dtype, f32 for f32 master weights. One fused kernel per parameter (kernels/optimizers.h)
-// reads p, g, m, v once and writes p, m, v once.
+// gradient, and the moments are bias-corrected by 1 - beta^step. State (exp_avg, exp_avg_sq) is f32
+// (f64 for f64 parameters); bf16 parameters are updated through f32 master weights (optimizer.h).
+// Each group is one multi-tensor kernel launch (kernels/optimizers.h) that reads p, g, m, v once and
+// writes p, m, v once (and the bf16 working copy beside the master).
 #include <vector>
 
 #include "optim/optimizer.h"

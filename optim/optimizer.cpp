@@ -65,9 +65,10 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double lr
           p.is_leaf(), name_, ": parameter ", i, " of group ", g, " (", p.describe(),
           ") is not a leaf but the result of an operation, so updating it would not change the model; "
           "optimize the leaf tensors (model.parameters())");
-      OCTET_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, name_, ": parameter ", i, " of group ",
-                  g, " is ", p.describe(),
-                  "; optimizers update f32 (or f64) master weights, keep parameters in f32");
+      OCTET_CHECK(is_floating(p.dtype()) && !is_fp8(p.dtype()), name_, ": parameter ", i, " of group ", g,
+                  " is ", p.describe(),
+                  "; optimizers update f32, f64, bf16 or f16 parameters (the last two through f32 master "
+                  "weights); FP8 is a compute format, keep the parameter in bf16 or f32");
       OCTET_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", i, " of group ", g, " (", p.describe(),
                   ") appears more than once; give each tensor to exactly one group");
     }
@@ -109,14 +110,34 @@ void Optimizer::check_groups_unchanged(const char* op) const {
   }
 }
 
-void Optimizer::for_each_param_with_grad(const Update& update) {
+DType Optimizer::state_dtype(const Tensor& param) {
+  return param.dtype() == DType::f64 ? DType::f64 : DType::f32;
+}
+
+bool Optimizer::needs_master(const Tensor& param) {
+  return param.dtype() != DType::f32 && param.dtype() != DType::f64;
+}
+
+std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) {
   check_groups_unchanged("step");
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-      const Tensor& p = groups_[g].params[i];
-      if (p.grad().defined()) update(groups_[g], p, state_[g][i]);
+  std::vector<ParamToUpdate> out;
+  const ParamGroup& g = groups_[group];
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const Tensor& p = g.params[i];
+    if (!p.grad().defined()) continue;
+    ParamState& s = state_[group][i];
+    const bool has_master = s.buffers.count("master") != 0;
+    if (needs_master(p) && !has_master) {
+      // The first step in low precision (or the first after Module::to(bf16)): the master starts as
+      // the parameter's exact value, widened.
+      s.buffers["master"] = p.detach().to(DType::f32);
     }
+    OCTET_CHECK(needs_master(p) || !has_master, name_, ".step: parameter ", i, " of group ", group, " is ",
+                p.describe(), " but was trained through an f32 master copy, which converting the model back "
+                "discarded; keep the model in the dtype it was optimized in, or build a new optimizer");
+    out.push_back({&g, p, &s});
   }
+  return out;
 }
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
@@ -195,13 +216,20 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
       state[g][i].step = value.item<int64_t>();
       continue;
     }
-    OCTET_CHECK(std::find(buffer_names.begin(), buffer_names.end(), buffer) != buffer_names.end(), op,
-                ": unexpected key '", key, "'; ", name_, " state holds ", expected_names,
-                " (was it saved by another optimizer, or with other settings such as momentum?)");
-    OCTET_CHECK(value.defined() && value.shape() == p.shape() && value.dtype() == p.dtype(), op, ": ", key,
-                " is ", value.defined() ? value.describe() : std::string("undefined"),
-                " but its parameter is ", p.describe(), same_groups);
-    Tensor copy = empty(p.shape(), p.dtype(), p.device());
+    if (buffer == "master") {
+      OCTET_CHECK(needs_master(p), op, ": ", key, " is an f32 master copy but its parameter is ", p.describe(),
+                  ", which needs none; convert the model to the dtype it was saved in (--precision) before "
+                  "loading");
+    } else {
+      OCTET_CHECK(std::find(buffer_names.begin(), buffer_names.end(), buffer) != buffer_names.end(), op,
+                  ": unexpected key '", key, "'; ", name_, " state holds ", expected_names,
+                  " (was it saved by another optimizer, or with other settings such as momentum?)");
+    }
+    const DType dtype = state_dtype(p);
+    OCTET_CHECK(value.defined() && value.shape() == p.shape() && value.dtype() == dtype, op, ": ", key, " is ",
+                value.defined() ? value.describe() : std::string("undefined"), " but its parameter is ",
+                p.describe(), ", whose state is ", dtype_name(dtype), same_groups);
+    Tensor copy = empty(p.shape(), dtype, p.device());
     copy.copy_(value);
     state[g][i].buffers[buffer] = copy;
   }
@@ -223,6 +251,10 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
                     expected_names,
                     "); was the state saved by another optimizer, or with other settings such as momentum?");
       }
+      OCTET_CHECK(!needs_master(groups_[g].params[i]) || s.buffers.count("master"), op, ": ", prefix,
+                  "master is missing for ", groups_[g].params[i].describe(),
+                  "; the state was saved while the parameter was f32, resume with the precision the "
+                  "checkpoint was written with");
     }
   }
 

@@ -32,6 +32,11 @@ struct ParamGroup {
   double weight_decay = kInherit;
 };
 
+// Low-precision parameters (bf16 or f16, after Module::to(DType::bf16)) are trained through f32
+// master weights, as apex's O2 and llm.c do: the optimizer updates its f32 master copy and writes the
+// rounded value back into the parameter in the same pass, so rounding errors never accumulate in the
+// weights. The master copies and the f32 optimizer state are in state_dict(), so a bf16 run resumes
+// bitwise.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -54,34 +59,48 @@ class Optimizer {
 
   // Everything needed to resume bitwise: per group "param_groups.<g>.lr", ".weight_decay" (f64 [])
   // and ".num_params" (i64 []); per stepped parameter "state.<g>.<i>.step" (i64 [], updates so far)
-  // and its state tensors, e.g. "state.<g>.<i>.exp_avg" (the parameter's shape and dtype). g and i
-  // index param_groups() and the group's params. The tensors share storage with the optimizer's
-  // state: write them out (or clone them) before the next step().
+  // and its state tensors, e.g. "state.<g>.<i>.exp_avg" (the parameter's shape, in its state dtype),
+  // plus "state.<g>.<i>.master" for a low-precision parameter. g and i index param_groups() and the
+  // group's params. The tensors share storage with the optimizer's state: write them out (or clone
+  // them) before the next step().
   virtual std::map<std::string, Tensor> state_dict() const;
   // Copies a state_dict() in, restoring the groups' lr and weight_decay. The optimizer must have the
-  // same groups of parameters with the same shapes and dtypes, and the same kind of state; anything
-  // else throws naming the key and the fix, before anything is changed.
+  // same groups of parameters with the same shapes and dtypes, and the same kind of state (a master
+  // copy for each low-precision parameter); anything else throws naming the key and the fix, before
+  // anything is changed.
   virtual void load_state_dict(const std::map<std::string, Tensor>& state);
 
   const std::string& name() const { return name_; }  // "SGD", "AdamW"
+  // The dtype of a parameter's master weights and optimizer state: f64 for f64 parameters, else f32.
+  static DType state_dtype(const Tensor& param);
+  // Whether `param` is trained through an f32 master copy (any floating dtype but f32 and f64).
+  static bool needs_master(const Tensor& param);
   // Updates made so far to param_groups()[group].params[index]; 0 before its first step.
   int64_t step_count(size_t group, size_t index) const;
 
  protected:
-  // Checks every group (at least one parameter overall; each one a defined f32 or f64 leaf, none
+  // Checks every group (at least one parameter overall; each one a defined floating leaf, none
   // repeated) and fills lr and weight_decay left at kInherit. `name` prefixes every error.
   Optimizer(std::string name, std::vector<ParamGroup> groups, double lr, double weight_decay);
 
   struct ParamState {
     int64_t step = 0;                       // updates made so far
-    std::map<std::string, Tensor> buffers;  // the parameter's shape and dtype, on its device
+    std::map<std::string, Tensor> buffers;  // the parameter's shape in state_dtype(), on its device
   };
-  // The buffers each stepped parameter holds, e.g. {"exp_avg", "exp_avg_sq"}.
+  // The buffers each stepped parameter holds besides its master copy, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> state_buffer_names() const = 0;
 
-  // Calls update(group, param, state) for every parameter whose grad is defined, in group order.
-  using Update = std::function<void(const ParamGroup& group, const Tensor& param, ParamState& state)>;
-  void for_each_param_with_grad(const Update& update);
+  // One parameter to update: its group's hyperparameters and its state. When the parameter is not
+  // f32 or f64 (bf16, say), state.buffers["master"] holds its f32 master weights, created from the
+  // parameter on its first step, and the optimizer state is f32 too.
+  struct ParamToUpdate {
+    const ParamGroup* group;
+    Tensor param;
+    ParamState* state;
+  };
+  // The parameters of group g whose grad is defined, in order, with their masters created. Throws
+  // when the groups changed since construction (build a new optimizer for other tensors).
+  std::vector<ParamToUpdate> params_with_grad(size_t group);
 
   // Throws when the hyperparameter is not finite or fails `ok`, naming it and `expected`.
   void check_hyperparameter(const char* what, double value, bool ok, const char* expected) const;

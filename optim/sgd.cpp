@@ -1,5 +1,7 @@
 #include "optim/sgd.h"
 
+#include <map>
+
 #include "kernels/optimizers.h"
 
 namespace octet::optim {
@@ -28,17 +30,33 @@ std::vector<std::string> SGD::state_buffer_names() const {
 }
 
 void SGD::step() {
-  for_each_param_with_grad([&](const ParamGroup& group, const Tensor& p, ParamState& s) {
-    Tensor buffer;
-    if (momentum_ != 0) {
-      Tensor& b = s.buffers["momentum_buffer"];
-      if (!b.defined()) b = empty(p.shape(), p.dtype(), p.device());  // the first step writes all of it
-      buffer = b;
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const std::vector<ParamToUpdate> todo = params_with_grad(g);
+    // The first step copies the gradient into the momentum buffer instead of decaying it: one launch
+    // for parameters on their first step, one for the rest.
+    std::vector<kernels::SgdTensors> first, later;
+    for (const ParamToUpdate& u : todo) {
+      std::map<std::string, Tensor>& b = u.state->buffers;
+      Tensor buffer;
+      if (momentum_ != 0) {
+        Tensor& m = b["momentum_buffer"];
+        // The first step writes all of it.
+        if (!m.defined()) m = empty(u.param.shape(), state_dtype(u.param), u.param.device());
+        buffer = m;
+      }
+      const auto master = b.find("master");
+      (u.state->step == 0 ? first : later)
+          .push_back({u.param, u.param.grad(), buffer, master != b.end() ? master->second : Tensor()});
     }
-    kernels::sgd_step_(p, p.grad(), buffer, group.lr, momentum_, dampening_, nesterov_, group.weight_decay,
-                       /*first_step=*/s.step == 0);
-    ++s.step;
-  });
+    const ParamGroup& group = param_groups()[g];
+    for (const bool first_step : {true, false}) {
+      const std::vector<kernels::SgdTensors>& tensors = first_step ? first : later;
+      if (tensors.empty()) continue;
+      kernels::sgd_step_multi_(tensors, group.lr, momentum_, dampening_, nesterov_, group.weight_decay,
+                               first_step);
+    }
+    for (const ParamToUpdate& u : todo) ++u.state->step;
+  }
 }
 
 }  // namespace octet::optim

@@ -3,7 +3,8 @@
 // decay, as torch.optim.SGD: for each parameter with a gradient g,
 //   d = g + weight_decay·p;  buf = d (first step) or momentum·buf + (1 - dampening)·d;
 //   d = d + momentum·buf (nesterov) or buf;  p = p - lr·d
-// The update is one fused kernel per parameter (kernels/optimizers.h).
+// Each group is one multi-tensor kernel launch (kernels/optimizers.h); bf16 parameters are updated
+// through f32 master weights and an f32 momentum buffer (optimizer.h).
 #include <vector>
 
 #include "optim/optimizer.h"

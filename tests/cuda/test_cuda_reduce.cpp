@@ -1,0 +1,160 @@
+// CUDA reductions and softmax against the CPU kernels on the same random inputs. Values are compared
+// by norm-wise relative error, ||gpu - cpu||_2 / ||cpu||_2 in f64 (f32 at most 1e-5, bf16 at most
+// 1e-2); max indices must match exactly (both backends return the first maximum).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/reduce.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+using testing::random_tensor;
+using testing::throws_with;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
+
+const Device kGpu = Device::cuda(0);
+
+double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
+
+// ||got - want||_2 / ||want||_2, both read as f64 on the host (NaNs must sit at the same places).
+double relative_error(const Tensor& got, const Tensor& want) {
+  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
+  EXPECT_EQ(got.dtype(), want.dtype()) << got.describe() << " vs " << want.describe();
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << "element " << i << ": " << g[i] << " vs " << w[i];
+      continue;
+    }
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Odd sizes, one element, and the split paths: long rows (chunked), tall columns (k split).
+const std::vector<Shape> kShapes = {{7, 13, 33}, {1}, {3, 100003}, {5000, 37}, {2, 3000, 70}, {4, 1500}};
+
+TEST(CudaReduce, SumAndMeanOverEachDimAndEverything) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const Shape& shape : kShapes) {
+      const Tensor a = random_tensor(shape, dtype, 21), g = a.to(kGpu);
+      for (int64_t d = 0; d < a.dim(); ++d) {
+        for (bool keepdim : {false, true}) {
+          EXPECT_LE(relative_error(kernels::sum(g, d, keepdim), kernels::sum(a, d, keepdim)), tolerance(dtype))
+              << "sum dim " << d << " of " << a.describe();
+          EXPECT_LE(relative_error(kernels::mean(g, d, keepdim), kernels::mean(a, d, keepdim)), tolerance(dtype))
+              << "mean dim " << d << " of " << a.describe();
+        }
+      }
+      EXPECT_LE(relative_error(kernels::sum(g), kernels::sum(a)), tolerance(dtype)) << a.describe();
+      EXPECT_LE(relative_error(kernels::mean(g), kernels::mean(a)), tolerance(dtype)) << a.describe();
+    }
+  }
+}
+
+TEST(CudaReduce, MaxValuesAndFirstIndices) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const Shape& shape : kShapes) {
+      const Tensor a = random_tensor(shape, dtype, 22), g = a.to(kGpu);
+      for (int64_t d = 0; d < a.dim(); ++d) {
+        const kernels::MaxResult want = kernels::max(a, d), got = kernels::max(g, d);
+        EXPECT_EQ(relative_error(got.values, want.values), 0) << "dim " << d << " of " << a.describe();
+        EXPECT_EQ(got.indices.to_vector<int64_t>(), want.indices.to_vector<int64_t>()) << "dim " << d << " of "
+                                                                                       << a.describe();
+      }
+      EXPECT_EQ(kernels::max(g).item(), kernels::max(a).item()) << a.describe();
+    }
+  }
+  // Ties keep the first position; the first NaN wins over everything.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor t = from_vector<double>({1, 5, 5, 2, nan, 3, nan, 9}, {2, 4}, DType::f32);
+  const kernels::MaxResult want = kernels::max(t, 1), got = kernels::max(t.to(kGpu), 1);
+  EXPECT_EQ(got.indices.to_vector<int64_t>(), want.indices.to_vector<int64_t>());
+  EXPECT_EQ(got.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 0}));
+  const Tensor long_row = random_tensor({2, 5000}, DType::f32, 23);
+  std::vector<float> v = long_row.to_vector<float>();
+  v[4321] = 100.f, v[4999] = 100.f, v[5000 + 777] = static_cast<float>(nan);
+  const Tensor marked = from_vector(v, {2, 5000});
+  EXPECT_EQ(kernels::max(marked.to(kGpu), 1).indices.to_vector<int64_t>(), (std::vector<int64_t>{4321, 777}));
+}
+
+TEST(CudaReduce, AmaxIsF32AndPropagatesNaN) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::f32, DType::bf16, DType::e4m3}) {
+    for (const Shape& shape : kShapes) {
+      const Tensor a = random_tensor(shape, dtype, 24), g = a.to(kGpu);
+      for (int64_t d = 0; d < a.dim(); ++d) {
+        const Tensor got = kernels::amax(g, d);
+        EXPECT_EQ(got.dtype(), DType::f32);
+        EXPECT_EQ(relative_error(got, kernels::amax(a, d)), 0) << "dim " << d << " of " << a.describe();
+      }
+      EXPECT_EQ(kernels::amax(g).item(), kernels::amax(a).item()) << a.describe();
+    }
+  }
+  std::vector<float> v = random_tensor({300000}, DType::f32, 25).to_vector<float>();
+  v[123457] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(kernels::amax(from_vector(v, {300000}).to(kGpu)).item()));
+}
+
+TEST(CudaReduce, SumToUndoesBroadcasting) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<Shape, Shape>> cases = {{{7, 13, 33}, {13, 1}},     {{7, 13, 33}, {33}},
+                                                      {{7, 13, 33}, {7, 1, 33}},  {{7, 13, 33}, {}},
+                                                      {{4, 257, 96}, {96}},       {{7, 13, 33}, {7, 13, 33}},
+                                                      {{64, 17, 1280}, {1, 1, 1280}}};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const auto& [from, to] : cases) {
+      const Tensor a = random_tensor(from, dtype, 26);
+      const Tensor got = kernels::sum_to(a.to(kGpu), to);
+      EXPECT_TRUE(got.is_cuda());
+      EXPECT_LE(relative_error(got, kernels::sum_to(a, to)), tolerance(dtype)) << a.describe() << " -> " << to;
+    }
+  }
+}
+
+TEST(CudaReduce, SoftmaxAndLogSoftmaxForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  // Row lengths for the warp path (1, 33, 257), the block path (1500) and middle dims (cols path).
+  const std::vector<std::pair<Shape, int64_t>> cases = {{{7, 13, 33}, -1}, {{7, 13, 33}, 1}, {{7, 13, 33}, 0},
+                                                        {{5, 1}, -1},      {{37, 257}, -1},  {{3, 1500}, -1},
+                                                        {{1}, 0}};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const auto& [shape, dim] : cases) {
+      const Tensor x = random_tensor(shape, dtype, 27, 3.0), dy = random_tensor(shape, dtype, 28);
+      const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu);
+      const Tensor y = kernels::softmax(x, dim), ly = kernels::log_softmax(x, dim);
+      EXPECT_LE(relative_error(kernels::softmax(gx, dim), y), tolerance(dtype)) << x.describe() << " dim " << dim;
+      EXPECT_LE(relative_error(kernels::log_softmax(gx, dim), ly), tolerance(dtype)) << x.describe() << " dim " << dim;
+      EXPECT_LE(relative_error(kernels::softmax_backward(y.to(kGpu), gdy, dim), kernels::softmax_backward(y, dy, dim)),
+                tolerance(dtype))
+          << x.describe() << " dim " << dim;
+      EXPECT_LE(relative_error(kernels::log_softmax_backward(ly.to(kGpu), gdy, dim),
+                               kernels::log_softmax_backward(ly, dy, dim)),
+                tolerance(dtype))
+          << x.describe() << " dim " << dim;
+    }
+  }
+}
+
+TEST(CudaReduce, UnsupportedDtypesNameTheOpAndTheFix) {
+  SKIP_WITHOUT_GPU();
+  const Tensor d = random_tensor({4, 5}, DType::f64).to(kGpu);
+  EXPECT_TRUE(throws_with([&] { (void)kernels::sum(d, 1); }, {"sum", "f64", ".to(DType::f32)"}));
+  EXPECT_TRUE(throws_with([&] { (void)kernels::mean(d); }, {"mean", "f64", ".to(DType::f32)"}));
+  EXPECT_TRUE(throws_with([&] { (void)kernels::softmax(d, -1); }, {"softmax", "f64", ".to(DType::f32)"}));
+  EXPECT_TRUE(throws_with([&] { (void)kernels::max(d, 0); }, {"max", "f64", ".to(DType::f32)"}));
+}
+
+}  // namespace
+}  // namespace octet

@@ -500,6 +500,21 @@ void build_backward_graph(GraphBuilder& g, const Sizes& z, cudnnDataType_t io) {
 
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+// cuDNN releases whose fused attention has known bugs for the graphs above (the frontend works
+// around them or refuses the same cases), or "" when the loaded library has none.
+std::string known_cudnn_bug(bool backward, int64_t sk) {
+  const size_t version = cudnnGetVersion();  // major·10000 + minor·100 + patch
+  if (!backward && (version == 91000 || version == 91001)) {
+    return "cuDNN " + std::to_string(version) + " has known bf16/f16 SDPA forward bugs; use 9.10.2 or newer";
+  }
+  if (backward && version <= 91500 && sk % 128 != 0) {
+    return "cuDNN " + std::to_string(version) +
+           " needs a padding-mask workaround in the SDPA backward when Sk is not a multiple of 128; use 9.15.1 or "
+           "newer";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string cudnn_attention_unsupported_reason(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -522,6 +537,8 @@ std::optional<AttentionOutput> cudnn_attention_forward(const Tensor& q, const Te
   Tensor out = empty(q.shape(), q.dtype(), q.device());
   Tensor lse = empty({z.b, z.h, z.s}, DType::f32, q.device());
   if (out.numel() == 0) return AttentionOutput{out, lse};
+  why_not = known_cudnn_bug(false, z.sk);
+  if (!why_not.empty()) return std::nullopt;
 
   std::lock_guard<std::mutex> lock(cudnn_mutex());
   octet::cuda::DeviceGuard device(q.device().index);
@@ -547,6 +564,8 @@ std::optional<AttentionGrads> cudnn_attention_backward(const Tensor& dout, const
     why_not = "dout, out or lse not 16-byte aligned (views at odd offsets)";
     return std::nullopt;
   }
+  why_not = known_cudnn_bug(true, z.sk);
+  if (!why_not.empty()) return std::nullopt;
   Tensor dq = empty(q.shape(), q.dtype(), q.device());
   Tensor dk = empty(k.shape(), q.dtype(), q.device());
   Tensor dv = empty(v.shape(), q.dtype(), q.device());

@@ -19,8 +19,9 @@ namespace octet::kernels::cuda {
 namespace {
 
 constexpr int kRowThreads = 128;
-// Dynamic shared memory a kernel gets without opting in to more.
-constexpr size_t kDefaultSharedBytes = 48 * 1024;
+// Dynamic shared memory a block takes: a block gets 48 KiB without opting in to more, and the
+// kernels' own static shared memory (the reduction scratch) comes out of the same 48 KiB.
+constexpr size_t kDynamicSharedBytes = 46 * 1024;
 
 // Where each block keeps its row of `row_floats` f32 scores: in shared memory after `fixed_floats`
 // staged input rows when it fits, else in a global buffer of one row per block.
@@ -31,10 +32,10 @@ struct RowStorage {
 };
 RowStorage row_storage(int64_t fixed_floats, int64_t row_floats, int64_t rows, const Tensor& like, const char* op) {
   const size_t fixed_bytes = static_cast<size_t>(fixed_floats) * sizeof(float);
-  OCTET_CHECK(fixed_bytes <= kDefaultSharedBytes, op, ": head dim ", like.size(3),
+  OCTET_CHECK(fixed_bytes <= kDynamicSharedBytes, op, ": head dim ", like.size(3),
               " is too large for the unfused GPU attention kernel (", like.describe(), ")");
   const size_t row_bytes = static_cast<size_t>(row_floats) * sizeof(float);
-  if (fixed_bytes + row_bytes <= kDefaultSharedBytes) return {fixed_bytes + row_bytes, Tensor()};
+  if (fixed_bytes + row_bytes <= kDynamicSharedBytes) return {fixed_bytes + row_bytes, Tensor()};
   return {fixed_bytes, empty({rows, row_floats}, DType::f32, like.device())};
 }
 

@@ -204,7 +204,8 @@ TEST(CudaAttention, UnfusedPathMatchesCpuInF32) {
 
 TEST(CudaAttention, UnfusedPathTakesRowsLargerThanSharedMemory) {
   SKIP_WITHOUT_GPU();
-  // Sk = 12301 puts the forward's and dq's score rows in global scratch; S = 6151 does so for dk/dv.
+  // Rows of more than 46 KiB of f32 go to global scratch: Sk = 12301 for the forward's and dq's
+  // score rows, S = 6151 for dk/dv's (two rows of S floats).
   for (const Case& c : {Case{1, 1, 7, 12301, 32}, Case{1, 1, 6151, 5, 32}}) {
     const Problem p = make_problem(c, DType::f32, 61);
     const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "core/cuda_memory.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -37,8 +38,11 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--drop-path", o.drop_path, "stochastic-depth rate (default: the model config's)")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--precision", o.precision, "fp32 (bf16 and fp8 are not built yet)")->capture_default_str();
-  app.add_option("--device", o.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+  app.add_option("--precision", o.precision,
+                 "fp32, or bf16 (bf16 weights, activations and GEMMs; f32 master weights, optimizer state, "
+                 "norm statistics and loss; exact emulation on the CPU)")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for weights, shuffling and dropout")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
@@ -53,12 +57,26 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
 }
 
 void check_run_options(RunOptions& o) {
-  OCTET_CHECK(o.precision == "fp32", "--precision ", o.precision,
-              ": only fp32 training is built so far (bf16 and fp8 come with the CUDA backend); pass --precision fp32");
-  OCTET_CHECK(o.device != "cuda", "--device cuda: this build has no CUDA kernels yet, so training runs on the CPU; "
-              "pass --device cpu or auto");
-  if (o.device == "auto" && cuda::is_available())
-    logging::warn("a GPU is present but Octet's CUDA kernels are not built yet: training on the CPU");
+  OCTET_CHECK(o.precision != "fp8", "--precision fp8: FP8 training is not built yet (it comes with the FP8 "
+              "recipes, issue 5); pass --precision bf16 or fp32");
+  OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision ", o.precision,
+              ": not a precision Octet trains in; pass fp32 or bf16");
+  if (o.device == "auto") o.device = cuda::is_available() ? "cuda:0" : "cpu";
+  Device device;
+  try {
+    device = Device::parse(o.device);
+  } catch (const Error&) {
+    OCTET_FAIL("--device ", o.device, ": not a device; pass auto, cpu, cuda or cuda:N");
+  }
+  if (device.is_cuda()) {
+    OCTET_CHECK(cuda::is_available(), "--device ", o.device, ": ",
+                OCTET_HAS_CUDA ? "no CUDA device is visible on this machine"
+                               : "this build has no CUDA backend (configured with OCTET_CUDA=OFF)",
+                "; pass --device cpu");
+    OCTET_CHECK(device.index < cuda::device_count(), "--device ", o.device, ": this machine has ",
+                cuda::device_count(), " CUDA device(s); pick one of cuda:0..cuda:", cuda::device_count() - 1);
+  }
+  o.device = device.str();  // "cpu" or "cuda:N", as checkpoints record it
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
               "--checkpoint-every needs --checkpoint-dir DIR to say where checkpoints go");
   if (o.threads == 0) o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -81,6 +99,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"clip_grad", num(o.clip_grad)},
           {"drop_path", num(o.drop_path)},
           {"precision", o.precision},
+          {"device", o.device},
           {"seed", std::to_string(o.seed)},
           {"threads", std::to_string(o.threads)}};
 }

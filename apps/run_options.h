@@ -26,8 +26,8 @@ struct RunOptions {
   double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999;
   int64_t warmup_steps = 200;
   double label_smoothing = 0.1, clip_grad = 1.0, drop_path = -1;  // drop_path < 0: the model config's
-  std::string precision = "fp32";
-  std::string device = "auto";
+  std::string precision = "fp32";  // or "bf16"
+  std::string device = "auto";     // check_run_options resolves it to "cpu" or "cuda:N"
   uint64_t seed = 0;
   int threads = 0;  // 0 = every core
   int64_t log_every = 50, eval_every = 0;  // eval_every 0 = at the end of every epoch
@@ -36,7 +36,8 @@ struct RunOptions {
 };
 
 void add_run_flags(CLI::App& app, RunOptions& options);
-// Cross-flag checks CLI11 cannot express; throws octet::Error (train_vit exits with code 2).
+// Cross-flag checks CLI11 cannot express, and --device resolved to the device it names; throws
+// octet::Error (train_vit exits with code 2).
 void check_run_options(RunOptions& options);
 
 // The flags that shape a run, as strings: stored in checkpoints and in the metrics' start event.

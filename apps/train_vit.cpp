@@ -4,6 +4,7 @@
 //   build/bin/train_vit --dataset synthetic --model vit_small_patch16_224 --steps 20
 //   build/bin/train_vit --steps 200 --checkpoint-dir ckpt --checkpoint-every 100
 //   build/bin/train_vit --steps 200 --resume ckpt          continues bitwise-exactly from ckpt/latest
+//   build/bin/train_vit --device cuda --precision bf16     on the first GPU, bf16 with f32 master weights
 //
 // The step reads top to bottom: next batch, forward, loss, backward, clip, schedule, optimizer step.
 #include <CLI/CLI.hpp>
@@ -18,8 +19,10 @@
 #include "apps/run_options.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "core/cuda_memory.h"
 #include "core/log.h"
 #include "core/random.h"
+#include "data/device_prefetcher.h"
 #include "data/loader.h"
 #include "kernels/reduce.h"
 #include "kernels/threads.h"
@@ -51,22 +54,74 @@ class MetricsFile {
   std::ofstream out_;
 };
 
+// Training batches on the run's device: straight from the loader on the CPU; on a GPU through the
+// prefetcher, which copies batch k+1 on its own stream while step k computes.
+class TrainBatches {
+ public:
+  TrainBatches(data::DataLoader& loader, Device device) : loader_(loader) {
+#if OCTET_HAS_CUDA
+    if (device.is_cuda()) prefetcher_ = std::make_unique<data::DevicePrefetcher>(loader, device);
+#else
+    OCTET_CHECK(device.is_cpu(), "train_vit: ", device.str(), " needs a CUDA build");
+#endif
+  }
+  data::Batch next() {
+#if OCTET_HAS_CUDA
+    if (prefetcher_) return prefetcher_->next();
+#endif
+    return loader_.next();
+  }
+  // The position of the batch next() returns next.
+  data::DataLoader::State state() const {
+#if OCTET_HAS_CUDA
+    if (prefetcher_) return prefetcher_->state();
+#endif
+    return loader_.state();
+  }
+  void set_state(data::DataLoader::State state) {
+#if OCTET_HAS_CUDA
+    if (prefetcher_) return prefetcher_->set_state(state);
+#endif
+    loader_.set_state(state);
+  }
+
+ private:
+  data::DataLoader& loader_;
+#if OCTET_HAS_CUDA
+  std::unique_ptr<data::DevicePrefetcher> prefetcher_;
+#endif
+};
+
+// "1.23 GiB in use, 2.34 GiB peak, 3.45 GiB reserved" for a GPU; the CPU has no counters.
+std::string memory_summary(Device device) {
+  const cuda_memory::MemoryStats m = cuda_memory::memory_stats(device.index);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  return fmt::format("{:.2f} GiB in use, {:.2f} GiB peak, {:.2f} GiB reserved", m.in_use / gib, m.peak / gib,
+                     m.reserved / gib);
+}
+
+json memory_json(Device device) {
+  if (!device.is_cuda()) return json::object();
+  const cuda_memory::MemoryStats m = cuda_memory::memory_stats(device.index);
+  return {{"in_use_bytes", m.in_use}, {"peak_bytes", m.peak}, {"reserved_bytes", m.reserved}};
+}
+
 struct EvalResult {
   double accuracy = 0, loss = 0;
 };
 
-// Accuracy and mean cross-entropy (no label smoothing) over the whole test set.
-EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader) {
+// Accuracy and mean cross-entropy (no label smoothing) over the whole test set, on `device`.
+EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, Device device) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, seen = 0;
   double loss_sum = 0;
   for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
     const data::Batch batch = loader.next();
-    const Tensor logits = model(batch.images);
+    const Tensor logits = model(batch.images.to(device));
     const int64_t n = batch.labels.numel();
-    loss_sum += cross_entropy(logits, batch.labels).item() * static_cast<double>(n);
-    const Tensor predicted = kernels::max(logits, 1).indices;
+    loss_sum += cross_entropy(logits, batch.labels.to(device)).item() * static_cast<double>(n);
+    const Tensor predicted = kernels::max(logits, 1).indices.to(Device::cpu());
     const int64_t* p = predicted.data<int64_t>();
     const int64_t* y = batch.labels.data<int64_t>();
     for (int64_t i = 0; i < n; ++i) correct += p[i] == y[i];
@@ -87,14 +142,24 @@ int train(const RunOptions& o) {
   const models::ViTConfig config = model_config(o);
   const Datasets datasets = load_datasets(o, config);
 
+  const Device device = Device::parse(o.device);
+
   Generator init_generator(o.seed);
   models::VisionTransformer model(config, /*initialize=*/true, &init_generator);
+  // bf16: the parameters become bf16 (so activations, GEMMs and attention are bf16 throughout) and
+  // the optimizer trains them through f32 master copies made from these values on its first step.
+  if (o.precision == "bf16") model.to(DType::bf16);
+  model.to(device);
   manual_seed(o.seed + 1);  // the default generator draws dropout and drop-path masks
   auto optimizer = make_optimizer(o, model);
   nn::CrossEntropyLoss criterion(o.label_smoothing);
 
-  data::LoaderOptions train_options{.batch_size = o.batch_size, .shuffle = true, .drop_last = true, .seed = o.seed};
+  // On a GPU the host has nothing else to do: let every core assemble batches (synthetic 224x224
+  // images cost milliseconds each).
+  data::LoaderOptions train_options{.batch_size = o.batch_size, .shuffle = true, .drop_last = true, .seed = o.seed,
+                                    .threads = device.is_cuda() ? o.threads : 1};
   data::DataLoader train_loader(datasets.train, train_options);
+  TrainBatches train_batches(train_loader, device);
   data::DataLoader test_loader(datasets.test, {.batch_size = o.eval_batch_size, .shuffle = false, .drop_last = false});
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * train_loader.batches_per_epoch();
   const int64_t warmup_steps = std::min(o.warmup_steps, total_steps);  // a short run warms up throughout
@@ -105,7 +170,7 @@ int train(const RunOptions& o) {
     const apps::TrainerState state = apps::load_checkpoint(o.resume, model, *optimizer);
     warn_about_changed_flags(state.run, run_flags(o));
     step = state.step;
-    train_loader.set_state(state.loader);
+    train_batches.set_state(state.loader);
     default_generator().set_state(state.rng_seed, state.rng_offset);
     logging::info("resumed from {} at step {} (epoch {}, batch {})", apps::resolve_checkpoint(o.resume), step,
                   state.loader.epoch, state.loader.batch);
@@ -115,10 +180,12 @@ int train(const RunOptions& o) {
 
   MetricsFile metrics(o.metrics, /*append=*/!o.resume.empty());
   const double flops_per_image = 3.0 * model.flops_per_image_forward();  // forward + backward
-  logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images on {} thread(s)",
-                config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, o.batch_size, o.threads);
+  logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images in {} on {}",
+                config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, o.batch_size, o.precision,
+                device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
+  if (device.is_cuda()) logging::info("{} memory after setup: {}", device.str(), memory_summary(device));
   metrics.write({{"event", "start"}, {"model", config.name}, {"parameters", model.num_parameters()},
-                 {"total_steps", total_steps}, {"flags", run_flags(o)}});
+                 {"total_steps", total_steps}, {"flags", run_flags(o)}, {"memory", memory_json(device)}});
 
   const auto run_start = Clock::now();
   double window_seconds = 0, window_loss = 0;
@@ -126,7 +193,7 @@ int train(const RunOptions& o) {
   model.train();
   while (step < total_steps) {
     const auto step_start = Clock::now();
-    const data::Batch batch = train_loader.next();
+    const data::Batch batch = train_batches.next();
     const double lr = schedule.lr(step);
     optimizer->set_lr(lr);
 
@@ -137,26 +204,29 @@ int train(const RunOptions& o) {
     optimizer->zero_grad();
     ++step;
 
-    const double loss_value = loss.item();
+    const double loss_value = loss.item();  // on a GPU this waits for the step to finish
     OCTET_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ", step,
                 "; lower --lr, raise --warmup-steps or set --clip-grad");
     const double step_seconds = seconds_since(step_start);
     const double images_per_sec = static_cast<double>(o.batch_size) / step_seconds;
-    metrics.write({{"event", "step"}, {"step", step}, {"epoch", batch.epoch}, {"loss", loss_value}, {"lr", lr},
-                   {"images_per_sec", images_per_sec}, {"step_ms", 1e3 * step_seconds}});
+    json event = {{"event", "step"}, {"step", step}, {"epoch", batch.epoch}, {"loss", loss_value}, {"lr", lr},
+                  {"images_per_sec", images_per_sec}, {"step_ms", 1e3 * step_seconds}};
+    if (device.is_cuda()) event["memory"] = memory_json(device);
+    metrics.write(event);
     window_seconds += step_seconds, window_loss += loss_value, ++window_steps;
     if (step % o.log_every == 0 || step == total_steps) {
       const double ips = static_cast<double>(o.batch_size * window_steps) / window_seconds;
-      logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s",
+      const std::string memory = device.is_cuda() ? " | " + memory_summary(device) : "";
+      logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{}",
                     step, total_steps, batch.epoch, window_loss / window_steps, lr, ips,
-                    1e3 * window_seconds / window_steps, ips * flops_per_image / 1e9);
+                    1e3 * window_seconds / window_steps, ips * flops_per_image / 1e9, memory);
       window_seconds = window_loss = 0, window_steps = 0;
     }
 
-    const bool end_of_epoch = train_loader.state().batch == 0;
+    const bool end_of_epoch = train_batches.state().batch == 0;
     const bool eval_now = o.eval_every > 0 ? step % o.eval_every == 0 : end_of_epoch;
     if (eval_now || step == total_steps) {
-      const EvalResult r = evaluate(model, test_loader);
+      const EvalResult r = evaluate(model, test_loader, device);
       logging::info("eval at step {}: test accuracy {:.2f}%, test loss {:.4f} ({:.0f} s elapsed)", step,
                     100 * r.accuracy, r.loss, seconds_since(run_start));
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", batch.epoch}, {"accuracy", r.accuracy},
@@ -167,7 +237,7 @@ int train(const RunOptions& o) {
       const Generator& rng = default_generator();
       const std::string where = apps::save_checkpoint(
           o.checkpoint_dir, model, *optimizer,
-          {.step = step, .loader = train_loader.state(), .rng_seed = rng.seed(), .rng_offset = rng.offset(),
+          {.step = step, .loader = train_batches.state(), .rng_seed = rng.seed(), .rng_offset = rng.offset(),
            .run = run_flags(o)});
       logging::info("checkpoint written to {}", where);
     }

@@ -27,6 +27,7 @@
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/common.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/elementwise.h"
@@ -176,13 +177,33 @@ void check_operands(const Tensor& a, const Tensor& b, const Tensor& c) {
               describe_all({&a, &b, &c}), ")");
 }
 
+const char* epilogue_name(GemmEpilogue kind) {
+  switch (kind) {
+    case GemmEpilogue::None: return "none";
+    case GemmEpilogue::Bias: return "BIAS";
+    case GemmEpilogue::GeluAux: return "GELU_AUX";
+    case GemmEpilogue::GeluAuxBias: return "GELU_AUX_BIAS";
+    case GemmEpilogue::BiasGradFromA: return "BGRADB";
+    case GemmEpilogue::DGelu: return "DGELU";
+    case GemmEpilogue::DGeluBiasGrad: return "DGELU_BGRAD";
+  }
+  return "?";
+}
+
 std::string problem_text(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                          const GemmProblem& p, GemmEpilogue epilogue) {
-  std::string s = "op(a)[" + std::to_string(p.m) + ", " + std::to_string(p.k) + "]·op(b)[" + std::to_string(p.k) +
-                  ", " + std::to_string(p.n) + "] x " + std::to_string(p.batch) + " (" + describe_all({&a, &b, &c}) +
-                  ", trans_a=" + std::to_string(trans_a) + ", trans_b=" + std::to_string(trans_b) +
-                  ", epilogue " + std::to_string(static_cast<int>(lt_epilogue(epilogue))) + ")";
-  return s;
+  return "op(a)[" + std::to_string(p.m) + ", " + std::to_string(p.k) + "]·op(b)[" + std::to_string(p.k) + ", " +
+         std::to_string(p.n) + "] x " + std::to_string(p.batch) + " batches (" + describe_all({&a, &b, &c}) +
+         ", trans_a=" + std::to_string(trans_a) + ", trans_b=" + std::to_string(trans_b) + ", epilogue " +
+         epilogue_name(epilogue) + ")";
+}
+
+// An epilogue cuBLASLt will not run is not an error: the caller computes the same thing unfused.
+// Said once per problem key (the refusal is cached).
+void note_unfused(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, const GemmProblem& p,
+                  GemmEpilogue epilogue, cublasStatus_t status) {
+  logging::info("cuBLASLt offers no algorithm for {} ({}); running it unfused",
+                problem_text(a, trans_a, b, trans_b, c, p, epilogue), cublasLtGetStatusName(status));
 }
 
 // The shared body: returns false when cuBLASLt has no algorithm (or, for an epilogue, refuses the
@@ -259,9 +280,12 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
       const cublasStatus_t status =
           cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.desc, b_layout.layout, a_layout.layout, c_layout.layout,
                                          c_layout.layout, pref.pref, 1, &result, &returned);
-      // NOT_SUPPORTED means "no algorithm for this configuration", like returned == 0.
-      if (status != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(status, "cublasLtMatmulAlgoGetHeuristic");
+      // NOT_SUPPORTED means "no algorithm for this configuration", like returned == 0. An epilogue
+      // that cuBLASLt rejects in any way falls back to the unfused path instead of failing.
+      const bool fused = epilogue.kind != GemmEpilogue::None;
+      if (status != CUBLAS_STATUS_NOT_SUPPORTED && !fused) check_lt(status, "cublasLtMatmulAlgoGetHeuristic");
       if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
+      if (!algo && fused) note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);
       algo_cache()[key] = algo;
     }
   }
@@ -273,7 +297,9 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
       cublasLtMatmul(ctx.handle, desc.desc, &alpha_f, b.data_ptr(), b_layout.layout, a.data_ptr(), a_layout.layout,
                      &beta_f, c.data_ptr(), c_layout.layout, c.data_ptr(), c_layout.layout, &*algo, ctx.workspace,
                      kWorkspaceBytes, stream);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED && epilogue.kind != GemmEpilogue::None) {
+  if ((status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) &&
+      epilogue.kind != GemmEpilogue::None) {
+    note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);
     std::lock_guard<std::mutex> lock(algo_cache_mutex());
     algo_cache()[key] = std::nullopt;
     return false;

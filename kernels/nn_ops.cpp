@@ -1,13 +1,16 @@
-// Entry points for LayerNorm, GELU, cross-entropy and dropout: argument checks, output allocation,
-// and dispatch to the CPU implementations in kernels/cpu/ (CUDA kernels will slot in behind the
-// same functions). The kernels compute in T = float or double (kernels/common.h): inputs are
-// widened once on the way in, outputs rounded once on the way out.
+// Entry points for LayerNorm, GELU, cross-entropy and dropout: argument checks, then dispatch on
+// device to kernels/cuda/ or to the CPU implementations in kernels/cpu/. The CPU kernels compute in
+// T = float or double (kernels/common.h): inputs are widened once on the way in, outputs rounded
+// once on the way out. The CUDA kernels read and write the tensors' own dtypes and compute in f32.
 #include "kernels/nn_ops.h"
 
 #include <cmath>
 
 #include "kernels/common.h"
 #include "kernels/cpu/nn_ops_cpu.h"
+#if OCTET_HAS_CUDA
+#include "kernels/cuda/nn_ops_cuda.h"
+#endif
 
 namespace octet::kernels {
 namespace {
@@ -34,21 +37,18 @@ int64_t check_layernorm_args(const char* op, const Tensor& x, const Tensor& weig
     check_floating(op, weight);
     OCTET_CHECK(weight.shape() == Shape{C}, op, ": weight must be [", C, "] to match the last dim of x (",
                 describe_all({&x, &weight}), ")");
-    check_cpu(op, {&x, &weight});
+    check_same_device(op, {&x, &weight});
   }
   if (bias.defined()) {
     OCTET_CHECK(bias.shape() == Shape{C} && bias.dtype() == weight.dtype(), op, ": bias must be ",
                 dtype_name(weight.dtype()), "[", C, "] like weight (", describe_all({&x, &weight, &bias}), ")");
-    check_cpu(op, {&x, &bias});
+    check_same_device(op, {&x, &bias});
   }
-  check_cpu(op, {&x});
   return C;
 }
 
-// The targets as i64, each checked to be a class index in [0, C) or ignore_index; also counts the
-// rows that are not ignored. Checked here, before any parallel loop, so the error can name the row.
-Tensor check_targets(const char* op, const Tensor& logits, const Tensor& targets, double label_smoothing,
-                     int64_t ignore_index, int64_t* counted) {
+// logits [N, C] floating, targets [N] i64 or i32, label_smoothing in [0, 1], one device.
+void check_cross_entropy_args(const char* op, const Tensor& logits, const Tensor& targets, double label_smoothing) {
   check_defined(op, {&logits, &targets});
   check_floating(op, logits);
   check_dim(op, logits, 2);
@@ -61,8 +61,16 @@ Tensor check_targets(const char* op, const Tensor& logits, const Tensor& targets
   OCTET_CHECK(C > 0, op, ": logits have no classes (", describe_all({&logits, &targets}), ")");
   OCTET_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
               label_smoothing);
-  check_cpu(op, {&logits, &targets});
+  check_same_device(op, {&logits, &targets});
+}
 
+// CPU only: the targets as i64, each checked to be a class index in [0, C) or ignore_index; also
+// counts the rows that are not ignored. Checked here, before any parallel loop, so the error can
+// name the row. (The GPU kernels cannot read the values without waiting; see nn_ops_cuda.h.)
+Tensor checked_targets_cpu(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                           int64_t* counted) {
+  check_cpu(op, {&logits, &targets});
+  const int64_t N = logits.size(0), C = logits.size(1);
   Tensor t64 = targets.detach().to(DType::i64);
   const int64_t* t = t64.data<int64_t>();
   *counted = 0;
@@ -81,7 +89,6 @@ void check_dropout_p(const char* op, const Tensor& x, double p) {
   check_floating(op, x);
   // Written so that NaN fails too. p = 1 would drop everything and divide by zero.
   OCTET_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p, " (", x.describe(), ")");
-  check_cpu(op, {&x});
 }
 
 }  // namespace
@@ -92,6 +99,10 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
   constexpr const char* op = "layernorm_forward";
   const int64_t C = check_layernorm_args(op, x, weight, bias);
   OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
+#if OCTET_HAS_CUDA
+  if (x.is_cuda()) return cuda::layernorm_forward(x, weight, bias, eps);
+#endif
+  check_cpu(op, {&x});
   const int64_t rows = x.numel() / C;
 
   return with_compute_type(x.dtype(), [&]<class T>() -> LayerNormOutput {
@@ -119,6 +130,10 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
                 row_shape(x), " as layernorm_forward returns them for x ", x.describe(), " (",
                 describe_all({&mean, &rstd}), ")");
   }
+  check_same_device(op, {&x, &dy, &mean, &rstd});
+#if OCTET_HAS_CUDA
+  if (x.is_cuda()) return cuda::layernorm_backward(dy, x, weight, mean, rstd);
+#endif
   check_cpu(op, {&dy, &x, &mean, &rstd});
   const int64_t rows = x.numel() / C;
 
@@ -143,6 +158,9 @@ Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
   constexpr const char* op = "gelu_forward";
   check_defined(op, {&x});
   check_floating(op, x);
+#if OCTET_HAS_CUDA
+  if (x.is_cuda()) return cuda::gelu_forward(x, approximation);
+#endif
   check_cpu(op, {&x});
   return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
     const Tensor xc = to_compute(x);
@@ -158,6 +176,10 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
   check_floating(op, x);
   check_same_dtype(op, {&dy, &x});
   OCTET_CHECK(dy.shape() == x.shape(), op, ": dy and x differ in shape (", describe_all({&dy, &x}), ")");
+  check_same_device(op, {&dy, &x});
+#if OCTET_HAS_CUDA
+  if (x.is_cuda()) return cuda::gelu_backward(dy, x, approximation);
+#endif
   check_cpu(op, {&dy, &x});
   return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
     const Tensor dyc = to_compute(dy), xc = to_compute(x);
@@ -172,8 +194,12 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double label_smoothing,
                                          int64_t ignore_index) {
   constexpr const char* op = "cross_entropy_forward";
+  check_cross_entropy_args(op, logits, targets, label_smoothing);
+#if OCTET_HAS_CUDA
+  if (logits.is_cuda()) return cuda::cross_entropy_forward(logits, targets, label_smoothing, ignore_index);
+#endif
   int64_t counted = 0;
-  const Tensor t64 = check_targets(op, logits, targets, label_smoothing, ignore_index, &counted);
+  const Tensor t64 = checked_targets_cpu(op, logits, targets, ignore_index, &counted);
   const int64_t N = logits.size(0), C = logits.size(1);
 
   return with_compute_type(logits.dtype(), [&]<class T>() -> CrossEntropyOutput {
@@ -188,8 +214,7 @@ CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& tar
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                               double label_smoothing, int64_t ignore_index) {
   constexpr const char* op = "cross_entropy_backward";
-  int64_t counted = 0;
-  const Tensor t64 = check_targets(op, logits, targets, label_smoothing, ignore_index, &counted);
+  check_cross_entropy_args(op, logits, targets, label_smoothing);
   const int64_t N = logits.size(0), C = logits.size(1);
   const DType cd = compute_dtype(logits.dtype());
   check_defined(op, {&lse});
@@ -198,6 +223,14 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   check_defined(op, {&dloss});
   OCTET_CHECK(dloss.numel() == 1 && is_floating(dloss.dtype()), op, ": dloss must be a one-element floating tensor, got ",
               dloss.describe());
+  check_same_device(op, {&logits, &lse, &dloss});
+#if OCTET_HAS_CUDA
+  if (logits.is_cuda()) {
+    return cuda::cross_entropy_backward(logits, targets, lse, dloss, label_smoothing, ignore_index);
+  }
+#endif
+  int64_t counted = 0;
+  const Tensor t64 = checked_targets_cpu(op, logits, targets, ignore_index, &counted);
   check_cpu(op, {&lse, &dloss});
 
   return with_compute_type(logits.dtype(), [&]<class T>() -> Tensor {
@@ -215,9 +248,13 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 
 namespace {
 
-Tensor dropout_dispatch(const Tensor& in, double p, uint64_t seed, uint64_t offset) {
+Tensor dropout_dispatch(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset) {
   // p = 0 keeps everything and scales by 1: skip the generator, but still return a fresh tensor.
   if (p == 0.0) return in.detach().clone();
+#if OCTET_HAS_CUDA
+  if (in.is_cuda()) return cuda::dropout_apply(in, p, seed, offset);
+#endif
+  check_cpu(op, {&in});
   return with_compute_type(in.dtype(), [&]<class T>() -> Tensor {
     const Tensor ic = to_compute(in);
     Tensor out = empty(in.shape(), dtype_of<T>());
@@ -230,12 +267,12 @@ Tensor dropout_dispatch(const Tensor& in, double p, uint64_t seed, uint64_t offs
 
 Tensor dropout_forward(const Tensor& x, double p, uint64_t seed, uint64_t offset) {
   check_dropout_p("dropout_forward", x, p);
-  return dropout_dispatch(x, p, seed, offset);
+  return dropout_dispatch("dropout_forward", x, p, seed, offset);
 }
 
 Tensor dropout_backward(const Tensor& dy, double p, uint64_t seed, uint64_t offset) {
   check_dropout_p("dropout_backward", dy, p);
-  return dropout_dispatch(dy, p, seed, offset);
+  return dropout_dispatch("dropout_backward", dy, p, seed, offset);
 }
 
 }  // namespace octet::kernels

@@ -229,7 +229,8 @@ TEST(MultiTensorSteps, AdamWEqualsTheSingleTensorStepOnEachEntry) {
   }
   for (int64_t step = 1; step <= 3; ++step) {
     kernels::adamw_step_multi_(multi, lr, b1, b2, eps, wd, step);
-    for (const auto& t : single) kernels::adamw_step_(t.param, t.grad, t.exp_avg, t.exp_avg_sq, lr, b1, b2, eps, wd, step);
+    for (const auto& t : single)
+      kernels::adamw_step_(t.param, t.grad, t.exp_avg, t.exp_avg_sq, lr, b1, b2, eps, wd, step);
   }
   for (size_t i = 0; i < multi.size(); ++i) {
     EXPECT_EQ(floats(multi[i].param), floats(single[i].param)) << "entry " << i;
@@ -308,7 +309,8 @@ TEST(MultiTensorSteps, SgdWithoutMomentumTakesNoBuffer) {
   const Vec m0 = vals(master), gv = vals(g);
   kernels::sgd_step_multi_({{param, g, Tensor(), master}}, 0.1, 0.0, 0.0, false, 0.0, true);
   Vec want(33);
-  for (int i = 0; i < 33; ++i) want[i] = static_cast<float>(m0[i] - static_cast<float>(0.1f * static_cast<float>(gv[i])));
+  for (int i = 0; i < 33; ++i)
+    want[i] = static_cast<float>(m0[i] - static_cast<float>(0.1f * static_cast<float>(gv[i])));
   EXPECT_TRUE(all_close(master, want, 0, 0));
   EXPECT_EQ(floats(param), floats(master.to(DType::bf16)));
 }
@@ -348,14 +350,23 @@ TEST(MultiTensorStepErrors, EntriesAreNamedWithTheFix) {
   EXPECT_TRUE(throws_with([&] { adamw_multi({{pb, pb.clone(), m.to(DType::bf16), v, p.clone()}}); },
                           {"tensors[0]", "state", "allocate the state with dtype f32"}));
   // The same state tensor handed to two entries.
-  EXPECT_TRUE(throws_with([&] { adamw_multi({{p, g, m, v, Tensor()}, {p.clone(), g.clone(), m, zeros({6}), Tensor()}}); },
-                          {"adamw_step_multi_", "tensors[0].exp_avg and tensors[1].exp_avg share memory"}));
-  EXPECT_TRUE(throws_with([&] { adamw_multi({{p, g, m, v, Tensor()}, {fake_cuda_tensor({6}), fake_cuda_tensor({6}),
-                                                                       fake_cuda_tensor({6}), fake_cuda_tensor({6}),
-                                                                       Tensor()}}); },
-                          {"adamw_step_multi_", "tensors[1] is on cuda:0", "once per device"}));
-  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_multi_({{p, g, Tensor(), Tensor()}}, 0.1, 0.9, 0, false, 0, true); },
-                          {"sgd_step_multi_ on tensors[0]", "tensors[0].momentum_buffer is undefined"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        adamw_multi({{p, g, m, v, Tensor()}, {p.clone(), g.clone(), m, zeros({6}), Tensor()}});
+      },
+      {"adamw_step_multi_", "tensors[0].exp_avg and tensors[1].exp_avg share memory"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        adamw_multi(
+            {{p, g, m, v, Tensor()},
+             {fake_cuda_tensor({6}), fake_cuda_tensor({6}), fake_cuda_tensor({6}), fake_cuda_tensor({6}), Tensor()}});
+      },
+      {"adamw_step_multi_", "tensors[1] is on cuda:0", "once per device"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::sgd_step_multi_({{p, g, Tensor(), Tensor()}}, 0.1, 0.9, 0, false, 0, true);
+      },
+      {"sgd_step_multi_ on tensors[0]", "tensors[0].momentum_buffer is undefined"}));
   EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares_multi({p, arange(3)}); },
                           {"sum_of_squares_multi", "floating", "i64[3]"}));
 }

@@ -1,0 +1,109 @@
+// GELU forward and backward on the GPU, erf and tanh forms, with the CPU kernel's formulas
+// (kernels/cpu/gelu.cpp):
+//   erf:  y = x·Φ(x),                       dy/dx = Φ(x) + x·φ(x)
+//   tanh: y = x·σ(2u), u = √(2/π)(x + 0.044715x³),
+//         dy/dx = σ(2u) + ½·x·4σ(1-σ)·√(2/π)(1 + 3·0.044715x²)
+// Φ is normcdff, which keeps its relative accuracy in the left tail where 1 + erf would cancel.
+// Elementwise: 16-byte packs while every pointer is 16-byte aligned, scalars for the tail.
+// Bytes per element: forward reads x, writes y (2·sizeof(T)); backward reads dy, x, writes dx (3·sizeof(T)).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/nn_ops_cuda.h"
+
+namespace octet::kernels::cuda {
+namespace {
+
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+__device__ __forceinline__ float sigmoid_of_2u(float x) {
+  const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+  return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+template <bool kTanh>
+struct GeluForward {
+  __device__ float operator()(float x, float) const {
+    if constexpr (kTanh) return x * sigmoid_of_2u(x);
+    else return x * normcdff(x);
+  }
+};
+
+template <bool kTanh>
+struct GeluBackward {
+  // (dy, x) -> dx
+  __device__ float operator()(float dy, float x) const {
+    if constexpr (kTanh) {
+      const float s = sigmoid_of_2u(x);
+      const float sech2 = 4.0f * s * (1.0f - s);
+      // Far out in the tails sech² is exactly 0 while x² may overflow; 0·inf would give NaN.
+      const float tail = sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+      return dy * (s + tail);
+    } else {
+      const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+      return dy * (normcdff(x) + x * pdf);
+    }
+  }
+};
+
+// out[i] = op(a[i], b[i]) (b ignored when kBinary is false), grid-stride.
+template <class T, bool kBinary, class Op>
+__global__ void map_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n,
+                           bool vectorized, Op op) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  int64_t scalar_from = 0;
+  if (vectorized) {
+    constexpr int N = Pack<T>::N;
+    const int64_t packs = n / N;
+    for (int64_t p = tid; p < packs; p += stride) {
+      const Pack<T> pa = load_pack(a + p * N);
+      Pack<T> pb{};
+      if constexpr (kBinary) pb = load_pack(b + p * N);
+      Pack<T> o;
+#pragma unroll
+      for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(op(to_float(pa.v[k]), kBinary ? to_float(pb.v[k]) : 0.f));
+      store_pack(out + p * N, o);
+    }
+    scalar_from = packs * N;
+  }
+  for (int64_t i = scalar_from + tid; i < n; i += stride) {
+    out[i] = from_float<T>(op(to_float(a[i]), kBinary ? to_float(b[i]) : 0.f));
+  }
+}
+
+template <bool kBinary, class Op, class T>
+void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, const char* what) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const bool vectorized =
+      aligned16(a.data_ptr()) && aligned16(out.data_ptr()) && (!kBinary || aligned16(b.data_ptr()));
+  const int64_t work = vectorized ? (n + Pack<T>::N - 1) / Pack<T>::N : n;
+  map_kernel<T, kBinary, Op><<<blocks_for(work), kThreads, 0, stream_for(out)>>>(
+      ptr<T>(a), kBinary ? ptr<T>(b) : nullptr, ptr<T>(out), n, vectorized, op);
+  check_launch(what);
+}
+
+}  // namespace
+
+Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
+  constexpr const char* op = "gelu_forward";
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    if (approximation == GeluApproximation::Tanh) launch_map<false, GeluForward<true>, T>(x, x, y, {}, op);
+    else launch_map<false, GeluForward<false>, T>(x, x, y, {}, op);
+  });
+  return y;
+}
+
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation) {
+  constexpr const char* op = "gelu_backward";
+  Tensor dx = empty(x.shape(), x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    if (approximation == GeluApproximation::Tanh) launch_map<true, GeluBackward<true>, T>(dy, x, dx, {}, op);
+    else launch_map<true, GeluBackward<false>, T>(dy, x, dx, {}, op);
+  });
+  return dx;
+}
+
+}  // namespace octet::kernels::cuda

@@ -1,0 +1,318 @@
+// LayerNorm over the last dim, on the GPU. The formulas are the CPU kernel's
+// (kernels/cpu/layernorm.cpp): mean from x - x[0] (so a row far from zero keeps its precision), a
+// second pass for Σ (x - mean)², rstd = 1 / sqrt(var + eps); backward
+//   dx = rstd · (g - mean(g) - xhat · mean(g · xhat)),  g = dy · weight,
+//   dweight = Σ_rows dy · xhat,  dbias = Σ_rows dy.
+// Statistics and every sum are f32 whatever x's dtype; weight and bias may have a dtype of their own.
+//
+// Forward: one warp per row while C <= 1024 (no block-wide synchronisation), one block per row
+// beyond (ViT-H has C = 1280). Each row is read three times (sum, squares, output); the second and
+// third reads hit L1/L2, so DRAM sees x read once and y written once.
+//
+// Backward: a block walks a fixed run of rows, its threads across the columns. Each thread owns
+// the same columns in every row, so it adds its rows' dy · xhat and dy into its own slots of a
+// per-block partial sum without atomics; a second small kernel sums the blocks' partials in block
+// order. The result therefore repeats bit for bit, whatever the scheduling.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/nn_ops_cuda.h"
+
+namespace octet::kernels::cuda {
+namespace {
+
+constexpr int64_t kWarpPerRowMaxC = 1024;
+constexpr int kForwardWarpThreads = 256;  // 8 rows per block in warp-per-row mode
+// At most this many backward blocks: more would cost more partial sums than it gains in parallelism.
+constexpr int64_t kMaxBackwardBlocks = 512;
+// Per-block partial sums live in shared memory up to this size, in global memory beyond.
+constexpr size_t kMaxSharedPartialBytes = 48 * 1024;
+
+// Threads per row for a block-per-row kernel: about one 16-byte pack (or 8 scalars) each, a
+// multiple of 32 in [lo, hi].
+int threads_for_row(int64_t C, bool vectorized, int elements_per_pack, int lo, int hi) {
+  const int64_t per_thread = vectorized ? elements_per_pack : 8;
+  const int64_t wanted = (C + per_thread - 1) / per_thread;
+  const int64_t rounded = (wanted + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(rounded, lo, hi));
+}
+
+// Calls f(c, value) for this thread's elements of a row: packs c = lane·N, lane·N + lanes·N, ...
+// when vectorized, else c = lane, lane + lanes, ...
+template <class T, class F>
+__device__ __forceinline__ void for_each_in_row(const T* row, int64_t C, int lane, int lanes, bool vectorized,
+                                                F&& f) {
+  if (vectorized) {
+    constexpr int N = Pack<T>::N;
+    for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
+      const Pack<T> p = load_pack(row + c);
+#pragma unroll
+      for (int k = 0; k < N; ++k) f(c + k, to_float(p.v[k]));
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += lanes) f(c, to_float(row[c]));
+  }
+}
+
+template <class W>
+__device__ __forceinline__ float weight_at(const W* w, int64_t c, float if_null) {
+  return w ? to_float(w[c]) : if_null;
+}
+
+// Sums two floats across the block; every thread gets both totals. scratch: __shared__ float[64].
+__device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  __syncthreads();  // scratch may still be read by the previous row
+  if (lane == 0) {
+    scratch[warp] = a;
+    scratch[32 + warp] = b;
+  }
+  __syncthreads();
+  a = lane < warps ? scratch[lane] : 0.f;
+  b = lane < warps ? scratch[32 + lane] : 0.f;
+  return make_float2(warp_sum(a), warp_sum(b));
+}
+
+// y = (x - mean) · rstd · weight + bias per row; mean and rstd saved (f32).
+// Bytes: reads x once from DRAM (and weight, bias: C each, cached), writes y plus 8 per row.
+template <class T, class W, bool kBlockPerRow>
+__global__ void layernorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ weight,
+                                         const W* __restrict__ bias, T* __restrict__ y, float* __restrict__ mean,
+                                         float* __restrict__ rstd, int64_t rows, int64_t C, float eps,
+                                         bool vectorized) {
+  __shared__ float scratch[32];
+  int64_t row;
+  int lane, lanes;
+  if constexpr (kBlockPerRow) {
+    row = blockIdx.x;
+    lane = threadIdx.x;
+    lanes = blockDim.x;
+  } else {
+    row = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    lanes = 32;
+    if (row >= rows) return;  // the whole warp leaves together; no block-wide sync in this mode
+  }
+  auto row_sum = [&](float v) { return kBlockPerRow ? block_sum(v, scratch) : warp_sum(v); };
+  const T* xr = x + row * C;
+  T* yr = y + row * C;
+
+  const float shift = to_float(xr[0]);
+  float sum = 0.f;
+  for_each_in_row(xr, C, lane, lanes, vectorized, [&](int64_t, float v) { sum += v - shift; });
+  const float m = shift + row_sum(sum) / static_cast<float>(C);
+  float sq = 0.f;
+  for_each_in_row(xr, C, lane, lanes, vectorized, [&](int64_t, float v) { sq += (v - m) * (v - m); });
+  const float rs = 1.0f / sqrtf(row_sum(sq) / static_cast<float>(C) + eps);
+
+  auto out = [&](int64_t c, float v) {
+    float o = (v - m) * rs;
+    if (weight) o = o * to_float(weight[c]) + weight_at(bias, c, 0.f);
+    return o;
+  };
+  if (vectorized) {
+    constexpr int N = Pack<T>::N;
+    for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
+      const Pack<T> p = load_pack(xr + c);
+      Pack<T> o;
+#pragma unroll
+      for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(out(c + k, to_float(p.v[k])));
+      store_pack(yr + c, o);
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += lanes) yr[c] = from_float<T>(out(c, to_float(xr[c])));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// dx for rows [blockIdx.x · rows_per_block, ...), and with weight the block's partial dweight, dbias
+// (partial + blockIdx.x · 2C: C sums of dy · xhat, then C of dy).
+// Bytes: reads dy and x (twice each; the second read hits L1/L2), writes dx; 8·C per block of partials.
+template <class T, class W>
+__global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                          const W* __restrict__ weight, const float* __restrict__ mean,
+                                          const float* __restrict__ rstd, T* __restrict__ dx,
+                                          float* __restrict__ partial, int64_t rows, int64_t C,
+                                          int64_t rows_per_block, bool vectorized, bool partial_in_shared) {
+  extern __shared__ float shared_partial[];
+  __shared__ float scratch[64];
+  const int tid = threadIdx.x, lanes = blockDim.x;
+  float* pw = nullptr;
+  if (weight) pw = partial_in_shared ? shared_partial : partial + int64_t{blockIdx.x} * 2 * C;
+  float* pb = pw ? pw + C : nullptr;
+  if (pw) {
+    for (int64_t c = tid; c < 2 * C; c += lanes) pw[c] = 0.f;
+    __syncthreads();
+  }
+  const float inv_C = 1.0f / static_cast<float>(C);
+  const int64_t row_end = min(rows, (int64_t{blockIdx.x} + 1) * rows_per_block);
+
+  for (int64_t r = int64_t{blockIdx.x} * rows_per_block; r < row_end; ++r) {
+    const T* dyr = dy + r * C;
+    const T* xr = x + r * C;
+    T* dxr = dx + r * C;
+    const float m = mean[r], rs = rstd[r];
+    float sum_g = 0.f, sum_g_xhat = 0.f;
+    // The x pass visits the same columns in the same order as the dy pass, so the values pair up
+    // through a pack-sized buffer.
+    if (vectorized) {
+      constexpr int N = Pack<T>::N;
+      for (int64_t c = int64_t{tid} * N; c < C; c += int64_t{lanes} * N) {
+        const Pack<T> pd = load_pack(dyr + c), px = load_pack(xr + c);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          const float g = to_float(pd.v[k]) * weight_at(weight, c + k, 1.f);
+          sum_g += g;
+          sum_g_xhat += g * ((to_float(px.v[k]) - m) * rs);
+        }
+      }
+    } else {
+      for (int64_t c = tid; c < C; c += lanes) {
+        const float g = to_float(dyr[c]) * weight_at(weight, c, 1.f);
+        sum_g += g;
+        sum_g_xhat += g * ((to_float(xr[c]) - m) * rs);
+      }
+    }
+    const float2 sums = block_sum2(sum_g, sum_g_xhat, scratch);
+    const float mean_g = sums.x * inv_C, mean_g_xhat = sums.y * inv_C;
+
+    auto grad = [&](int64_t c, float dyv, float xv) {
+      const float xhat = (xv - m) * rs;
+      if (pw) {
+        pw[c] += dyv * xhat;
+        pb[c] += dyv;
+      }
+      return rs * (dyv * weight_at(weight, c, 1.f) - mean_g - xhat * mean_g_xhat);
+    };
+    if (vectorized) {
+      constexpr int N = Pack<T>::N;
+      for (int64_t c = int64_t{tid} * N; c < C; c += int64_t{lanes} * N) {
+        const Pack<T> pd = load_pack(dyr + c), px = load_pack(xr + c);
+        Pack<T> o;
+#pragma unroll
+        for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(grad(c + k, to_float(pd.v[k]), to_float(px.v[k])));
+        store_pack(dxr + c, o);
+      }
+    } else {
+      for (int64_t c = tid; c < C; c += lanes) dxr[c] = from_float<T>(grad(c, to_float(dyr[c]), to_float(xr[c])));
+    }
+  }
+  if (pw && partial_in_shared) {
+    __syncthreads();
+    float* out = partial + int64_t{blockIdx.x} * 2 * C;
+    for (int64_t c = tid; c < 2 * C; c += lanes) out[c] = shared_partial[c];
+  }
+}
+
+// dweight[c] = Σ_b partial[b][0][c], dbias[c] = Σ_b partial[b][1][c], summed in block order.
+// Bytes: reads 8·C per backward block, writes 2·C weights.
+template <class W>
+__global__ void layernorm_column_sums_kernel(const float* __restrict__ partial, int64_t blocks, int64_t C,
+                                             W* __restrict__ dweight, W* __restrict__ dbias) {
+  const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.f, sb = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    sw += partial[b * 2 * C + c];
+    sb += partial[b * 2 * C + C + c];
+  }
+  dweight[c] = from_float<W>(sw);
+  dbias[c] = from_float<W>(sb);
+}
+
+Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
+
+// Calls f.template operator()<W>() with weight's element type, or float when there is no weight
+// (the kernels then see null pointers).
+template <class F>
+void with_weight_type(const Tensor& weight, const char* op, F&& f) {
+  if (weight.defined()) return dispatch_floating(weight.dtype(), op, f);
+  f.template operator()<float>();
+}
+
+template <class W>
+const W* maybe(const Tensor& t) {
+  return t.defined() ? ptr<W>(t) : nullptr;
+}
+
+}  // namespace
+
+LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  constexpr const char* op = "layernorm_forward";
+  const int64_t C = x.size(-1), rows = x.numel() / C;
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = empty(row_shape(x), DType::f32, x.device()), rstd = empty(row_shape(x), DType::f32, x.device());
+  if (rows == 0) return {y, mean, rstd};
+  cudaStream_t stream = stream_for(x);
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    with_weight_type(weight, op, [&]<class W>() {
+      const bool vectorized = C % Pack<T>::N == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr());
+      auto launch = [&](auto kernel, unsigned blocks, int threads) {
+        kernel<<<blocks, threads, 0, stream>>>(ptr<T>(x), maybe<W>(weight), maybe<W>(bias), ptr<T>(y),
+                                               ptr<float>(mean), ptr<float>(rstd), rows, C, static_cast<float>(eps),
+                                               vectorized);
+      };
+      if (C <= kWarpPerRowMaxC) {
+        const int64_t rows_per_block = kForwardWarpThreads / 32;
+        launch(layernorm_forward_kernel<T, W, false>,
+               static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kForwardWarpThreads);
+      } else {
+        launch(layernorm_forward_kernel<T, W, true>, static_cast<unsigned>(rows),
+               threads_for_row(C, vectorized, Pack<T>::N, 128, 1024));
+      }
+      check_launch(op);
+    });
+  });
+  return {y, mean, rstd};
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd) {
+  constexpr const char* op = "layernorm_backward";
+  const int64_t C = x.size(-1), rows = x.numel() / C;
+  Tensor dx = empty(x.shape(), x.dtype(), x.device()), dweight, dbias;
+  if (weight.defined()) {
+    dweight = empty({C}, weight.dtype(), x.device());
+    dbias = empty({C}, weight.dtype(), x.device());
+  }
+  if (rows == 0) {
+    if (weight.defined()) {
+      dweight.zero_();
+      dbias.zero_();
+    }
+    return {dx, dweight, dbias};
+  }
+  cudaStream_t stream = stream_for(x);
+  const int64_t rows_per_block = (rows + kMaxBackwardBlocks - 1) / kMaxBackwardBlocks;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  const Tensor partial = weight.defined() ? empty({blocks, 2, C}, DType::f32, x.device()) : Tensor();
+  const size_t partial_bytes = static_cast<size_t>(2 * C) * sizeof(float);
+  const bool partial_in_shared = weight.defined() && partial_bytes <= kMaxSharedPartialBytes;
+
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    with_weight_type(weight, op, [&]<class W>() {
+      const bool vectorized = C % Pack<T>::N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) &&
+                              aligned16(dx.data_ptr());
+      const int threads = threads_for_row(C, vectorized, Pack<T>::N, 32, 512);
+      layernorm_backward_kernel<T, W><<<static_cast<unsigned>(blocks), threads,
+                                        partial_in_shared ? partial_bytes : 0, stream>>>(
+          ptr<T>(dy), ptr<T>(x), maybe<W>(weight), ptr<float>(mean), ptr<float>(rstd), ptr<T>(dx),
+          weight.defined() ? ptr<float>(partial) : nullptr, rows, C, rows_per_block, vectorized, partial_in_shared);
+      check_launch(op);
+      if (weight.defined()) {
+        const auto column_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+        layernorm_column_sums_kernel<W><<<column_blocks, kThreads, 0, stream>>>(ptr<float>(partial), blocks, C,
+                                                                               ptr<W>(dweight), ptr<W>(dbias));
+        check_launch(op);
+      }
+    });
+  });
+  return {dx, dweight, dbias};
+}
+
+}  // namespace octet::kernels::cuda

@@ -1,0 +1,31 @@
+#pragma once
+// CUDA implementations behind kernels/nn_ops.h (plain C++: no CUDA types). The entry points in
+// kernels/nn_ops.cpp have checked shapes, dtypes and devices; these allocate the outputs on the
+// inputs' device and launch on its current stream. Activations are f32, bf16 or f16 (f64 is refused
+// by name: run it on the cpu); statistics, log-sum-exps and losses are f32.
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/nn_ops.h"
+
+namespace octet::kernels::cuda {
+
+// weight and bias may be undefined, or of a floating dtype other than x's (f32 weights, bf16 x).
+LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd);
+
+Tensor gelu_forward(const Tensor& x, GeluApproximation approximation);
+Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation);
+
+// The targets' values are not checked on the host (that would wait for the GPU): a target outside
+// [0, C) that is not ignore_index makes its row's loss and gradient NaN, and so the mean loss.
+CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double label_smoothing,
+                                         int64_t ignore_index);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
+                              double label_smoothing, int64_t ignore_index);
+
+// out = mask · in / (1 - p) with the CPU kernel's mask (kernels/cpu/dropout.cpp); 0 < p < 1.
+Tensor dropout_apply(const Tensor& in, double p, uint64_t seed, uint64_t offset);
+
+}  // namespace octet::kernels::cuda

@@ -118,7 +118,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
   check_same_device(op, {&dy, &x, &weight});
   check_linear_shapes(op, x, weight);
   const int64_t out = weight.size(0), in = weight.size(1);
-  OCTET_CHECK(dy.dim() >= 1 && dy.size(-1) == out && dy.numel() / out == x.numel() / in, op,
+  OCTET_CHECK(dy.dim() >= 1 && dy.size(-1) == out && dy.numel() * in == x.numel() * out, op,
               ": dy must be x's rows by out = ", out, " (", describe_all({&dy, &x, &weight}), ")");
   const bool gelu = act == LinearActivation::GeluTanh;
   if (gelu) {
@@ -172,7 +172,7 @@ GeluDgrad linear_dgrad_gelu(const Tensor& dz, const Tensor& weight, const Tensor
   check_same_device(op, {&dz, &weight, &x_pre_activation});
   check_linear_shapes(op, x_pre_activation, weight);
   const int64_t out = weight.size(0), in = weight.size(1);
-  OCTET_CHECK(dz.dim() >= 1 && dz.size(-1) == out && dz.numel() / out == x_pre_activation.numel() / in, op,
+  OCTET_CHECK(dz.dim() >= 1 && dz.size(-1) == out && dz.numel() * in == x_pre_activation.numel() * out, op,
               ": dz must be x_pre_activation's rows by out = ", out, " (",
               describe_all({&dz, &weight, &x_pre_activation}), ")");
   const Tensor dz2 = rows_of(dz), pre2 = rows_of(x_pre_activation);

@@ -1,21 +1,34 @@
-// bench_vit: training throughput of a ViT config, next to OpenBLAS's own sgemm rate measured in the
-// same run (the ceiling a CPU training step can approach: every FLOP of a ViT is in a GEMM).
+// bench_vit: training throughput of a ViT config on a GPU or the CPU.
 //
+//   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --precision bf16
 //   build/bin/bench_vit --device cpu                       the Fashion-MNIST model, batch 128
 //   build/bin/bench_vit --device cpu --model vit_tiny_patch16_224 --batch-size 8
 //
-// Achieved GFLOP/s counts the model's GEMM and attention-matmul FLOPs, forward x 3 (forward plus
-// backward's two GEMMs per forward GEMM); time spent elsewhere (layernorm, GELU, softmax, copies,
-// the optimizer) shows up as the gap to sgemm's rate.
+// One step is forward, cross-entropy, backward and the optimizer (SGD with momentum 0.9 by default,
+// as the PyTorch comparator bench/pytorch_reference.py runs it), on synthetic images and labels made
+// once on the device. It prints the median step time, images/s, achieved TFLOP/s, MFU and peak
+// memory, then the same figures as one JSON line (tools/gpu_check.sh builds its table from it).
+//
+// FLOPs come from the config: flops_per_image_forward() counts the model's GEMM and
+// attention-matmul FLOPs; a training image costs three times that (backward's two GEMMs per forward
+// GEMM). Time spent elsewhere (layernorm, GELU, softmax, copies, the optimizer) is the gap to peak.
+// Timing uses CUDA events on the GPU and steady_clock on the CPU, where the step is also compared
+// with OpenBLAS's sgemm measured in the same run (the ceiling a CPU step can approach).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "core/cuda_memory.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/random.h"
@@ -23,6 +36,12 @@
 #include "models/vit.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
+
+#if OCTET_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_stream.h"
+#endif
 
 using namespace octet;
 using Clock = std::chrono::steady_clock;
@@ -51,20 +70,90 @@ double sgemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
   return 2.0 * static_cast<double>(m * n * k) / median(times) / 1e9;
 }
 
+// Four marks per step (start, after forward, after backward, after the optimizer), read as three
+// intervals once the step is done: CUDA events on a GPU, whose work the host only queues; the host
+// clock on the CPU.
+class StepMarks {
+ public:
+  explicit StepMarks(Device device) : device_(device) {
+#if OCTET_HAS_CUDA
+    if (device.is_cuda()) {
+      cuda::DeviceGuard guard(device.index);
+      for (int i = 0; i < 4; ++i) events_.push_back(std::make_unique<cuda::Event>(/*timing=*/true));
+    }
+#endif
+  }
+  void mark(int i) {
+#if OCTET_HAS_CUDA
+    if (device_.is_cuda()) return events_[static_cast<size_t>(i)]->record(cuda::current_stream(device_.index));
+#endif
+    times_[static_cast<size_t>(i)] = Clock::now();
+  }
+  // Seconds of forward, backward and optimizer; waits for the step on a GPU.
+  std::array<double, 3> intervals() {
+    std::array<double, 3> out{};
+#if OCTET_HAS_CUDA
+    if (device_.is_cuda()) {
+      events_[3]->synchronize();
+      for (size_t i = 0; i < 3; ++i) out[i] = 1e-3 * events_[i + 1]->elapsed_ms(*events_[i]);
+      return out;
+    }
+#endif
+    for (size_t i = 0; i < 3; ++i) out[i] = seconds(times_[i], times_[i + 1]);
+    return out;
+  }
+
+ private:
+  Device device_;
+  std::array<Clock::time_point, 4> times_{};
+#if OCTET_HAS_CUDA
+  std::vector<std::unique_ptr<cuda::Event>> events_;
+#endif
+};
+
+std::string device_name(Device device) {
+#if OCTET_HAS_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp props{};
+    cuda::check(cudaGetDeviceProperties(&props, device.index), "cudaGetDeviceProperties");
+    return props.name;
+  }
+#endif
+  return "cpu";
+}
+
+// Dense tensor-core peaks from NVIDIA's H100/H200 datasheets (SXM: bf16 989 TFLOP/s, fp32 without
+// tensor cores 67; H100 PCIe: 756 and 51). 0 = unknown: pass --peak-tflops to get an MFU.
+double default_peak_tflops(const std::string& name, const std::string& precision) {
+  const bool hopper = name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
+  if (!hopper) return 0;
+  const bool pcie = name.find("PCIe") != std::string::npos;
+  if (precision == "bf16") return pcie ? 756 : 989;
+  return pcie ? 51 : 67;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_vit: ViT training throughput against OpenBLAS sgemm"};
-  std::string model_name = "vit_fashion_mnist", device = "cpu";
+  CLI::App app{"bench_vit: ViT training throughput (images/s, TFLOP/s, MFU, peak memory)"};
+  std::string model_name = "vit_fashion_mnist", device_flag = "auto", precision = "fp32", optimizer_name = "sgd";
   int64_t batch_size = 128;
   int steps = 20, warmup = 3, threads = 0;
+  double peak_tflops = -1;
   app.add_option("--model", model_name, "model config")->check(CLI::IsMember(models::vit_config_names()))
       ->capture_default_str();
-  app.add_option("--device", device, "cpu (cuda comes with the CUDA backend)")->check(CLI::IsMember({"cpu"}))
+  app.add_option("--device", device_flag, "auto (the first GPU if there is one), cpu, cuda or cuda:N")
       ->capture_default_str();
+  app.add_option("--precision", precision, "fp32, or bf16 (bf16 model, f32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--batch-size", batch_size, "images per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--optimizer", optimizer_name, "sgd (momentum 0.9, as the PyTorch reference) or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  app.add_option("--peak-tflops", peak_tflops,
+                 "the device's peak for MFU (default: NVIDIA's datasheet figure for an H100/H200, dense bf16 989 "
+                 "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)");
   app.add_option("--threads", threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -74,49 +163,114 @@ int main(int argc, char** argv) {
   try {
     if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     kernels::set_num_threads(threads);
+    const Device device = device_flag == "auto" ? (cuda::is_available() ? Device::cuda(0) : Device::cpu())
+                                                : Device::parse(device_flag);
+    OCTET_CHECK(device.is_cpu() || cuda::is_available(), "bench_vit: --device ", device.str(),
+                " but no CUDA device is visible (or this build has no CUDA); pass --device cpu");
+    const std::string name = device_name(device);
+    if (peak_tflops < 0) peak_tflops = default_peak_tflops(name, precision);
+
     const models::ViTConfig config = models::vit_config(model_name);
     Generator gen(0);
     models::VisionTransformer model(config, /*initialize=*/true, &gen);
-    optim::AdamW optimizer(optim::weight_decay_groups(model.named_parameters(), 1e-3, 0.05), 1e-3);
-    nn::CrossEntropyLoss criterion(0.1);
-    const Tensor images = randn({batch_size, config.in_chans, config.img_size, config.img_size}, gen);
+    if (precision == "bf16") model.to(DType::bf16);
+    model.to(device);
+    std::unique_ptr<optim::Optimizer> optimizer;
+    if (optimizer_name == "sgd") {
+      optimizer = std::make_unique<optim::SGD>(model.parameters(), 1e-3, 0.9);
+    } else {
+      optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(model.named_parameters(), 1e-3, 0.05),
+                                                 1e-3);
+    }
+    nn::CrossEntropyLoss criterion;
+    // Made once and kept on the device: the benchmark measures the step, not the input pipeline.
+    const Tensor images = randn({batch_size, config.in_chans, config.img_size, config.img_size}, gen).to(device);
     std::vector<int64_t> label_values(static_cast<size_t>(batch_size));
     for (int64_t i = 0; i < batch_size; ++i) label_values[static_cast<size_t>(i)] = i % config.num_classes;
-    const Tensor labels = from_vector(label_values, {batch_size});
+    const Tensor labels = from_vector(label_values, {batch_size}, DType::i64, device);
 
     std::vector<double> forward_s, backward_s, optimizer_s, step_s;
+    StepMarks marks(device);
+    Tensor loss;
     for (int s = 0; s < warmup + steps; ++s) {
-      const auto t0 = Clock::now();
-      const Tensor loss = criterion(model(images), labels);
-      const auto t1 = Clock::now();
+      marks.mark(0);
+      loss = criterion(model(images), labels);
+      marks.mark(1);
       loss.backward();
-      const auto t2 = Clock::now();
-      optimizer.step();
-      optimizer.zero_grad();
-      const auto t3 = Clock::now();
+      marks.mark(2);
+      optimizer->step();
+      optimizer->zero_grad();
+      marks.mark(3);
+      const std::array<double, 3> t = marks.intervals();
       if (s < warmup) continue;
-      forward_s.push_back(seconds(t0, t1)), backward_s.push_back(seconds(t1, t2));
-      optimizer_s.push_back(seconds(t2, t3)), step_s.push_back(seconds(t0, t3));
+      forward_s.push_back(t[0]), backward_s.push_back(t[1]), optimizer_s.push_back(t[2]);
+      step_s.push_back(t[0] + t[1] + t[2]);
     }
+    const double last_loss = loss.item();
+    OCTET_CHECK(std::isfinite(last_loss), "bench_vit: the loss became ", last_loss,
+                "; the step is broken, the timings mean nothing");
 
-    const int64_t tokens = (config.img_size / config.patch_size) * (config.img_size / config.patch_size) + 1;
-    const auto hidden = static_cast<int64_t>(config.embed_dim * config.mlp_ratio);
-    const double gemm_model = sgemm_gflops(batch_size * tokens, hidden, config.embed_dim, 10);
-    const double gemm_square = sgemm_gflops(1024, 1024, 1024, 10);
     const double step = median(step_s);
-    const double flops = 3.0 * model.flops_per_image_forward() * static_cast<double>(batch_size);
-    const double achieved = flops / step / 1e9;
+    const double flops_per_image = 3.0 * model.flops_per_image_forward();
+    const double images_per_s = static_cast<double>(batch_size) / step;
+    const double tflops = flops_per_image * images_per_s / 1e12;
+    const double mfu = peak_tflops > 0 ? tflops / peak_tflops : 0;
+    const cuda_memory::MemoryStats memory =
+        device.is_cuda() ? cuda_memory::memory_stats(device.index) : cuda_memory::MemoryStats{};
+    const double gib = 1024.0 * 1024.0 * 1024.0;
 
-    std::printf("model %s, batch %lld, %d thread(s), %lld parameters, %.1f MFLOP per training image\n",
-                config.name.c_str(), static_cast<long long>(batch_size), threads,
-                static_cast<long long>(model.num_parameters()), 3.0 * model.flops_per_image_forward() / 1e6);
+    std::printf("model %s, batch %lld, %s, %s, %s, %lld parameters\n", config.name.c_str(),
+                static_cast<long long>(batch_size), precision.c_str(), optimizer_name.c_str(),
+                device.is_cuda() ? (device.str() + " (" + name + ")").c_str()
+                                 : ("cpu, " + std::to_string(threads) + " thread(s)").c_str(),
+                static_cast<long long>(model.num_parameters()));
+    std::printf("%.4g GFLOP per training image (3x forward)%s\n", flops_per_image / 1e9,
+                config.name == "vit_huge_patch16_224" ? "; the issue's figure for this model: 764" : "");
     std::printf("step %.2f ms (forward %.2f, backward %.2f, optimizer %.2f; medians of %d)\n", 1e3 * step,
                 1e3 * median(forward_s), 1e3 * median(backward_s), 1e3 * median(optimizer_s), steps);
-    std::printf("training: %.0f images/s, %.1f GFLOP/s\n", static_cast<double>(batch_size) / step, achieved);
-    std::printf("OpenBLAS sgemm at the model's fc1 shape %lldx%lldx%lld: %.1f GFLOP/s -> ratio %.3f\n",
-                static_cast<long long>(batch_size * tokens), static_cast<long long>(hidden),
-                static_cast<long long>(config.embed_dim), gemm_model, achieved / gemm_model);
-    std::printf("OpenBLAS sgemm at 1024x1024x1024: %.1f GFLOP/s -> ratio %.3f\n", gemm_square, achieved / gemm_square);
+    if (device.is_cuda()) {
+      std::printf("training: %.1f images/s, %.1f TFLOP/s", images_per_s, tflops);
+    } else {
+      std::printf("training: %.1f images/s, %.2f GFLOP/s", images_per_s, 1e3 * tflops);
+    }
+    if (mfu > 0) {
+      std::printf(", MFU %.1f%% of %.0f TFLOP/s\n", 100 * mfu, peak_tflops);
+    } else {
+      std::printf(" (no MFU: unknown peak, pass --peak-tflops)\n");
+    }
+    if (device.is_cuda()) {
+      std::printf("memory: peak %.2f GiB in use, %.2f GiB reserved at peak\n", memory.peak / gib,
+                  memory.reserved_peak / gib);
+    } else {
+      const int64_t tokens = model.num_patches() + 1;
+      const auto hidden = static_cast<int64_t>(static_cast<double>(config.embed_dim) * config.mlp_ratio);
+      const double gemm_model = sgemm_gflops(batch_size * tokens, hidden, config.embed_dim, 10);
+      const double gemm_square = sgemm_gflops(1024, 1024, 1024, 10);
+      const double achieved = 1e3 * tflops;
+      std::printf("OpenBLAS sgemm at the model's fc1 shape %lldx%lldx%lld: %.1f GFLOP/s -> ratio %.3f\n",
+                  static_cast<long long>(batch_size * tokens), static_cast<long long>(hidden),
+                  static_cast<long long>(config.embed_dim), gemm_model, achieved / gemm_model);
+      std::printf("OpenBLAS sgemm at 1024x1024x1024: %.1f GFLOP/s -> ratio %.3f\n", gemm_square,
+                  achieved / gemm_square);
+    }
+    const nlohmann::json summary = {
+        {"bench", "octet"},
+        {"model", config.name},
+        {"device", name},
+        {"precision", precision},
+        {"optimizer", optimizer_name},
+        {"batch_size", batch_size},
+        {"steps", steps},
+        {"step_ms", 1e3 * step},
+        {"images_per_s", images_per_s},
+        {"tflops", tflops},
+        {"mfu", peak_tflops > 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
+        {"peak_tflops", peak_tflops > 0 ? nlohmann::json(peak_tflops) : nlohmann::json(nullptr)},
+        {"peak_memory_gib", device.is_cuda() ? nlohmann::json(memory.peak / gib) : nlohmann::json(nullptr)},
+        {"gflop_per_image", flops_per_image / 1e9},
+        {"loss", last_loss},
+    };
+    std::printf("%s\n", summary.dump().c_str());
   } catch (const std::exception& e) {
     logging::error("{}", e.what());
     return 1;

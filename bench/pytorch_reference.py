@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""The PyTorch comparator for bench_vit: the same ViT as timm's VisionTransformer, trained the way
+the seed experiment does it (bf16 autocast, SGD momentum 0.9, random data kept on the GPU), eager
+and under torch.compile. It prints the figures bench_vit prints (median step ms, images/s, TFLOP/s,
+MFU, peak memory) and one JSON line per mode for tools/gpu_check.sh's table.
+
+    python3 bench/pytorch_reference.py --model vit_huge_patch16_224 --batch-size 64 --mode both
+
+Nothing in Octet depends on this script or on Python; it runs only beside bench_vit on a GPU machine.
+"""
+import argparse
+import json
+import statistics
+
+import timm
+import torch
+import torch.nn.functional as F
+
+
+def flops_per_image_forward(model):
+    """The FLOP count bench_vit uses (models/vit.cpp: flops_per_image_forward): twice the
+    multiply-adds of every GEMM and attention matmul of one image's forward."""
+    patch = model.patch_embed.patch_size[0]
+    img = model.patch_embed.img_size[0]
+    in_chans = model.patch_embed.proj.in_channels
+    n = (img // patch) ** 2
+    t = n + 1
+    d = model.embed_dim
+    hidden = model.blocks[0].mlp.fc1.out_features
+    depth = len(model.blocks)
+    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * hidden
+    return 2 * (n * in_chans * patch * patch * d + depth * per_block + d * model.num_classes)
+
+
+def default_peak_tflops(name, precision):
+    """NVIDIA's datasheet dense peaks for H100/H200 (as bench_vit's --peak-tflops default)."""
+    if "H100" not in name and "H200" not in name:
+        return None
+    pcie = "PCIe" in name
+    if precision == "bf16":
+        return 756.0 if pcie else 989.0
+    return 51.0 if pcie else 67.0
+
+
+def run(args, mode):
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = timm.create_model(args.model, pretrained=False).to(device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    cfg = model.patch_embed
+    images = torch.randn(args.batch_size, cfg.proj.in_channels, cfg.img_size[0], cfg.img_size[1], device=device)
+    labels = torch.arange(args.batch_size, device=device) % model.num_classes
+    forward = torch.compile(model) if mode == "compile" else model
+    autocast_dtype = torch.bfloat16 if args.precision == "bf16" else None
+
+    def step():
+        with torch.autocast("cuda", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = F.cross_entropy(forward(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    torch.cuda.reset_peak_memory_stats(device)
+    times_ms = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for s in range(args.warmup + args.steps):
+        start.record()
+        loss = step()
+        end.record()
+        end.synchronize()
+        if s >= args.warmup:
+            times_ms.append(start.elapsed_time(end))
+    last_loss = loss.item()
+
+    name = torch.cuda.get_device_name(device)
+    peak = args.peak_tflops if args.peak_tflops is not None else default_peak_tflops(name, args.precision)
+    step_ms = statistics.median(times_ms)
+    flops_per_image = 3 * flops_per_image_forward(model)
+    images_per_s = args.batch_size / (step_ms / 1e3)
+    tflops = flops_per_image * images_per_s / 1e12
+    mfu = tflops / peak if peak else None
+    peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    label = f"pytorch-{mode}"
+    print(f"{label}: model {args.model}, batch {args.batch_size}, {args.precision} autocast, SGD momentum 0.9, "
+          f"{name}, {sum(p.numel() for p in model.parameters())} parameters")
+    print(f"{label}: {flops_per_image / 1e9:.4g} GFLOP per training image (3x forward)")
+    print(f"{label}: step {step_ms:.2f} ms (median of {args.steps}), {images_per_s:.1f} images/s, "
+          f"{tflops:.1f} TFLOP/s" + (f", MFU {100 * mfu:.1f}% of {peak:.0f} TFLOP/s" if mfu else ""))
+    print(f"{label}: memory: peak {peak_memory_gib:.2f} GiB allocated, "
+          f"{torch.cuda.max_memory_reserved(device) / 2**30:.2f} GiB reserved")
+    print(json.dumps({
+        "bench": label, "model": args.model, "device": name, "precision": args.precision, "optimizer": "sgd",
+        "batch_size": args.batch_size, "steps": args.steps, "step_ms": step_ms, "images_per_s": images_per_s,
+        "tflops": tflops, "mfu": mfu, "peak_tflops": peak, "peak_memory_gib": peak_memory_gib,
+        "gflop_per_image": flops_per_image / 1e9, "loss": last_loss,
+        "torch": torch.__version__, "timm": timm.__version__,
+    }), flush=True)
+    del forward, model, optimizer, images, labels
+    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vit_huge_patch16_224", help="a timm model name (bench_vit's --model)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
+                        help="bf16: torch.autocast(bfloat16) over fp32 parameters; fp32: no autocast")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
+    parser.add_argument("--mode", choices=["eager", "compile", "both"], default="both")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak for MFU (default: NVIDIA's datasheet figure for an H100/H200)")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 runs stay fp32, as Octet's
+    for mode in (["eager", "compile"] if args.mode == "both" else [args.mode]):
+        run(args, mode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+// CUDA LayerNorm, GELU, cross-entropy and dropout against the CPU kernels on the same random inputs.
+// Floating results are compared by norm-wise relative error, ||gpu - cpu||_2 / ||cpu||_2 in f64: at
+// most 1e-5 for f32 and 1e-2 for bf16. Dropout must match the CPU bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/nn_ops.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+using testing::random_tensor;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
+
+const Device kGpu = Device::cuda(0);
+
+double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
+
+// ||got - want||_2 / ||want||_2, both read as f64 on the host (NaNs must sit at the same places).
+double relative_error(const Tensor& got, const Tensor& want) {
+  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
+  EXPECT_EQ(got.dtype(), want.dtype()) << got.describe() << " vs " << want.describe();
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << "element " << i << ": " << g[i] << " vs " << w[i];
+      continue;
+    }
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want) {
+  const Tensor got = got_any_device.to(Device::cpu());
+  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
+  }
+  if (std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()) == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "bits differ between " << got.describe() << " and " << want.describe();
+}
+
+// A copy of t on the GPU whose data starts one element past a 16-byte boundary, so the kernels take
+// their scalar (unvectorised) paths.
+Tensor misaligned_on_gpu(const Tensor& t) {
+  const Tensor flat = empty({t.numel() + 1}, t.dtype(), kGpu);
+  const Tensor view = flat.narrow(1, t.numel()).reshape(t.shape());
+  view.copy_(t);
+  return view;
+}
+
+const std::vector<int64_t> kRows = {1, 7, 37};
+const std::vector<int64_t> kWidths = {13, 96, 1280, 3000};
+
+// ---- LayerNorm ----------------------------------------------------------------------------------------
+
+struct AffineCase {
+  bool affine;
+  DType weight_dtype;
+};
+
+TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (AffineCase a : {AffineCase{true, DType::f32}, AffineCase{true, d}, AffineCase{false, d}}) {
+      for (int64_t rows : kRows) {
+        for (int64_t C : kWidths) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << rows << " C " << C << " weight "
+                                            << (a.affine ? dtype_name(a.weight_dtype) : "none"));
+          const Tensor x = random_tensor({rows, C}, d, 10 + rows + C, 2.0);
+          const Tensor dy = random_tensor({rows, C}, d, 20 + rows + C);
+          const Tensor w = a.affine ? random_tensor({C}, a.weight_dtype, 30 + C) : Tensor();
+          const Tensor b = a.affine ? random_tensor({C}, a.weight_dtype, 40 + C) : Tensor();
+          const auto cpu = kernels::layernorm_forward(x, w, b, 1e-5);
+          const auto gpu = kernels::layernorm_forward(x.to(kGpu), a.affine ? w.to(kGpu) : w,
+                                                      a.affine ? b.to(kGpu) : b, 1e-5);
+          EXPECT_LE(relative_error(gpu.y, cpu.y), tolerance(d));
+          EXPECT_LE(relative_error(gpu.mean, cpu.mean), 1e-5);
+          EXPECT_LE(relative_error(gpu.rstd, cpu.rstd), 1e-5);
+
+          const auto cpu_grads = kernels::layernorm_backward(dy, x, w, cpu.mean, cpu.rstd);
+          const auto gpu_grads = kernels::layernorm_backward(dy.to(kGpu), x.to(kGpu), a.affine ? w.to(kGpu) : w,
+                                                             gpu.mean, gpu.rstd);
+          EXPECT_LE(relative_error(gpu_grads.dx, cpu_grads.dx), tolerance(d));
+          if (a.affine) {
+            EXPECT_LE(relative_error(gpu_grads.dweight, cpu_grads.dweight), tolerance(a.weight_dtype));
+            EXPECT_LE(relative_error(gpu_grads.dbias, cpu_grads.dbias), tolerance(a.weight_dtype));
+          } else {
+            EXPECT_FALSE(gpu_grads.dweight.defined());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaLayerNorm, ManyRowsLeadingDimsAndUnalignedRowsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // 64·197 rows of ViT-H's width: many rows per backward block; then a misaligned copy (scalar path).
+  for (Shape shape : {Shape{64, 197, 1280}, Shape{3, 5, 96}}) {
+    const Tensor x = random_tensor(shape, DType::bf16, 50, 3.0), dy = random_tensor(shape, DType::bf16, 51);
+    const int64_t C = shape[shape.ndim() - 1];
+    const Tensor w = random_tensor({C}, DType::f32, 52), b = random_tensor({C}, DType::f32, 53);
+    const auto cpu = kernels::layernorm_forward(x, w, b);
+    const auto cpu_grads = kernels::layernorm_backward(dy, x, w, cpu.mean, cpu.rstd);
+    for (bool misaligned : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << shape << (misaligned ? " misaligned" : ""));
+      const Tensor xg = misaligned ? misaligned_on_gpu(x) : x.to(kGpu);
+      const Tensor dyg = misaligned ? misaligned_on_gpu(dy) : dy.to(kGpu);
+      const auto gpu = kernels::layernorm_forward(xg, w.to(kGpu), b.to(kGpu));
+      EXPECT_LE(relative_error(gpu.y, cpu.y), 1e-2);
+      EXPECT_LE(relative_error(gpu.rstd, cpu.rstd), 1e-5);
+      const auto gpu_grads = kernels::layernorm_backward(dyg, xg, w.to(kGpu), gpu.mean, gpu.rstd);
+      EXPECT_LE(relative_error(gpu_grads.dx, cpu_grads.dx), 1e-2);
+      EXPECT_LE(relative_error(gpu_grads.dweight, cpu_grads.dweight), 1e-5);
+      EXPECT_LE(relative_error(gpu_grads.dbias, cpu_grads.dbias), 1e-5);
+    }
+  }
+}
+
+TEST(CudaLayerNorm, WeightGradientsRepeatBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = random_tensor({1000, 768}, DType::f32, 60).to(kGpu);
+  const Tensor dy = random_tensor({1000, 768}, DType::f32, 61).to(kGpu);
+  const Tensor w = random_tensor({768}, DType::f32, 62).to(kGpu), b = random_tensor({768}, DType::f32, 63).to(kGpu);
+  const auto fwd = kernels::layernorm_forward(x, w, b);
+  const auto first = kernels::layernorm_backward(dy, x, w, fwd.mean, fwd.rstd);
+  const auto second = kernels::layernorm_backward(dy, x, w, fwd.mean, fwd.rstd);
+  EXPECT_TRUE(same_bits(second.dweight, first.dweight.to(Device::cpu())));
+  EXPECT_TRUE(same_bits(second.dbias, first.dbias.to(Device::cpu())));
+}
+
+// ---- GELU ---------------------------------------------------------------------------------------------
+
+TEST(CudaGelu, BothFormsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (auto form : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (DType d : {DType::f32, DType::bf16}) {
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{37 * 13}, int64_t{1000003}}) {
+        for (bool misaligned : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(d) << " n " << n << (misaligned ? " misaligned" : "")
+                                            << (form == kernels::GeluApproximation::Tanh ? " tanh" : " erf"));
+          // Wide enough to reach both tails.
+          const Tensor x = random_tensor({n}, d, 70 + n, 4.0), dy = random_tensor({n}, d, 71 + n);
+          const Tensor xg = misaligned ? misaligned_on_gpu(x) : x.to(kGpu);
+          const Tensor dyg = misaligned ? misaligned_on_gpu(dy) : dy.to(kGpu);
+          EXPECT_LE(relative_error(kernels::gelu_forward(xg, form), kernels::gelu_forward(x, form)), tolerance(d));
+          EXPECT_LE(relative_error(kernels::gelu_backward(dyg, xg, form), kernels::gelu_backward(dy, x, form)),
+                    tolerance(d));
+        }
+      }
+    }
+  }
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------------------
+
+TEST(CudaCrossEntropy, LossLseAndGradientMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const int64_t ignore = -100;
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (DType index : {DType::i64, DType::i32}) {
+      for (double smoothing : {0.0, 0.1}) {
+        for (int64_t N : kRows) {
+          for (int64_t C : kWidths) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(d) << " " << dtype_name(index) << " smoothing "
+                                              << smoothing << " N " << N << " C " << C);
+            const Tensor logits = random_tensor({N, C}, d, 80 + N + C, 3.0);
+            std::vector<int64_t> t(N);
+            for (int64_t r = 0; r < N; ++r) t[r] = (r % 5 == 3) ? ignore : (r * 7919 + 3) % C;
+            const Tensor targets = from_vector(t, {N}, index);
+            const Tensor dloss = full({}, 1.7);
+            const auto cpu = kernels::cross_entropy_forward(logits, targets, smoothing, ignore);
+            const auto gpu = kernels::cross_entropy_forward(logits.to(kGpu), targets.to(kGpu), smoothing, ignore);
+            EXPECT_LE(relative_error(gpu.loss, cpu.loss), 1e-5);
+            EXPECT_LE(relative_error(gpu.lse, cpu.lse), 1e-5);
+            const Tensor cpu_grad = kernels::cross_entropy_backward(logits, targets, cpu.lse, dloss, smoothing, ignore);
+            const Tensor gpu_grad = kernels::cross_entropy_backward(logits.to(kGpu), targets.to(kGpu), gpu.lse,
+                                                                    dloss.to(kGpu), smoothing, ignore);
+            EXPECT_LE(relative_error(gpu_grad, cpu_grad), tolerance(d));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, AllRowsIgnoredGivesZeroLossAndGradient) {
+  SKIP_WITHOUT_GPU();
+  const Tensor logits = random_tensor({5, 13}, DType::f32, 90).to(kGpu);
+  const Tensor targets = full({5}, -1.0, DType::i64).to(kGpu);
+  const auto out = kernels::cross_entropy_forward(logits, targets, 0.0, -1);
+  EXPECT_EQ(out.loss.item(), 0.0);
+  const Tensor grad = kernels::cross_entropy_backward(logits, targets, out.lse, ones({}).to(kGpu), 0.0, -1);
+  for (double g : grad.to_vector<double>()) EXPECT_EQ(g, 0.0);
+}
+
+TEST(CudaCrossEntropy, ATargetOutOfRangeMakesTheLossNaN) {
+  SKIP_WITHOUT_GPU();
+  const Tensor logits = random_tensor({4, 13}, DType::f32, 91).to(kGpu);
+  const Tensor targets = from_vector<int64_t>({1, 2, 13, 0}, {4}).to(kGpu);
+  const auto out = kernels::cross_entropy_forward(logits, targets);
+  EXPECT_TRUE(std::isnan(out.loss.item()));
+}
+
+// ---- dropout --------------------------------------------------------------------------------------------------
+
+TEST(CudaDropout, MasksAndValuesAreTheCpusBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{37}, int64_t{1000003}}) {
+      for (double p : {0.1, 0.5, 0.9}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(d) << " n " << n << " p " << p);
+        const Tensor x = random_tensor({n}, d, 100 + n);
+        const uint64_t seed = 0x1234567890abcdefULL, offset = 977;
+        EXPECT_TRUE(same_bits(kernels::dropout_forward(x.to(kGpu), p, seed, offset),
+                              kernels::dropout_forward(x, p, seed, offset)));
+        EXPECT_TRUE(same_bits(kernels::dropout_backward(x.to(kGpu), p, seed, offset + 5),
+                              kernels::dropout_backward(x, p, seed, offset + 5)));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace octet

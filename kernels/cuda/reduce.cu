@@ -342,7 +342,7 @@ Tensor sum(const Tensor& a_in, int64_t outer, int64_t n, int64_t inner, float di
   const Tensor a = kernel_input(a_in);
   Tensor out = empty({outer * inner}, out_dtype, a.device());
   if (outer * inner == 0) return out;
-  if (n == 0) return out.zero_();
+  if (n == 0) return out.fill_(0.0 / divisor);  // as on the CPU: 0 for a sum, NaN for a mean
   dispatch_floating(a.dtype(), op, [&]<class T>() {
     dispatch_floating(out_dtype, op, [&]<class OutT>() {
       reduce<T, OutT>(ptr<T>(a), ptr<OutT>(out), outer, n, inner, divisor, SumOp{}, a, stream_for(a));

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The one-call GPU check. Run it from the repository root on a machine with an NVIDIA GPU, after
+# tools/gpu_bundle.sh built and packed the programs on the development machine (the GPU machine
+# may have no compiler toolchain for Octet's dependencies and cannot download them):
+#
+#   bash tools/gpu_bundle.sh                                     here
+#   run(command="bash tools/gpu_check.sh", carry=["build-gpu-bundle"])   with the device tool
+#
+# It prints the GPU and driver, runs every GPU test (test_cuda) and the CPU suites, trains a small
+# ViT in bf16 on the GPU (Fashion-MNIST when present, synthetic images otherwise), then runs
+# bench_vit next to bench/pytorch_reference.py (eager and torch.compile) on the same GPU and prints
+# one table: images/s, step ms, TFLOP/s, MFU, peak memory and each run ÷ PyTorch eager.
+# About 6 minutes on an H100; MODEL, BATCH, STEPS override the benchmark (default
+# vit_huge_patch16_224, 64, 20). Logs and the table go to $OUT when set (the device tool's output
+# folder), else to a temporary folder. The exit status is non-zero when a test or run failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=${OCTET_BUNDLE:-build-gpu-bundle}
+model=${MODEL:-vit_huge_patch16_224}
+batch=${BATCH:-64}
+steps=${STEPS:-20}
+work=$(mktemp -d /tmp/octet-gpu-check.XXXXXX)
+out=${OUT:-$work}
+mkdir -p "$out"
+failures=()
+start=$SECONDS
+stage() { printf '\n== %s (%ds elapsed)\n' "$*" $((SECONDS - start)); }
+
+# ---- the programs and their libraries -------------------------------------------------------------
+[[ -f $bundle/bundle.tar.xz ]] || {
+  echo "gpu_check: no $bundle/bundle.tar.xz; run bash tools/gpu_bundle.sh on the development machine and carry $bundle"
+  exit 2
+}
+python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle/bundle.tar.xz" "$work"
+bin=$work/bin
+[[ -f $bundle/commit ]] && echo "bundle built from commit $(cat "$bundle/commit"); this tree is at $(git rev-parse HEAD 2>/dev/null || echo '?')"
+
+# cuBLASLt and cuDNN come from this machine: its CUDA toolkit, or NVIDIA's wheels beside PyTorch.
+roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
+while read -r site; do roots+=("$site/nvidia"); done < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+cuda_dirs=$(for r in "${roots[@]}"; do
+  [[ -d $r ]] && find "$r" -maxdepth 4 \( -name 'libcublasLt.so.1*' -o -name 'libcudnn.so.9*' -o -name 'libnvrtc.so.1*' \) -printf '%h\n'
+done 2>/dev/null | awk '!seen[$0]++' | paste -sd:)
+export LD_LIBRARY_PATH=$work/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if ldd "$bin/test_cuda" "$bin/bench_vit" | grep -q 'not found'; then
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$work/lib-fallback  # this image's GCC runtime is missing or older
+fi
+if ldd "$bin/test_cuda" "$bin/bench_vit" | grep 'not found'; then
+  echo "gpu_check: libraries above are missing (searched: $LD_LIBRARY_PATH)"
+  exit 3
+fi
+
+stage "device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+device_line=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
+
+# ---- tests ------------------------------------------------------------------------------------------
+stage "GPU tests (test_cuda)"
+if ! timeout 300 "$bin/test_cuda" --gtest_brief=1 2>&1 | tee "$out/test_cuda.log" | tail -n 40; then
+  failures+=("test_cuda")
+fi
+stage "CPU suites (in parallel)"
+for t in test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps; do
+  (OMP_NUM_THREADS=2 timeout 240 "$bin/$t" --gtest_brief=1 > "$work/$t.log" 2>&1; echo $? > "$work/$t.rc") &
+done
+wait
+for t in test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps; do
+  rc=$(cat "$work/$t.rc")
+  printf '%-14s %s\n' "$t" "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$work/$t.log" | paste -sd' ') (exit $rc)"
+  if [[ $rc != 0 ]]; then
+    failures+=("$t")
+    grep -E '^\[  FAILED  \]|Failure|error' "$work/$t.log" | head -n 20
+  fi
+done
+
+# ---- training ---------------------------------------------------------------------------------------
+stage "train_vit --device cuda --precision bf16"
+data=(--dataset synthetic --synthetic-size 20000)
+for d in "${FASHION_MNIST_DIR:-}" /usr/share/fashion-mnist data/fashion-mnist; do
+  if [[ -n $d && -d $d ]] && ls "$d" | grep -q 'train-images'; then data=(--dataset fashion-mnist --data-dir "$d"); break; fi
+done
+if ! timeout 180 "$bin/train_vit" --device cuda --precision bf16 "${data[@]}" --steps 300 --log-every 100 \
+    --eval-every 300 --metrics "$out/train_vit.jsonl" 2>&1 | tee "$out/train_vit.log"; then
+  failures+=("train_vit")
+fi
+
+# ---- benchmarks: the same GPU, one after the other ---------------------------------------------------
+stage "bench_vit $model, batch $batch, bf16"
+timeout 240 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision bf16 --steps "$steps" \
+  --warmup 5 2>&1 | tee "$out/bench_vit.log" || failures+=("bench_vit")
+stage "PyTorch reference (timm, bf16 autocast): eager and torch.compile"
+PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_reference.py --model "$model" --batch-size "$batch" \
+  --steps "$steps" --warmup 5 --mode both 2>&1 | tee "$out/pytorch_reference.log" | grep -v '^{' ||
+  failures+=("pytorch_reference")
+
+# ---- the table ----------------------------------------------------------------------------------------
+stage "results"
+grep -h '^{"' "$out/bench_vit.log" "$out/pytorch_reference.log" > "$out/bench.jsonl" 2>/dev/null
+python3 - "$out/bench.jsonl" "$device_line" "$model" "$batch" <<'PY' | tee "$out/gpu_check_table.md"
+import datetime, json, sys
+path, device, model, batch = sys.argv[1:5]
+runs = {}
+for line in open(path):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    runs[r["bench"]] = r
+eager = runs.get("pytorch-eager", {}).get("images_per_s")
+names = {"octet": "Octet bf16 (bench_vit)", "pytorch-eager": "PyTorch eager, bf16 autocast",
+         "pytorch-compile": "PyTorch torch.compile, bf16 autocast"}
+print(f"{model}, batch {batch}, SGD momentum 0.9, synthetic data on the GPU")
+print(f"{device}, {datetime.date.today().isoformat()}")
+print()
+print("| run | images/s | step ms | TFLOP/s | MFU | peak memory GiB | ÷ PyTorch eager |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+fmt = lambda v, f: "n/a" if v is None else format(v, f)
+for key in ("octet", "pytorch-eager", "pytorch-compile"):
+    r = runs.get(key)
+    if r is None:
+        print(f"| {names[key]} | did not run | | | | | |")
+        continue
+    ratio = r["images_per_s"] / eager if eager else None
+    mfu = None if r.get("mfu") is None else 100 * r["mfu"]
+    print(f"| {names[key]} | {r['images_per_s']:.1f} | {r['step_ms']:.1f} | {r['tflops']:.1f} | "
+          f"{fmt(mfu, '.1f')}% | {fmt(r.get('peak_memory_gib'), '.1f')} | {fmt(ratio, '.3f')} |")
+if "octet" in runs and eager:
+    ratio = runs["octet"]["images_per_s"] / eager
+    print()
+    print(f"Octet bf16 / PyTorch eager = {ratio:.3f} (issue 4 asks >= 1.0; the project's goal is 1.3 and 55% MFU)")
+    print(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
+          f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f} (the issue: 764 for vit_huge_patch16_224)")
+PY
+
+printf '\n== done in %ds\n' $((SECONDS - start))
+if ((${#failures[@]})); then
+  echo "FAILED: ${failures[*]} (logs in $out)"
+  exit 1
+fi
+echo "all GPU tests, the CPU suites, train_vit and both benchmarks ran (logs in $out)"

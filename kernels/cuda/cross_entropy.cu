@@ -89,8 +89,9 @@ __device__ long long count_counted_rows(const I* targets, int64_t N, int64_t ign
 // loss[0] = Σ row_loss / (rows counted), 0 when none count. One block; the sum is in double, per
 // thread in row order and then across threads in a fixed order. Bytes: 4 per row plus the targets.
 template <class I>
-__global__ void cross_entropy_mean_kernel(const float* __restrict__ row_loss, const I* __restrict__ targets,
-                                          int64_t N, int64_t ignore_index, float* __restrict__ loss) {
+__global__ void __launch_bounds__(kTotalThreads)
+    cross_entropy_mean_kernel(const float* __restrict__ row_loss, const I* __restrict__ targets, int64_t N,
+                              int64_t ignore_index, float* __restrict__ loss) {
   __shared__ double partial[kTotalThreads];
   double total = 0;
   for (int64_t r = threadIdx.x; r < N; r += blockDim.x) total += row_loss[r];
@@ -104,8 +105,9 @@ __global__ void cross_entropy_mean_kernel(const float* __restrict__ row_loss, co
 
 // scale[0] = dloss / (rows counted), 0 when none count; rounded once to f32 as the CPU does.
 template <class I, class D>
-__global__ void cross_entropy_grad_scale_kernel(const I* __restrict__ targets, int64_t N, int64_t ignore_index,
-                                                const D* __restrict__ dloss, float* __restrict__ scale) {
+__global__ void __launch_bounds__(kTotalThreads)
+    cross_entropy_grad_scale_kernel(const I* __restrict__ targets, int64_t N, int64_t ignore_index,
+                                    const D* __restrict__ dloss, float* __restrict__ scale) {
   const long long counted = count_counted_rows(targets, N, ignore_index);
   if (threadIdx.x != 0) return;
   double d;

@@ -42,9 +42,8 @@ Tensor dropout_apply(const Tensor& in, double p, uint64_t seed, uint64_t offset)
   const auto keep_threshold = static_cast<uint32_t>(std::ceil(p * 16777216.0));
   const auto keep_prob = static_cast<float>(1.0 - p);
   dispatch_floating(in.dtype(), op, [&]<class T>() {
-    dropout_kernel<T><<<blocks_for((n + 3) / 4), kThreads, 0, stream_for(in)>>>(ptr<T>(in), ptr<T>(out), n,
-                                                                                keep_threshold, keep_prob, seed,
-                                                                                offset);
+    dropout_kernel<T><<<blocks_for((n + 3) / 4), kThreads, 0, stream_for(in)>>>(
+        ptr<T>(in), ptr<T>(out), n, keep_threshold, keep_prob, seed, offset);
     check_launch(op);
   });
   return out;

@@ -76,8 +76,7 @@ template <bool kBinary, class Op, class T>
 void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, const char* what) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  const bool vectorized =
-      aligned16(a.data_ptr()) && aligned16(out.data_ptr()) && (!kBinary || aligned16(b.data_ptr()));
+  const bool vectorized = aligned16(a.data_ptr()) && aligned16(out.data_ptr()) && (!kBinary || aligned16(b.data_ptr()));
   const int64_t work = vectorized ? (n + Pack<T>::N - 1) / Pack<T>::N : n;
   map_kernel<T, kBinary, Op><<<blocks_for(work), kThreads, 0, stream_for(out)>>>(
       ptr<T>(a), kBinary ? ptr<T>(b) : nullptr, ptr<T>(out), n, vectorized, op);

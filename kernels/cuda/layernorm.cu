@@ -25,8 +25,9 @@ constexpr int64_t kWarpPerRowMaxC = 1024;
 constexpr int kForwardWarpThreads = 256;  // 8 rows per block in warp-per-row mode
 // At most this many backward blocks: more would cost more partial sums than it gains in parallelism.
 constexpr int64_t kMaxBackwardBlocks = 512;
-// Per-block partial sums live in shared memory up to this size, in global memory beyond.
-constexpr size_t kMaxSharedPartialBytes = 48 * 1024;
+// Per-block partial sums live in shared memory up to this size (under the 48 KiB a block gets
+// without opting in, with room for the static scratch), in global memory beyond.
+constexpr size_t kMaxSharedPartialBytes = 40 * 1024;
 
 // Threads per row for a block-per-row kernel: about one 16-byte pack (or 8 scalars) each, a
 // multiple of 32 in [lo, hi].
@@ -40,8 +41,7 @@ int threads_for_row(int64_t C, bool vectorized, int elements_per_pack, int lo, i
 // Calls f(c, value) for this thread's elements of a row: packs c = lane·N, lane·N + lanes·N, ...
 // when vectorized, else c = lane, lane + lanes, ...
 template <class T, class F>
-__device__ __forceinline__ void for_each_in_row(const T* row, int64_t C, int lane, int lanes, bool vectorized,
-                                                F&& f) {
+__device__ __forceinline__ void for_each_in_row(const T* row, int64_t C, int lane, int lanes, bool vectorized, F&& f) {
   if (vectorized) {
     constexpr int N = Pack<T>::N;
     for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
@@ -78,10 +78,10 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
 // y = (x - mean) · rstd · weight + bias per row; mean and rstd saved (f32).
 // Bytes: reads x once from DRAM (and weight, bias: C each, cached), writes y plus 8 per row.
 template <class T, class W, bool kBlockPerRow>
-__global__ void layernorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ weight,
-                                         const W* __restrict__ bias, T* __restrict__ y, float* __restrict__ mean,
-                                         float* __restrict__ rstd, int64_t rows, int64_t C, float eps,
-                                         bool vectorized) {
+__global__ void __launch_bounds__(1024)
+    layernorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ weight, const W* __restrict__ bias,
+                             T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
+                             int64_t C, float eps, bool vectorized) {
   __shared__ float scratch[32];
   int64_t row;
   int lane, lanes;
@@ -134,11 +134,11 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const W* __res
 // (partial + blockIdx.x · 2C: C sums of dy · xhat, then C of dy).
 // Bytes: reads dy and x (twice each; the second read hits L1/L2), writes dx; 8·C per block of partials.
 template <class T, class W>
-__global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                          const W* __restrict__ weight, const float* __restrict__ mean,
-                                          const float* __restrict__ rstd, T* __restrict__ dx,
-                                          float* __restrict__ partial, int64_t rows, int64_t C,
-                                          int64_t rows_per_block, bool vectorized, bool partial_in_shared) {
+__global__ void __launch_bounds__(512)
+    layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ weight,
+                              const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                              float* __restrict__ partial, int64_t rows, int64_t C, int64_t rows_per_block,
+                              bool vectorized, bool partial_in_shared) {
   extern __shared__ float shared_partial[];
   __shared__ float scratch[64];
   const int tid = threadIdx.x, lanes = blockDim.x;
@@ -158,8 +158,6 @@ __global__ void layernorm_backward_kernel(const T* __restrict__ dy, const T* __r
     T* dxr = dx + r * C;
     const float m = mean[r], rs = rstd[r];
     float sum_g = 0.f, sum_g_xhat = 0.f;
-    // The x pass visits the same columns in the same order as the dy pass, so the values pair up
-    // through a pack-sized buffer.
     if (vectorized) {
       constexpr int N = Pack<T>::N;
       for (int64_t c = int64_t{tid} * N; c < C; c += int64_t{lanes} * N) {
@@ -253,9 +251,8 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
     with_weight_type(weight, op, [&]<class W>() {
       const bool vectorized = C % Pack<T>::N == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr());
       auto launch = [&](auto kernel, unsigned blocks, int threads) {
-        kernel<<<blocks, threads, 0, stream>>>(ptr<T>(x), maybe<W>(weight), maybe<W>(bias), ptr<T>(y),
-                                               ptr<float>(mean), ptr<float>(rstd), rows, C, static_cast<float>(eps),
-                                               vectorized);
+        kernel<<<blocks, threads, 0, stream>>>(ptr<T>(x), maybe<W>(weight), maybe<W>(bias), ptr<T>(y), ptr<float>(mean),
+                                               ptr<float>(rstd), rows, C, static_cast<float>(eps), vectorized);
       };
       if (C <= kWarpPerRowMaxC) {
         const int64_t rows_per_block = kForwardWarpThreads / 32;
@@ -296,18 +293,18 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 
   dispatch_floating(x.dtype(), op, [&]<class T>() {
     with_weight_type(weight, op, [&]<class W>() {
-      const bool vectorized = C % Pack<T>::N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) &&
-                              aligned16(dx.data_ptr());
+      const bool vectorized =
+          C % Pack<T>::N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) && aligned16(dx.data_ptr());
       const int threads = threads_for_row(C, vectorized, Pack<T>::N, 32, 512);
-      layernorm_backward_kernel<T, W><<<static_cast<unsigned>(blocks), threads,
-                                        partial_in_shared ? partial_bytes : 0, stream>>>(
-          ptr<T>(dy), ptr<T>(x), maybe<W>(weight), ptr<float>(mean), ptr<float>(rstd), ptr<T>(dx),
-          weight.defined() ? ptr<float>(partial) : nullptr, rows, C, rows_per_block, vectorized, partial_in_shared);
+      layernorm_backward_kernel<T, W>
+          <<<static_cast<unsigned>(blocks), threads, partial_in_shared ? partial_bytes : 0, stream>>>(
+              ptr<T>(dy), ptr<T>(x), maybe<W>(weight), ptr<float>(mean), ptr<float>(rstd), ptr<T>(dx),
+              weight.defined() ? ptr<float>(partial) : nullptr, rows, C, rows_per_block, vectorized, partial_in_shared);
       check_launch(op);
       if (weight.defined()) {
         const auto column_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
-        layernorm_column_sums_kernel<W><<<column_blocks, kThreads, 0, stream>>>(ptr<float>(partial), blocks, C,
-                                                                               ptr<W>(dweight), ptr<W>(dbias));
+        layernorm_column_sums_kernel<W>
+            <<<column_blocks, kThreads, 0, stream>>>(ptr<float>(partial), blocks, C, ptr<W>(dweight), ptr<W>(dbias));
         check_launch(op);
       }
     });

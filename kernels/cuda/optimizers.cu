@@ -111,8 +111,7 @@ __device__ __forceinline__ int tensor_and_range(const TensorTable<Depth>& table,
 // Bytes per element: f32 param: 28 (read p, g, m, v; write p, m, v); bf16 param with f32 master:
 // 28 (read g 2, master, m, v 12; write master, m, v 12 and param 2).
 template <class T, class G, class P, bool kMaster>
-__global__ void __launch_bounds__(kUpdateThreads)
-    adamw_multi_kernel(TensorTable<5> table, cpu::AdamWConstants<T> c) {
+__global__ void __launch_bounds__(kUpdateThreads) adamw_multi_kernel(TensorTable<5> table, cpu::AdamWConstants<T> c) {
   int64_t begin, end;
   const int t = tensor_and_range(table, begin, end);
   P* __restrict__ param = static_cast<P*>(table.ptrs[0][t]);
@@ -153,8 +152,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
 // for every tensor of a launch when momentum is 0.
 // Bytes per element (f32, momentum): 20 (read p, g, buf; write p, buf); without momentum: 12.
 template <class T, class G, class P, bool kMaster>
-__global__ void __launch_bounds__(kUpdateThreads)
-    sgd_multi_kernel(TensorTable<4> table, cpu::SgdConstants<T> c) {
+__global__ void __launch_bounds__(kUpdateThreads) sgd_multi_kernel(TensorTable<4> table, cpu::SgdConstants<T> c) {
   int64_t begin, end;
   const int t = tensor_and_range(table, begin, end);
   P* __restrict__ param = static_cast<P*>(table.ptrs[0][t]);
@@ -321,8 +319,8 @@ double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
   readable.reserve(tensors.size());
   int64_t total_blocks = 0;
   for (const Tensor& t : tensors) {
-    const bool native = t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16 ||
-                        t.dtype() == DType::f64;
+    const bool native =
+        t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16 || t.dtype() == DType::f64;
     readable.push_back(native ? t : t.detach().to(DType::f32));
     total_blocks += (t.numel() + kChunk - 1) / kChunk;
   }

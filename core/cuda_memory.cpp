@@ -98,7 +98,11 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
   cuda::DeviceGuard guard(index);
   cudaStream_t stream = cuda::current_stream(index);
   cuda::check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
-  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after a copy");
+  // Device to device stays ordered on the stream like any kernel; a copy with a host side waits,
+  // because the host buffer may be pageable memory that the caller reads or frees next.
+  if (dst_device.is_cpu() || src_device.is_cpu()) {
+    cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after a copy");
+  }
 }
 
 void* allocate_pinned(size_t nbytes) {

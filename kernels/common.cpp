@@ -45,8 +45,13 @@ void check_dim(const char* op, const Tensor& t, int64_t ndim) {
 void check_cpu(const char* op, std::initializer_list<const Tensor*> tensors) {
   check_defined(op, tensors);
   for (const Tensor* t : tensors) {
-    OCTET_CHECK(t->device().is_cpu(), op, ": no CUDA kernel yet for this op (", describe_all(tensors),
+#if OCTET_HAS_CUDA
+    OCTET_CHECK(t->device().is_cpu(), op, ": this op has no CUDA kernel for these inputs (", describe_all(tensors),
                 "); move the tensors to the cpu");
+#else
+    OCTET_CHECK(t->device().is_cpu(), op, ": Octet was built without CUDA (", describe_all(tensors),
+                "); put nvcc on PATH and reconfigure, or move the tensors to the cpu");
+#endif
   }
 }
 

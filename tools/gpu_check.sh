@@ -36,7 +36,7 @@ bin=$work/bin
 [[ -f $bundle/commit ]] && echo "bundle built from commit $(cat "$bundle/commit"); this tree is at $(git rev-parse HEAD 2>/dev/null || echo '?')"
 
 # cuBLASLt and cuDNN come from this machine: its CUDA toolkit, or NVIDIA's wheels beside PyTorch.
-roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
+roots=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
 while read -r site; do roots+=("$site/nvidia"); done < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
 cuda_dirs=$(for r in "${roots[@]}"; do
   [[ -d $r ]] && find "$r" -maxdepth 4 \( -name 'libcublasLt.so.1*' -o -name 'libcudnn.so.9*' -o -name 'libnvrtc.so.1*' \) -printf '%h\n'

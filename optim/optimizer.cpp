@@ -135,7 +135,7 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
     OCTET_CHECK(needs_master(p) || !has_master, name_, ".step: parameter ", i, " of group ", group, " is ",
                 p.describe(), " but was trained through an f32 master copy, which converting the model back "
                 "discarded; keep the model in the dtype it was optimized in, or build a new optimizer");
-    out.push_back({&g, p, &s});
+    out.push_back({p, &s});
   }
   return out;
 }

@@ -90,11 +90,10 @@ class Optimizer {
   // The buffers each stepped parameter holds besides its master copy, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> state_buffer_names() const = 0;
 
-  // One parameter to update: its group's hyperparameters and its state. When the parameter is not
-  // f32 or f64 (bf16, say), state.buffers["master"] holds its f32 master weights, created from the
-  // parameter on its first step, and the optimizer state is f32 too.
+  // One parameter to update and its state. When the parameter is not f32 or f64 (bf16, say),
+  // state->buffers["master"] holds its f32 master weights, created from the parameter on its first
+  // step, and the optimizer state is f32 too.
   struct ParamToUpdate {
-    const ParamGroup* group;
     Tensor param;
     ParamState* state;
   };

@@ -45,7 +45,8 @@ def default_peak_tflops(name, precision):
 def run(args, mode):
     torch.manual_seed(0)
     device = torch.device("cuda")
-    model = timm.create_model(args.model, pretrained=False).to(device)
+    # num_classes explicitly: some default tags (vit_huge_patch16_224.orig_in21k) would give no head.
+    model = timm.create_model(args.model, pretrained=False, num_classes=args.num_classes).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     cfg = model.patch_embed
@@ -105,6 +106,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit_huge_patch16_224", help="a timm model name (bench_vit's --model)")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-classes", type=int, default=1000, help="as Octet's config of the model")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                         help="bf16: torch.autocast(bfloat16) over fp32 parameters; fp32: no autocast")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")

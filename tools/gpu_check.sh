@@ -6,8 +6,9 @@
 #   bash tools/gpu_bundle.sh                                     here
 #   run(command="bash tools/gpu_check.sh", carry=["build-gpu-bundle"])   with the device tool
 #
-# It prints the GPU and driver, runs every GPU test (test_cuda) and the CPU suites, trains a small
-# ViT in bf16 on the GPU (Fashion-MNIST when present, synthetic images otherwise), then runs
+# Without the bundle it builds with the default preset instead (a GPU machine set up with
+# tools/setup.sh). It prints the GPU and driver, runs every GPU test (test_cuda) and the CPU
+# suites, trains a small ViT in bf16 on the GPU (Fashion-MNIST when present, synthetic images otherwise), then runs
 # bench_vit next to bench/pytorch_reference.py (eager and torch.compile) on the same GPU and prints
 # one table: images/s, step ms, TFLOP/s, MFU, peak memory and each run ÷ PyTorch eager.
 # About 6 minutes on an H100; MODEL, BATCH, STEPS override the benchmark (default
@@ -27,26 +28,34 @@ start=$SECONDS
 stage() { printf '\n== %s (%ds elapsed)\n' "$*" $((SECONDS - start)); }
 
 # ---- the programs and their libraries -------------------------------------------------------------
-[[ -f $bundle/bundle.tar.xz ]] || {
-  echo "gpu_check: no $bundle/bundle.tar.xz; run bash tools/gpu_bundle.sh on the development machine and carry $bundle"
-  exit 2
-}
-python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle/bundle.tar.xz" "$work"
-bin=$work/bin
-[[ -f $bundle/commit ]] && echo "bundle built from commit $(cat "$bundle/commit"); this tree is at $(git rev-parse HEAD 2>/dev/null || echo '?')"
-
-# cuBLASLt and cuDNN come from this machine: its CUDA toolkit, or NVIDIA's wheels beside PyTorch.
-roots=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
-while read -r site; do roots+=("$site/nvidia"); done < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
-cuda_dirs=$(for r in "${roots[@]}"; do
-  [[ -d $r ]] && find "$r" -maxdepth 4 \( -name 'libcublasLt.so.1*' -o -name 'libcudnn.so.9*' -o -name 'libnvrtc.so.1*' \) -printf '%h\n'
-done 2>/dev/null | awk '!seen[$0]++' | paste -sd:)
-export LD_LIBRARY_PATH=$work/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-if ldd "$bin/test_cuda" "$bin/bench_vit" | grep -q 'not found'; then
-  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$work/lib-fallback  # this image's GCC runtime is missing or older
+if [[ -f $bundle/bundle.tar.xz ]]; then
+  # Programs built and packed on the development machine; cuBLASLt and cuDNN come from this machine:
+  # its CUDA toolkit, or NVIDIA's wheels beside PyTorch.
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle/bundle.tar.xz" "$work"
+  bin=$work/bin
+  [[ -f $bundle/commit ]] && echo "bundle built from commit $(cat "$bundle/commit"); this tree is at $(git rev-parse HEAD 2>/dev/null || echo '?')"
+  roots=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
+  while read -r site; do roots+=("$site/nvidia"); done < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+  cuda_dirs=$(for r in "${roots[@]}"; do
+    [[ -d $r ]] && find "$r" -maxdepth 4 \( -name 'libcublasLt.so.1*' -o -name 'libcudnn.so.9*' -o -name 'libnvrtc.so.1*' \) -printf '%h\n'
+  done 2>/dev/null | awk '!seen[$0]++' | paste -sd:)
+  export LD_LIBRARY_PATH=$work/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  if ldd "$bin/test_cuda" "$bin/bench_vit" | grep -q 'not found'; then
+    export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$work/lib-fallback  # this image's GCC runtime is missing or older
+  fi
+else
+  # A GPU machine set up like a development machine (bash tools/setup.sh): build here.
+  stage "build (no $bundle: building with the default preset)"
+  if ! { cmake --preset default && cmake --build --preset default; } > "$out/build.log" 2>&1; then
+    tail -n 30 "$out/build.log"
+    echo "gpu_check: the build failed (log: $out/build.log). On a machine without Octet's build dependencies,"
+    echo "run bash tools/gpu_bundle.sh on the development machine and carry $bundle instead."
+    exit 2
+  fi
+  bin=build/bin
 fi
 if ldd "$bin/test_cuda" "$bin/bench_vit" | grep 'not found'; then
-  echo "gpu_check: libraries above are missing (searched: $LD_LIBRARY_PATH)"
+  echo "gpu_check: libraries above are missing (searched: ${LD_LIBRARY_PATH:-the system paths})"
   exit 3
 fi
 
@@ -76,7 +85,7 @@ done
 # ---- training ---------------------------------------------------------------------------------------
 stage "train_vit --device cuda --precision bf16"
 data=(--dataset synthetic --synthetic-size 20000)
-for d in "${FASHION_MNIST_DIR:-}" /usr/share/fashion-mnist data/fashion-mnist; do
+for d in "${FASHION_MNIST_DIR:-}" /usr/share/datasets/fashion-mnist; do
   if [[ -n $d && -d $d ]] && ls "$d" | grep -q 'train-images'; then data=(--dataset fashion-mnist --data-dir "$d"); break; fi
 done
 if ! timeout 180 "$bin/train_vit" --device cuda --precision bf16 "${data[@]}" --steps 300 --log-every 100 \

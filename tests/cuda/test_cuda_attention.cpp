@@ -14,15 +14,15 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
 using kernels::AttentionGrads;
 using kernels::AttentionOutput;
+using testing::relative_error_to_reference;
+using testing::same_bits;
 
 struct Case {
   int64_t b, h, s, sk, d;
@@ -33,35 +33,12 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
 
 double scale_for(const Case& c) { return 1.0 / std::sqrt(static_cast<double>(c.d)); }
 
-std::vector<double> host_values(const Tensor& t) { return t.to(Device::cpu()).to_vector<double>(); }
-
-// ||got − expected||₂ / ||expected||₂ over all elements.
-double relative_error(const Tensor& got, const Tensor& expected) {
-  EXPECT_EQ(got.shape(), expected.shape());
-  const std::vector<double> a = host_values(got), e = host_values(expected);
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size() && i < e.size(); ++i) {
-    diff += (a[i] - e[i]) * (a[i] - e[i]);
-    norm += e[i] * e[i];
-  }
-  return std::sqrt(diff) / std::sqrt(norm);
-}
-
 double max_abs_error(const Tensor& got, const Tensor& expected) {
   EXPECT_EQ(got.shape(), expected.shape());
-  const std::vector<double> a = host_values(got), e = host_values(expected);
+  const std::vector<double> a = got.to_vector<double>(), e = expected.to_vector<double>();
   double worst = 0;
   for (size_t i = 0; i < a.size() && i < e.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]));
   return worst;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
-  const std::vector<uint8_t> x(static_cast<const uint8_t*>(ha.data_ptr()),
-                               static_cast<const uint8_t*>(ha.data_ptr()) + ha.nbytes());
-  const std::vector<uint8_t> y(static_cast<const uint8_t*>(hb.data_ptr()),
-                               static_cast<const uint8_t*>(hb.data_ptr()) + hb.nbytes());
-  return x == y;
 }
 
 // Random q, k, v and dout in `dtype` on the GPU, and the float64 CPU forward and backward of exactly
@@ -99,14 +76,14 @@ class ScopedEnv {
 
 void expect_forward_close(const AttentionOutput& got, const Problem& p, double tolerance, const std::string& what) {
   EXPECT_EQ(got.lse.dtype(), DType::f32) << what;
-  EXPECT_LE(relative_error(got.out, p.ref.out), tolerance) << what << " " << p.c << ": out";
+  EXPECT_LE(relative_error_to_reference(got.out, p.ref.out), tolerance) << what << " " << p.c << ": out";
   EXPECT_LE(max_abs_error(got.lse, p.ref.lse), tolerance) << what << " " << p.c << ": lse";
 }
 
 void expect_backward_close(const AttentionGrads& got, const Problem& p, double tolerance, const std::string& what) {
-  EXPECT_LE(relative_error(got.dq, p.ref_grads.dq), tolerance) << what << " " << p.c << ": dq";
-  EXPECT_LE(relative_error(got.dk, p.ref_grads.dk), tolerance) << what << " " << p.c << ": dk";
-  EXPECT_LE(relative_error(got.dv, p.ref_grads.dv), tolerance) << what << " " << p.c << ": dv";
+  EXPECT_LE(relative_error_to_reference(got.dq, p.ref_grads.dq), tolerance) << what << " " << p.c << ": dq";
+  EXPECT_LE(relative_error_to_reference(got.dk, p.ref_grads.dk), tolerance) << what << " " << p.c << ": dk";
+  EXPECT_LE(relative_error_to_reference(got.dv, p.ref_grads.dv), tolerance) << what << " " << p.c << ": dv";
 }
 
 // ViT-B/ViT-L (64), ViT-H (80) and 128-wide heads; odd lengths, one with Sk != S.

@@ -9,12 +9,10 @@
 #include "core/device.h"
 #include "core/float_formats.h"
 #include "core/philox.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
 
 __global__ void decode_all_codes(float* e4m3, float* e5m2, float* bf16_hi) {
   const int code = blockIdx.x * blockDim.x + threadIdx.x;

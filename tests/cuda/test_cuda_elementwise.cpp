@@ -4,53 +4,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <vector>
 
 #include "kernels/elementwise.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
+using testing::relative_error_matching_nans;
+using testing::same_bits;
 using testing::throws_with;
+using testing::tolerance;
 using testing::uniform_tensor;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
-
-double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
-
-// ||got - want||_2 / ||want||_2, both read as f64 on the host (NaNs must sit at the same places).
-double relative_error(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
-  EXPECT_EQ(got.dtype(), want.dtype()) << got.describe() << " vs " << want.describe();
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    if (std::isnan(w[i]) || std::isnan(g[i])) {
-      EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << "element " << i << ": " << g[i] << " vs " << w[i];
-      continue;
-    }
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-// Same shape, dtype and bytes.
-::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want) {
-  const Tensor got = got_any_device.to(Device::cpu());
-  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
-  }
-  if (std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()) == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "bits differ between " << got.describe() << " and " << want.describe();
-}
 
 // Operand shape pairs: equal, trailing bias, middle broadcast, both broadcast, scalars, one element,
 // and odd sizes throughout.
@@ -66,7 +36,7 @@ void check_binary(const char* name, BinaryFn fn, double lo, double hi, DType dty
     const Tensor want = fn(a, b);
     const Tensor got = fn(a.to(kGpu), b.to(kGpu));
     EXPECT_TRUE(got.is_cuda());
-    EXPECT_LE(relative_error(got, want), tolerance(dtype)) << name << " " << a.describe() << " " << b.describe();
+    EXPECT_LE(relative_error_matching_nans(got, want), tolerance(dtype)) << name << " " << a.describe() << " " << b.describe();
   }
 }
 
@@ -89,7 +59,7 @@ TEST(CudaElementwise, SameShapeOperandsAtUnalignedOffsets) {
     const Tensor a = random_tensor({1001}, dtype, 3), b = random_tensor({1001}, dtype, 4);
     const Tensor ga = a.to(kGpu).narrow(1, 1000), gb = b.to(kGpu).narrow(0, 1000);
     const Tensor want = kernels::mul(a.narrow(1, 1000), b.narrow(0, 1000));
-    EXPECT_LE(relative_error(kernels::mul(ga, gb), want), tolerance(dtype));
+    EXPECT_LE(relative_error_matching_nans(kernels::mul(ga, gb), want), tolerance(dtype));
   }
 }
 
@@ -109,7 +79,7 @@ TEST(CudaElementwise, UnaryOpsMatchTheCpu) {
     for (const Shape& shape : {Shape{7, 13, 33}, Shape{1}, Shape{9, 1000}}) {
       for (const Case& c : cases) {
         const Tensor a = uniform_tensor(shape, c.lo, c.hi, dtype, 5);
-        EXPECT_LE(relative_error(c.fn(a.to(kGpu)), c.fn(a)), tolerance(dtype)) << c.name << " " << a.describe();
+        EXPECT_LE(relative_error_matching_nans(c.fn(a.to(kGpu)), c.fn(a)), tolerance(dtype)) << c.name << " " << a.describe();
       }
     }
   }
@@ -131,7 +101,7 @@ TEST(CudaElementwise, ScalarOpsMatchTheCpu) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Tensor a = uniform_tensor({7, 13, 33}, 0.2, 3, dtype, 6);
     for (const Case& c : cases) {
-      EXPECT_LE(relative_error(c.fn(a.to(kGpu), c.s), c.fn(a, c.s)), tolerance(dtype)) << c.name << " " << a.describe();
+      EXPECT_LE(relative_error_matching_nans(c.fn(a.to(kGpu), c.s), c.fn(a, c.s)), tolerance(dtype)) << c.name << " " << a.describe();
     }
   }
 }
@@ -190,7 +160,7 @@ TEST(CudaElementwise, AddInPlaceAcrossDtypesAndIntoViews) {
       const Tensor want = dst.clone(), got = dst.to(kGpu);
       kernels::add_(want, src, -0.37);
       kernels::add_(got, src.to(kGpu), -0.37);
-      EXPECT_LE(relative_error(got, want), tolerance(dst_dtype == DType::f32 ? DType::f32 : DType::bf16))
+      EXPECT_LE(relative_error_matching_nans(got, want), tolerance(dst_dtype == DType::f32 ? DType::f32 : DType::bf16))
           << dtype_name(dst_dtype) << " += " << dtype_name(src_dtype) << ", n = " << n;
     }
   }
@@ -199,7 +169,7 @@ TEST(CudaElementwise, AddInPlaceAcrossDtypesAndIntoViews) {
   const Tensor want = flat.clone(), got = flat.to(kGpu);
   kernels::add_(want.narrow(3, 999), src, 2.0);
   kernels::add_(got.narrow(3, 999), src.to(kGpu), 2.0);
-  EXPECT_LE(relative_error(got, want), 1e-5);
+  EXPECT_LE(relative_error_matching_nans(got, want), 1e-5);
   // Integers accumulate exactly.
   const Tensor ints = random_tensor({77}, DType::f64, 18, 100).to(DType::i64);
   const Tensor want_i = ints.clone(), got_i = ints.to(kGpu);

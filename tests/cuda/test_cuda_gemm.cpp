@@ -5,37 +5,23 @@
 // and 1e-2 for bf16 outputs.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "kernels/gemm.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
+using testing::relative_error;
+using testing::relative_error_to_reference;
 using testing::throws_with;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
-
-double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using testing::tolerance;
 
 Shape operand_shape(int64_t batch, int64_t rows, int64_t cols, bool trans) {
   Shape s;
@@ -81,7 +67,7 @@ void check_problem(const Problem& p, DType in, DType out, double alpha, double b
   }
   EXPECT_EQ(got.dtype(), out);
   EXPECT_TRUE(got.is_cuda());
-  EXPECT_LE(relative_error(got, want), tolerance(out)) << name(p, in, out);
+  EXPECT_LE(relative_error_to_reference(got, want), tolerance(out)) << name(p, in, out);
 }
 
 TEST(CudaGemm, AllTransposesAndOddSizesMatchTheCpu) {
@@ -143,7 +129,7 @@ TEST(CudaGemm, PointersLessThan256ByteAligned) {
     const Tensor b = flat_b.narrow(1, k * n).reshape({k, n});
     const Tensor got = kernels::matmul(a, b);
     const Tensor want = kernels::matmul(a.to(Device::cpu()), b.to(Device::cpu()), false, false, DType::f32);
-    EXPECT_LE(relative_error(got, want), tolerance(dtype)) << dtype_name(dtype);
+    EXPECT_LE(relative_error_to_reference(got, want), tolerance(dtype)) << dtype_name(dtype);
   }
 }
 

@@ -4,49 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/nn_ops.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
-
-double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
-
-// ||got - want||_2 / ||want||_2, both read as f64 on the host (NaNs must sit at the same places).
-double relative_error(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
-  EXPECT_EQ(got.dtype(), want.dtype()) << got.describe() << " vs " << want.describe();
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    if (std::isnan(w[i]) || std::isnan(g[i])) {
-      EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << "element " << i << ": " << g[i] << " vs " << w[i];
-      continue;
-    }
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want) {
-  const Tensor got = got_any_device.to(Device::cpu());
-  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
-  }
-  if (std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()) == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "bits differ between " << got.describe() << " and " << want.describe();
-}
+using testing::relative_error_matching_nans;
+using testing::same_bits;
+using testing::tolerance;
 
 // A copy of t on the GPU whose data starts one element past a 16-byte boundary, so the kernels take
 // their scalar (unvectorised) paths.
@@ -82,17 +53,17 @@ TEST(CudaLayerNorm, ForwardAndBackwardMatchTheCpu) {
           const auto cpu = kernels::layernorm_forward(x, w, b, 1e-5);
           const auto gpu = kernels::layernorm_forward(x.to(kGpu), a.affine ? w.to(kGpu) : w,
                                                       a.affine ? b.to(kGpu) : b, 1e-5);
-          EXPECT_LE(relative_error(gpu.y, cpu.y), tolerance(d));
-          EXPECT_LE(relative_error(gpu.mean, cpu.mean), 1e-5);
-          EXPECT_LE(relative_error(gpu.rstd, cpu.rstd), 1e-5);
+          EXPECT_LE(relative_error_matching_nans(gpu.y, cpu.y), tolerance(d));
+          EXPECT_LE(relative_error_matching_nans(gpu.mean, cpu.mean), 1e-5);
+          EXPECT_LE(relative_error_matching_nans(gpu.rstd, cpu.rstd), 1e-5);
 
           const auto cpu_grads = kernels::layernorm_backward(dy, x, w, cpu.mean, cpu.rstd);
           const auto gpu_grads = kernels::layernorm_backward(dy.to(kGpu), x.to(kGpu), a.affine ? w.to(kGpu) : w,
                                                              gpu.mean, gpu.rstd);
-          EXPECT_LE(relative_error(gpu_grads.dx, cpu_grads.dx), tolerance(d));
+          EXPECT_LE(relative_error_matching_nans(gpu_grads.dx, cpu_grads.dx), tolerance(d));
           if (a.affine) {
-            EXPECT_LE(relative_error(gpu_grads.dweight, cpu_grads.dweight), tolerance(a.weight_dtype));
-            EXPECT_LE(relative_error(gpu_grads.dbias, cpu_grads.dbias), tolerance(a.weight_dtype));
+            EXPECT_LE(relative_error_matching_nans(gpu_grads.dweight, cpu_grads.dweight), tolerance(a.weight_dtype));
+            EXPECT_LE(relative_error_matching_nans(gpu_grads.dbias, cpu_grads.dbias), tolerance(a.weight_dtype));
           } else {
             EXPECT_FALSE(gpu_grads.dweight.defined());
           }
@@ -116,12 +87,12 @@ TEST(CudaLayerNorm, ManyRowsLeadingDimsAndUnalignedRowsMatchTheCpu) {
       const Tensor xg = misaligned ? misaligned_on_gpu(x) : x.to(kGpu);
       const Tensor dyg = misaligned ? misaligned_on_gpu(dy) : dy.to(kGpu);
       const auto gpu = kernels::layernorm_forward(xg, w.to(kGpu), b.to(kGpu));
-      EXPECT_LE(relative_error(gpu.y, cpu.y), 1e-2);
-      EXPECT_LE(relative_error(gpu.rstd, cpu.rstd), 1e-5);
+      EXPECT_LE(relative_error_matching_nans(gpu.y, cpu.y), 1e-2);
+      EXPECT_LE(relative_error_matching_nans(gpu.rstd, cpu.rstd), 1e-5);
       const auto gpu_grads = kernels::layernorm_backward(dyg, xg, w.to(kGpu), gpu.mean, gpu.rstd);
-      EXPECT_LE(relative_error(gpu_grads.dx, cpu_grads.dx), 1e-2);
-      EXPECT_LE(relative_error(gpu_grads.dweight, cpu_grads.dweight), 1e-5);
-      EXPECT_LE(relative_error(gpu_grads.dbias, cpu_grads.dbias), 1e-5);
+      EXPECT_LE(relative_error_matching_nans(gpu_grads.dx, cpu_grads.dx), 1e-2);
+      EXPECT_LE(relative_error_matching_nans(gpu_grads.dweight, cpu_grads.dweight), 1e-5);
+      EXPECT_LE(relative_error_matching_nans(gpu_grads.dbias, cpu_grads.dbias), 1e-5);
     }
   }
 }
@@ -152,8 +123,8 @@ TEST(CudaGelu, BothFormsMatchTheCpu) {
           const Tensor x = random_tensor({n}, d, 70 + n, 4.0), dy = random_tensor({n}, d, 71 + n);
           const Tensor xg = misaligned ? misaligned_on_gpu(x) : x.to(kGpu);
           const Tensor dyg = misaligned ? misaligned_on_gpu(dy) : dy.to(kGpu);
-          EXPECT_LE(relative_error(kernels::gelu_forward(xg, form), kernels::gelu_forward(x, form)), tolerance(d));
-          EXPECT_LE(relative_error(kernels::gelu_backward(dyg, xg, form), kernels::gelu_backward(dy, x, form)),
+          EXPECT_LE(relative_error_matching_nans(kernels::gelu_forward(xg, form), kernels::gelu_forward(x, form)), tolerance(d));
+          EXPECT_LE(relative_error_matching_nans(kernels::gelu_backward(dyg, xg, form), kernels::gelu_backward(dy, x, form)),
                     tolerance(d));
         }
       }
@@ -180,12 +151,12 @@ TEST(CudaCrossEntropy, LossLseAndGradientMatchTheCpu) {
             const Tensor dloss = full({}, 1.7);
             const auto cpu = kernels::cross_entropy_forward(logits, targets, smoothing, ignore);
             const auto gpu = kernels::cross_entropy_forward(logits.to(kGpu), targets.to(kGpu), smoothing, ignore);
-            EXPECT_LE(relative_error(gpu.loss, cpu.loss), 1e-5);
-            EXPECT_LE(relative_error(gpu.lse, cpu.lse), 1e-5);
+            EXPECT_LE(relative_error_matching_nans(gpu.loss, cpu.loss), 1e-5);
+            EXPECT_LE(relative_error_matching_nans(gpu.lse, cpu.lse), 1e-5);
             const Tensor cpu_grad = kernels::cross_entropy_backward(logits, targets, cpu.lse, dloss, smoothing, ignore);
             const Tensor gpu_grad = kernels::cross_entropy_backward(logits.to(kGpu), targets.to(kGpu), gpu.lse,
                                                                     dloss.to(kGpu), smoothing, ignore);
-            EXPECT_LE(relative_error(gpu_grad, cpu_grad), tolerance(d));
+            EXPECT_LE(relative_error_matching_nans(gpu_grad, cpu_grad), tolerance(d));
           }
         }
       }

@@ -4,43 +4,20 @@
 // relative error ||gpu - cpu||_2 / ||cpu||_2 in f64, at most 1e-5 for f32 and 1e-2 for bf16.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/optimizers.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
+using testing::relative_error;
+using testing::same_bits;
 using testing::uniform_tensor;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want_any_device) {
-  const Tensor got = got_any_device.to(Device::cpu()), want = want_any_device.to(Device::cpu());
-  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
-  }
-  if (std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()) == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "bits differ between " << got.describe() << " and " << want.describe();
-}
 
 // Sizes around the 65536-element chunk, odd sizes, one element, an empty tensor, and enough small
 // tensors (50 in all) that one call needs several launches (36 tensors per launch).

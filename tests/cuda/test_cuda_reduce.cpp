@@ -9,36 +9,16 @@
 
 #include "kernels/reduce.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
+using testing::relative_error_matching_nans;
 using testing::throws_with;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
-
-double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
-
-// ||got - want||_2 / ||want||_2, both read as f64 on the host (NaNs must sit at the same places).
-double relative_error(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
-  EXPECT_EQ(got.dtype(), want.dtype()) << got.describe() << " vs " << want.describe();
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    if (std::isnan(w[i]) || std::isnan(g[i])) {
-      EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << "element " << i << ": " << g[i] << " vs " << w[i];
-      continue;
-    }
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using testing::tolerance;
 
 // Odd sizes, one element, and the split paths: long rows (chunked), tall columns (k split).
 const std::vector<Shape> kShapes = {{7, 13, 33}, {1}, {3, 100003}, {5000, 37}, {2, 3000, 70}, {4, 1500}};
@@ -50,14 +30,14 @@ TEST(CudaReduce, SumAndMeanOverEachDimAndEverything) {
       const Tensor a = random_tensor(shape, dtype, 21), g = a.to(kGpu);
       for (int64_t d = 0; d < a.dim(); ++d) {
         for (bool keepdim : {false, true}) {
-          EXPECT_LE(relative_error(kernels::sum(g, d, keepdim), kernels::sum(a, d, keepdim)), tolerance(dtype))
+          EXPECT_LE(relative_error_matching_nans(kernels::sum(g, d, keepdim), kernels::sum(a, d, keepdim)), tolerance(dtype))
               << "sum dim " << d << " of " << a.describe();
-          EXPECT_LE(relative_error(kernels::mean(g, d, keepdim), kernels::mean(a, d, keepdim)), tolerance(dtype))
+          EXPECT_LE(relative_error_matching_nans(kernels::mean(g, d, keepdim), kernels::mean(a, d, keepdim)), tolerance(dtype))
               << "mean dim " << d << " of " << a.describe();
         }
       }
-      EXPECT_LE(relative_error(kernels::sum(g), kernels::sum(a)), tolerance(dtype)) << a.describe();
-      EXPECT_LE(relative_error(kernels::mean(g), kernels::mean(a)), tolerance(dtype)) << a.describe();
+      EXPECT_LE(relative_error_matching_nans(kernels::sum(g), kernels::sum(a)), tolerance(dtype)) << a.describe();
+      EXPECT_LE(relative_error_matching_nans(kernels::mean(g), kernels::mean(a)), tolerance(dtype)) << a.describe();
     }
   }
 }
@@ -69,7 +49,7 @@ TEST(CudaReduce, MaxValuesAndFirstIndices) {
       const Tensor a = random_tensor(shape, dtype, 22), g = a.to(kGpu);
       for (int64_t d = 0; d < a.dim(); ++d) {
         const kernels::MaxResult want = kernels::max(a, d), got = kernels::max(g, d);
-        EXPECT_EQ(relative_error(got.values, want.values), 0) << "dim " << d << " of " << a.describe();
+        EXPECT_EQ(relative_error_matching_nans(got.values, want.values), 0) << "dim " << d << " of " << a.describe();
         EXPECT_EQ(got.indices.to_vector<int64_t>(), want.indices.to_vector<int64_t>()) << "dim " << d << " of "
                                                                                        << a.describe();
       }
@@ -97,7 +77,7 @@ TEST(CudaReduce, AmaxIsF32AndPropagatesNaN) {
       for (int64_t d = 0; d < a.dim(); ++d) {
         const Tensor got = kernels::amax(g, d);
         EXPECT_EQ(got.dtype(), DType::f32);
-        EXPECT_EQ(relative_error(got, kernels::amax(a, d)), 0) << "dim " << d << " of " << a.describe();
+        EXPECT_EQ(relative_error_matching_nans(got, kernels::amax(a, d)), 0) << "dim " << d << " of " << a.describe();
       }
       EXPECT_EQ(kernels::amax(g).item(), kernels::amax(a).item()) << a.describe();
     }
@@ -118,7 +98,7 @@ TEST(CudaReduce, SumToUndoesBroadcasting) {
       const Tensor a = random_tensor(from, dtype, 26);
       const Tensor got = kernels::sum_to(a.to(kGpu), to);
       EXPECT_TRUE(got.is_cuda());
-      EXPECT_LE(relative_error(got, kernels::sum_to(a, to)), tolerance(dtype)) << a.describe() << " -> " << to;
+      EXPECT_LE(relative_error_matching_nans(got, kernels::sum_to(a, to)), tolerance(dtype)) << a.describe() << " -> " << to;
     }
   }
 }
@@ -134,12 +114,12 @@ TEST(CudaReduce, SoftmaxAndLogSoftmaxForwardAndBackward) {
       const Tensor x = random_tensor(shape, dtype, 27, 3.0), dy = random_tensor(shape, dtype, 28);
       const Tensor gx = x.to(kGpu), gdy = dy.to(kGpu);
       const Tensor y = kernels::softmax(x, dim), ly = kernels::log_softmax(x, dim);
-      EXPECT_LE(relative_error(kernels::softmax(gx, dim), y), tolerance(dtype)) << x.describe() << " dim " << dim;
-      EXPECT_LE(relative_error(kernels::log_softmax(gx, dim), ly), tolerance(dtype)) << x.describe() << " dim " << dim;
-      EXPECT_LE(relative_error(kernels::softmax_backward(y.to(kGpu), gdy, dim), kernels::softmax_backward(y, dy, dim)),
+      EXPECT_LE(relative_error_matching_nans(kernels::softmax(gx, dim), y), tolerance(dtype)) << x.describe() << " dim " << dim;
+      EXPECT_LE(relative_error_matching_nans(kernels::log_softmax(gx, dim), ly), tolerance(dtype)) << x.describe() << " dim " << dim;
+      EXPECT_LE(relative_error_matching_nans(kernels::softmax_backward(y.to(kGpu), gdy, dim), kernels::softmax_backward(y, dy, dim)),
                 tolerance(dtype))
           << x.describe() << " dim " << dim;
-      EXPECT_LE(relative_error(kernels::log_softmax_backward(ly.to(kGpu), gdy, dim),
+      EXPECT_LE(relative_error_matching_nans(kernels::log_softmax_backward(ly.to(kGpu), gdy, dim),
                                kernels::log_softmax_backward(ly, dy, dim)),
                 tolerance(dtype))
           << x.describe() << " dim " << dim;

@@ -3,38 +3,25 @@
 // is bit-exact in f32 too (bf16 is compared by norm-wise relative error, at most 1e-2).
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/shape_ops.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
+using testing::same_bits;
 using testing::throws_with;
 
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
 const std::vector<DType> kDtypes = {DType::f32, DType::bf16, DType::u8, DType::f64};
 
 // A random tensor of any dtype (integers from scaled normals).
 Tensor random_any(const Shape& shape, DType dtype, uint64_t seed) {
   return random_tensor(shape, DType::f64, seed, is_floating(dtype) ? 1.0 : 100.0).to(dtype);
-}
-
-// Same shape, dtype and bytes.
-::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want) {
-  const Tensor got = got_any_device.to(Device::cpu());
-  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
-  }
-  if (std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()) == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "bits differ between " << got.describe() << " and " << want.describe();
 }
 
 TEST(CudaShapeOps, PermuteEveryPatternAndDtype) {

@@ -9,33 +9,16 @@
 #include "core/cuda_stream.h"
 #include "core/tensor.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
+using testing::kGpu;
+using testing::same_bits;
 
-const Device kGpu = Device::cuda(0);
 const std::vector<DType> kAllDtypes = {DType::f32,  DType::f64, DType::bf16, DType::f16, DType::e4m3,
                                        DType::e5m2, DType::i32, DType::i64,  DType::u8};
-
-// Same shape, dtype and bytes (the first differing element is reported).
-::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want) {
-  const Tensor got = got_any_device.to(Device::cpu());
-  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
-  }
-  const auto* g = static_cast<const unsigned char*>(got.data_ptr());
-  const auto* w = static_cast<const unsigned char*>(want.data_ptr());
-  for (size_t i = 0; i < got.nbytes(); ++i) {
-    if (g[i] != w[i]) {
-      return ::testing::AssertionFailure() << "bits differ at byte " << i << " (element " << i / got.element_size()
-                                           << ") of " << got.describe();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // Values that exercise every rounding and saturation rule: random normals at several scales,
 // signed zeros, infinities, NaNs with payloads and signs, FP8 and f16 limits and their neighbours,

@@ -16,16 +16,14 @@
 #include "nn/layers.h"
 #include "optim/optim.h"
 #include "tests/testing.h"
+#include "tests/cuda/cuda_testing.h"
 
 namespace octet {
 namespace {
 
+using testing::kGpu;
 using testing::random_tensor;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
-
-const Device kGpu = Device::cuda(0);
+using testing::relative_error;
 
 // Head dim 64 (one of the cuDNN attention shapes), 17 tokens, a classifier of 10.
 models::ViTConfig step_config() {
@@ -40,14 +38,6 @@ models::ViTConfig step_config() {
   c.num_heads = 2;
   c.mlp_ratio = 4;
   return c;
-}
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) num += (g[i] - w[i]) * (g[i] - w[i]), den += w[i] * w[i];
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 struct StepResult {

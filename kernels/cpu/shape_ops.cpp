@@ -9,6 +9,7 @@
 #endif
 
 #include "core/error.h"
+#include "kernels/permute_walk.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/shape_ops_cpu.h"
 
@@ -23,36 +24,7 @@ constexpr int64_t kParallelBytes = int64_t{1} << 18;
 // to the same L1 set and 32 rows would evict each other.
 constexpr int64_t kTile = 16;
 
-// A permute reduced to its essentials. Out dim k has `extent[k]` and steps the input by
-// `in_stride[k]` elements. Size-1 dims are dropped and neighbouring out dims that are also
-// neighbours in the input are merged, so [B, N, 3, H, D] -> (2, 0, 3, 1, 4) walks 4 dims and an
-// identity permute walks one.
-struct Walk {
-  std::vector<int64_t> extent, in_stride;
-};
-
-Walk simplify(const Shape& in_shape, const std::vector<int64_t>& dims) {
-  const int64_t n = in_shape.ndim();
-  std::vector<int64_t> stride(n);
-  int64_t s = 1;
-  for (int64_t d = n - 1; d >= 0; --d) {
-    stride[d] = s;
-    s *= in_shape[d];
-  }
-  Walk w;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t e = in_shape[dims[k]], st = stride[dims[k]];
-    if (e == 1) continue;
-    if (!w.extent.empty() && w.in_stride.back() == st * e) {
-      w.extent.back() *= e;
-      w.in_stride.back() = st;
-    } else {
-      w.extent.push_back(e);
-      w.in_stride.push_back(st);
-    }
-  }
-  return w;
-}
+using Walk = PermuteWalk;  // kernels/permute_walk.h
 
 // Calls fn(in_offset, out_offset, index) for every multi-index of `extent` in row-major order,
 // split into contiguous ranges across threads when `parallel`. Each thread turns the start of its
@@ -155,7 +127,7 @@ void permute_typed(const E* in, E* out, const Walk& w, int64_t numel) {
 void permute(const void* in, void* out, const Shape& in_shape, const std::vector<int64_t>& dims, size_t elem) {
   const int64_t numel = in_shape.numel();
   if (numel == 0) return;
-  const Walk w = simplify(in_shape, dims);
+  const Walk w = simplify_permute(in_shape, dims);
   if (w.extent.size() <= 1) {  // nothing actually moves: the permute is an identity on memory
     std::memcpy(out, in, static_cast<size_t>(numel) * elem);
     return;

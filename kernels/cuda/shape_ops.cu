@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/shape_ops_cuda.h"
+#include "kernels/permute_walk.h"
 
 namespace octet::kernels::cuda {
 namespace {
@@ -46,34 +47,7 @@ void with_unit(size_t bytes, const char* op, F&& f) {
 }
 
 // ---- permute -------------------------------------------------------------------------------------
-// A permute reduced as on the CPU (kernels/cpu/shape_ops.cpp): out dim k has extent[k] and steps
-// the input by in_stride[k] elements; size-1 dims dropped, neighbours in both layouts merged.
-struct Walk {
-  std::vector<int64_t> extent, in_stride;
-};
-
-Walk simplify(const Shape& in_shape, const std::vector<int64_t>& dims) {
-  const int64_t n = in_shape.ndim();
-  std::vector<int64_t> stride(n);
-  int64_t s = 1;
-  for (int64_t d = n - 1; d >= 0; --d) {
-    stride[d] = s;
-    s *= in_shape[d];
-  }
-  Walk w;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t e = in_shape[dims[k]], st = stride[dims[k]];
-    if (e == 1) continue;
-    if (!w.extent.empty() && w.in_stride.back() == st * e) {
-      w.extent.back() *= e;
-      w.in_stride.back() = st;
-    } else {
-      w.extent.push_back(e);
-      w.in_stride.push_back(st);
-    }
-  }
-  return w;
-}
+using Walk = PermuteWalk;  // kernels/permute_walk.h
 
 // Input offsets of a contiguous output walked in row-major order.
 template <class Index>
@@ -218,7 +192,7 @@ void permute(Device device, const void* in, void* out, const Shape& in_shape, co
   const int64_t numel = in_shape.numel();
   if (numel == 0) return;
   cudaStream_t stream = octet::cuda::current_stream(device.index);
-  Walk w = simplify(in_shape, dims);
+  Walk w = simplify_permute(in_shape, dims);
   if (w.extent.size() <= 1) {  // an identity on memory
     octet::cuda::check(cudaMemcpyAsync(out, in, static_cast<size_t>(numel) * elem, cudaMemcpyDeviceToDevice, stream),
                        "permute (cudaMemcpyAsync)");

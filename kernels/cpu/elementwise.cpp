@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/elementwise_cpu.h"
+#include "kernels/index_math.h"
 
 namespace octet::kernels::cpu {
 namespace {
@@ -99,17 +100,6 @@ Shape strip_leading_ones(const Shape& s) {
 bool is_trailing(const Shape& small, const Shape& out) {
   if (small.size() > out.size()) return false;
   return std::equal(small.rbegin(), small.rend(), out.rbegin());
-}
-
-// Element strides of a tensor of shape s read as if it had shape out: 0 along broadcast dims.
-std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
-  std::vector<int64_t> strides(out.size(), 0);
-  int64_t stride = 1;
-  for (int64_t d = s.ndim() - 1, od = out.ndim() - 1; d >= 0; --d, --od) {
-    strides[od] = s[d] == 1 ? 0 : stride;
-    stride *= s[d];
-  }
-  return strides;
 }
 
 // Offset of the first element of row r (rows run along the last dim of out) in an operand with

@@ -9,7 +9,7 @@
 #endif
 
 #include "core/error.h"
-#include "kernels/permute_walk.h"
+#include "kernels/index_math.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/shape_ops_cpu.h"
 
@@ -24,7 +24,7 @@ constexpr int64_t kParallelBytes = int64_t{1} << 18;
 // to the same L1 set and 32 rows would evict each other.
 constexpr int64_t kTile = 16;
 
-using Walk = PermuteWalk;  // kernels/permute_walk.h
+using Walk = PermuteWalk;  // kernels/index_math.h
 
 // Calls fn(in_offset, out_offset, index) for every multi-index of `extent` in row-major order,
 // split into contiguous ranges across threads when `parallel`. Each thread turns the start of its

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise_cuda.h"
+#include "kernels/index_math.h"
 
 namespace octet::kernels::cuda {
 namespace {
@@ -163,16 +164,6 @@ struct StridedIndex {
     }
   }
 };
-
-std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
-  std::vector<int64_t> strides(out.size(), 0);
-  int64_t stride = 1;
-  for (int64_t d = s.ndim() - 1, od = out.ndim() - 1; d >= 0; --d, --od) {
-    strides[od] = s[d] == 1 ? 0 : stride;
-    stride *= s[d];
-  }
-  return strides;
-}
 
 template <class Index, int kOps>
 StridedIndex<Index, kOps> strided_index(const Shape& out, const Shape* const (&operands)[kOps], const char* op) {

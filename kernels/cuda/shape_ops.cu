@@ -10,7 +10,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/shape_ops_cuda.h"
-#include "kernels/permute_walk.h"
+#include "kernels/index_math.h"
 
 namespace octet::kernels::cuda {
 namespace {
@@ -47,7 +47,7 @@ void with_unit(size_t bytes, const char* op, F&& f) {
 }
 
 // ---- permute -------------------------------------------------------------------------------------
-using Walk = PermuteWalk;  // kernels/permute_walk.h
+using Walk = PermuteWalk;  // kernels/index_math.h
 
 // Input offsets of a contiguous output walked in row-major order.
 template <class Index>

@@ -1,6 +1,7 @@
 #pragma once
-// A permute reduced to its essentials, shared by the CPU and CUDA permute kernels (host code).
-// Out dim k has `extent[k]` and steps the input by `in_stride[k]` elements. Size-1 dims are
+// Host-side index arithmetic that the CPU and CUDA kernels share.
+//
+// A permute reduced to its essentials. Out dim k has `extent[k]` and steps the input by `in_stride[k]` elements. Size-1 dims are
 // dropped and neighbouring out dims that are also neighbours in the input are merged, so
 // [B, N, 3, H, D] -> (2, 0, 3, 1, 4) walks 4 dims and an identity permute walks one.
 #include <cstdint>
@@ -36,6 +37,18 @@ inline PermuteWalk simplify_permute(const Shape& in_shape, const std::vector<int
     }
   }
   return w;
+}
+
+// Element strides of a contiguous tensor of shape s read as if it had the broadcast shape out:
+// 0 along dims that s lacks or has as 1.
+inline std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
+  std::vector<int64_t> strides(out.size(), 0);
+  int64_t stride = 1;
+  for (int64_t d = s.ndim() - 1, od = out.ndim() - 1; d >= 0; --d, --od) {
+    strides[od] = s[d] == 1 ? 0 : stride;
+    stride *= s[d];
+  }
+  return strides;
 }
 
 }  // namespace octet::kernels

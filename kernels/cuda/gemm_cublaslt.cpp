@@ -12,10 +12,9 @@
 // So each call swaps the operands, keeps their transpose flags, and swaps m and n. Epilogues follow:
 // cuBLASLt's "rows of D" are our columns j < n and its "columns of D" our rows i < m.
 //
-// Each device has one cuBLASLt handle and one 32 MiB workspace, made on first use. The call goes on
-// the device's current stream (core/cuda_stream.h). The workspace is shared by every stream of the
-// device, so GEMMs on one device must not run on two streams at once; Octet issues all of them on
-// the compute stream. Algorithms from cublasLtMatmulAlgoGetHeuristic are cached per problem key.
+// Each device has one cuBLASLt handle and one 32 MiB workspace (kernels/cuda/cublaslt_context.h,
+// shared with the FP8 GEMM). The call goes on the device's current stream (core/cuda_stream.h).
+// Algorithms from cublasLtMatmulAlgoGetHeuristic are cached per problem key.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -29,6 +28,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/common.h"
+#include "kernels/cuda/cublaslt_context.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/elementwise.h"
 
@@ -36,99 +36,15 @@ namespace octet::kernels::cuda {
 
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr int kMaxDevices = 64;
-
-void check_lt(cublasStatus_t status, const char* what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  OCTET_FAIL("cuBLASLt ", what, ": ", cublasLtGetStatusName(status), " (", cublasLtGetStatusString(status), ")");
-}
-
-struct DeviceContext {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-};
-
-// The handle and workspace live until the process exits: freeing them from a static destructor
-// would race the CUDA runtime's own teardown. cudaMalloc (not the stream-ordered pool) so that the
-// workspace is valid on every stream from the start.
-DeviceContext& context_for(int device) {
-  OCTET_CHECK(device >= 0 && device < kMaxDevices, "gemm: CUDA device index ", device, " is out of range");
-  static std::array<DeviceContext, kMaxDevices> contexts{};
-  static std::array<std::once_flag, kMaxDevices> created;
-  std::call_once(created[device], [device] {
-    DeviceContext& ctx = contexts[device];
-    check_lt(cublasLtCreate(&ctx.handle), "cublasLtCreate");
-    octet::cuda::check(cudaMalloc(&ctx.workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
-  });
-  return contexts[device];
-}
-
-cudaDataType_t cuda_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: OCTET_FAIL("gemm: no cuBLASLt type for ", dtype_name(dtype));
-  }
-}
-
-// The largest power of two up to 256 dividing the address: cuBLASLt assumes 256-byte aligned
-// pointers unless told otherwise, and views at an offset (flat parameters) can be less aligned.
-uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  uint32_t alignment = 256;
-  while (alignment > 1 && address % alignment != 0) alignment /= 2;
-  return alignment;
-}
-
-// Owning wrappers for the descriptors, destroyed on every path out (errors included).
-struct MatmulDesc {
-  cublasLtMatmulDesc_t desc = nullptr;
-  MatmulDesc() { check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate"); }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
-  MatmulDesc(const MatmulDesc&) = delete;
-  MatmulDesc& operator=(const MatmulDesc&) = delete;
-  template <class T>
-  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
-    check_lt(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)), "cublasLtMatmulDescSetAttribute");
-  }
-};
-
-// A row-major [rows, cols] buffer as cuBLASLt's column-major cols × rows matrix (ld = cols), with
-// `batch` matrices `stride` elements apart.
-struct Layout {
-  cublasLtMatrixLayout_t layout = nullptr;
-  Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch, int64_t stride) {
-    check_lt(cublasLtMatrixLayoutCreate(&layout, cuda_type(dtype), static_cast<uint64_t>(cols),
-                                        static_cast<uint64_t>(rows), cols),
-             "cublasLtMatrixLayoutCreate");
-    if (batch > 1) {
-      const auto count = static_cast<int32_t>(batch);
-      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-               "cublasLtMatrixLayoutSetAttribute");
-      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                sizeof(stride)),
-               "cublasLtMatrixLayoutSetAttribute");
-    }
-  }
-  ~Layout() { cublasLtMatrixLayoutDestroy(layout); }
-  Layout(const Layout&) = delete;
-  Layout& operator=(const Layout&) = delete;
-};
-
-struct Preference {
-  cublasLtMatmulPreference_t pref = nullptr;
-  Preference() { check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"); }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
-  Preference(const Preference&) = delete;
-  Preference& operator=(const Preference&) = delete;
-  template <class T>
-  void set(cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
-             "cublasLtMatmulPreferenceSetAttribute");
-  }
-};
+using cublaslt::alignment_of;
+using cublaslt::check_lt;
+using cublaslt::context_for;
+using cublaslt::cuda_type;
+using cublaslt::DeviceContext;
+using cublaslt::kWorkspaceBytes;
+using cublaslt::Layout;
+using cublaslt::MatmulDesc;
+using cublaslt::Preference;
 
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides

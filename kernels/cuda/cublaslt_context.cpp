@@ -1,0 +1,69 @@
+// The shared cuBLASLt pieces (kernels/cuda/cublaslt_context.h).
+#include "kernels/cuda/cublaslt_context.h"
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <mutex>
+
+#include "core/cuda_stream.h"
+#include "core/error.h"
+
+namespace octet::kernels::cuda::cublaslt {
+
+namespace {
+constexpr int kMaxDevices = 64;
+}  // namespace
+
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  OCTET_FAIL("cuBLASLt ", what, ": ", cublasLtGetStatusName(status), " (", cublasLtGetStatusString(status), ")");
+}
+
+// The handle and workspace live until the process exits: freeing them from a static destructor
+// would race the CUDA runtime's own teardown. cudaMalloc (not the stream-ordered pool) so that the
+// workspace is valid on every stream from the start.
+DeviceContext& context_for(int device) {
+  OCTET_CHECK(device >= 0 && device < kMaxDevices, "cuBLASLt: CUDA device index ", device, " is out of range");
+  static std::array<DeviceContext, kMaxDevices> contexts{};
+  static std::array<std::once_flag, kMaxDevices> created;
+  std::call_once(created[device], [device] {
+    DeviceContext& ctx = contexts[device];
+    check_lt(cublasLtCreate(&ctx.handle), "cublasLtCreate");
+    octet::cuda::check(cudaMalloc(&ctx.workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
+  });
+  return contexts[device];
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    case DType::e4m3: return CUDA_R_8F_E4M3;
+    case DType::e5m2: return CUDA_R_8F_E5M2;
+    default: OCTET_FAIL("cuBLASLt: no element type for ", dtype_name(dtype));
+  }
+}
+
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+Layout::Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch, int64_t stride) {
+  check_lt(cublasLtMatrixLayoutCreate(&layout, cuda_type(dtype), static_cast<uint64_t>(cols), static_cast<uint64_t>(rows),
+                                      cols),
+           "cublasLtMatrixLayoutCreate");
+  if (batch > 1) {
+    const auto count = static_cast<int32_t>(batch);
+    check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+             "cublasLtMatrixLayoutSetAttribute");
+    check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+             "cublasLtMatrixLayoutSetAttribute");
+  }
+}
+
+}  // namespace octet::kernels::cuda::cublaslt

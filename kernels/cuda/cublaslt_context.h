@@ -1,0 +1,75 @@
+#pragma once
+// What the cuBLASLt GEMMs share (kernels/cuda/gemm_cublaslt.cpp and gemm_fp8_cublaslt.cpp): the
+// per-device handle and workspace, the status check, and owning wrappers for the descriptors.
+// Internal to kernels/cuda: it includes cublasLt.h, so only CUDA-build sources include it.
+//
+// Each device has one cuBLASLt handle and one 32 MiB workspace, made on first use. The workspace is
+// shared by every stream of the device, so GEMMs on one device must not run on two streams at once;
+// Octet issues all of them on the compute stream.
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace octet::kernels::cuda::cublaslt {
+
+inline constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// Throws an octet::Error naming `what` and the cuBLASLt status unless it is CUBLAS_STATUS_SUCCESS.
+void check_lt(cublasStatus_t status, const char* what);
+
+struct DeviceContext {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;  // kWorkspaceBytes
+};
+
+// The device's handle and workspace, created on first use; they live until the process exits.
+DeviceContext& context_for(int device);
+
+// cuBLASLt's element type for f32, bf16, f16, e4m3 and e5m2; throws for any other dtype.
+cudaDataType_t cuda_type(DType dtype);
+
+// The largest power of two up to 256 dividing the address: cuBLASLt assumes 256-byte aligned
+// pointers unless told otherwise, and views at an offset (flat parameters) can be less aligned.
+uint32_t alignment_of(const void* p);
+
+// Owning wrappers for the descriptors, destroyed on every path out (errors included).
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  // f32 accumulation (never TF32) with f32 alpha, beta and scale factors.
+  MatmulDesc() { check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate"); }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  template <class T>
+  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
+    check_lt(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)), "cublasLtMatmulDescSetAttribute");
+  }
+};
+
+// A row-major [rows, cols] buffer as cuBLASLt's column-major cols × rows matrix (ld = cols), with
+// `batch` matrices `stride` elements apart.
+struct Layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch = 1, int64_t stride = 0);
+  ~Layout() { cublasLtMatrixLayoutDestroy(layout); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  Preference() { check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  template <class T>
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
+             "cublasLtMatmulPreferenceSetAttribute");
+  }
+};
+
+}  // namespace octet::kernels::cuda::cublaslt

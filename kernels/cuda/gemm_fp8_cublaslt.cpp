@@ -1,0 +1,215 @@
+// The FP8 GEMM through cuBLASLt (kernels/cuda/fp8_gemm_cuda.h, rules in kernels/fp8_gemm.h).
+//
+// Layout. We compute the row-major out[m, n] = a[m, k]·b[n, k]ᵀ. cuBLASLt is column-major, and reads
+// each of our row-major buffers as its transpose (kernels/cuda/gemm_cublaslt.cpp explains the swap):
+//   - cuBLASLt's A is our b: the buffer [n, k] read column-major is k × n (ld k), with TRANSA = T;
+//   - cuBLASLt's B is our a: the buffer [m, k] read column-major is k × m (ld k), with TRANSB = N;
+//   - cuBLASLt's D (and C) is our out: n × m (ld n).
+// So cuBLASLt computes D (n × m) = op(A)·op(B) = b·aᵀ = outᵀ, which is our out read column-major; its
+// m is our n and its n our m. That is the "TN" layout, the only one Hopper's FP8 kernels offer.
+// Because A and B swap, cuBLASLt's A scale is our b's scale_inv and its B scale our a's.
+//
+// Scaling. CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER point at the [1] f32 scale_inv tensors on the
+// device (so no step reads them back to the host); cuBLASLt multiplies the f32 sum by both, after
+// the sum, and alpha stays 1. beta is 1 with accumulate (C = D = out), else 0.
+//
+// Bias. CUBLASLT_EPILOGUE_BIAS adds a vector per row of cuBLASLt's D, i.e. per our column j < n: the
+// [n] bias. cuBLASLt's FP8 type table pairs a bf16 D with a bf16 bias, and (as we read it) an f32 D
+// with a bf16 bias too, not an f32 one. Whatever bias cuBLASLt refuses runs unfused: the GEMM, then
+// out += bias (in f32 that costs nothing in accuracy; in bf16 it rounds twice). The refusal is logged
+// once per problem.
+//
+// The handle and workspace are the device's shared ones (kernels/cuda/cublaslt_context.h); the call
+// goes on the device's current stream. Algorithms are cached per problem key.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "core/cuda_stream.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/common.h"
+#include "kernels/cuda/cublaslt_context.h"
+#include "kernels/cuda/fp8_gemm_cuda.h"
+#include "kernels/elementwise.h"
+
+namespace octet::kernels::cuda {
+
+namespace {
+
+using cublaslt::alignment_of;
+using cublaslt::check_lt;
+using cublaslt::cuda_type;
+using cublaslt::Layout;
+using cublaslt::MatmulDesc;
+using cublaslt::Preference;
+
+// FP8 tensor cores arrived with sm_89 (Ada) and sm_90 (Hopper).
+void check_fp8_capable(int device, const Tensor& a, const Tensor& b, const Tensor& out) {
+  int major = 0, minor = 0;
+  octet::cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                     "fp8_gemm: cudaDeviceGetAttribute");
+  octet::cuda::check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+                     "fp8_gemm: cudaDeviceGetAttribute");
+  OCTET_CHECK(major * 10 + minor >= 89, "fp8_gemm: ", out.device().str(), " is sm_", major, minor,
+              ", and FP8 GEMMs need compute capability 8.9 or newer (sm_89 Ada, sm_90 Hopper) (",
+              describe_all({&a, &b, &out}), "); run this layer in bf16 (outside fp8_autocast)");
+}
+
+std::string problem_text(const Tensor& a, const Tensor& b, const Tensor& out, bool with_bias, bool fast_accumulate) {
+  return "a[" + std::to_string(a.size(0)) + ", " + std::to_string(a.size(1)) + "]·b[" + std::to_string(b.size(0)) +
+         ", " + std::to_string(b.size(1)) + "]ᵀ (" + describe_all({&a, &b, &out}) +
+         ", alignments a " + std::to_string(alignment_of(a.data_ptr())) + " B, b " +
+         std::to_string(alignment_of(b.data_ptr())) + " B, out " + std::to_string(alignment_of(out.data_ptr())) +
+         " B, epilogue " + (with_bias ? "BIAS" : "none") + ", fast_accumulate=" + std::to_string(fast_accumulate) + ")";
+}
+
+// Everything the heuristic's answer depends on: device, m, n, k, the three dtypes, bias (and its
+// dtype and alignment), fast accumulation, whether C is read, and the operand alignments.
+using Fp8AlgoKey = std::array<int64_t, 15>;
+
+// nullopt records "no algorithm", so that a refused bias epilogue is asked about (and logged) once.
+std::map<Fp8AlgoKey, std::optional<cublasLtMatmulAlgo_t>>& algo_cache() {
+  static std::map<Fp8AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+  return cache;
+}
+std::mutex& algo_cache_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+void note_unfused_bias(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& bias, bool fast_accumulate,
+                       cublasStatus_t status) {
+  logging::info("cuBLASLt offers no FP8 algorithm with a fused {} bias for {} ({}); adding the bias unfused",
+                dtype_name(bias.dtype()), problem_text(a, b, out, true, fast_accumulate), cublasLtGetStatusName(status));
+}
+
+// One cuBLASLt FP8 matmul, with the BIAS epilogue when `bias` is defined. Returns false, having
+// written nothing, when cuBLASLt has no algorithm (or, with a bias, refuses in any way); throws on
+// any other failure.
+bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
+                const Tensor& out, const Tensor& bias, bool accumulate, bool fast_accumulate) {
+  const int device = out.device().index;
+  cublaslt::DeviceContext& ctx = cublaslt::context_for(device);
+  cudaStream_t stream = octet::cuda::current_stream(device);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  const bool with_bias = bias.defined();
+
+  MatmulDesc desc;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);  // cuBLASLt's A is our b, stored k × n
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);  // cuBLASLt's B is our a, stored k × m
+  const void* lt_a_scale = scale_inv_b.data_ptr();
+  const void* lt_b_scale = scale_inv_a.data_ptr();
+  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, lt_a_scale);
+  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lt_b_scale);
+  const int8_t fast_accum = fast_accumulate ? 1 : 0;
+  desc.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
+  const cublasLtEpilogue_t epilogue = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (with_bias) {
+    const void* bias_ptr = bias.data_ptr();
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(bias.dtype())));
+  }
+
+  const Layout lt_a(b.dtype(), n, k);    // our b [n, k]: column-major k × n, ld k
+  const Layout lt_b(a.dtype(), m, k);    // our a [m, k]: column-major k × m, ld k
+  const Layout lt_d(out.dtype(), m, n);  // our out [m, n]: column-major n × m, ld n
+
+  const uint32_t align_a = alignment_of(a.data_ptr()), align_b = alignment_of(b.data_ptr());
+  const uint32_t align_out = alignment_of(out.data_ptr());
+  const Fp8AlgoKey key{device,
+                       m,
+                       n,
+                       k,
+                       static_cast<int64_t>(a.dtype()),
+                       static_cast<int64_t>(b.dtype()),
+                       static_cast<int64_t>(out.dtype()),
+                       with_bias,
+                       with_bias ? static_cast<int64_t>(bias.dtype()) : -1,
+                       with_bias ? alignment_of(bias.data_ptr()) : 0,
+                       fast_accumulate,
+                       accumulate,
+                       align_a,
+                       align_b,
+                       align_out};
+
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  {
+    std::lock_guard<std::mutex> lock(algo_cache_mutex());
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) {
+      algo = it->second;
+    } else {
+      Preference pref;
+      pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, cublaslt::kWorkspaceBytes);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out);
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out);
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+          ctx.handle, desc.desc, lt_a.layout, lt_b.layout, lt_d.layout, lt_d.layout, pref.pref, 1, &result, &returned);
+      // NOT_SUPPORTED means "no algorithm for this configuration", like returned == 0. A bias
+      // epilogue rejected in any way falls back to the unfused bias instead of failing.
+      if (status != CUBLAS_STATUS_NOT_SUPPORTED && !with_bias) check_lt(status, "cublasLtMatmulAlgoGetHeuristic (FP8)");
+      if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
+      if (!algo && with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+      algo_cache()[key] = algo;
+    }
+  }
+  if (!algo) return false;
+
+  // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
+  // applied through the scale pointers.
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(ctx.handle, desc.desc, &alpha, b.data_ptr(), lt_a.layout, a.data_ptr(), lt_b.layout, &beta,
+                     out.data_ptr(), lt_d.layout, out.data_ptr(), lt_d.layout, &*algo, ctx.workspace,
+                     cublaslt::kWorkspaceBytes, stream);
+  if (with_bias && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
+    note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+    std::lock_guard<std::mutex> lock(algo_cache_mutex());
+    algo_cache()[key] = std::nullopt;
+    return false;
+  }
+  check_lt(status, "cublasLtMatmul (FP8)");
+  return true;
+}
+
+// out[i, j] += bias[j], on out's stream: the unfused bias.
+void add_bias(const Tensor& out, const Tensor& bias) { add_(out, broadcast_to(bias, out.shape())); }
+
+}  // namespace
+
+void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
+              const Tensor& bias, bool accumulate, bool fast_accumulate) {
+  if (out.numel() == 0) return;
+  const int device = out.device().index;
+  octet::cuda::DeviceGuard device_guard(device);
+  check_fp8_capable(device, a, b, out);
+  if (a.size(1) == 0) {  // k = 0: the sum is empty, out = (accumulate ? out : 0) + bias
+    if (!accumulate) {
+      octet::cuda::check(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), octet::cuda::current_stream(device)),
+                         "fp8_gemm: cudaMemsetAsync");
+    }
+    if (bias.defined()) add_bias(out, bias);
+    return;
+  }
+  if (bias.defined() && run_fp8_lt(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate)) return;
+  if (!run_fp8_lt(a, scale_inv_a, b, scale_inv_b, out, Tensor(), accumulate, fast_accumulate)) {
+    OCTET_FAIL("fp8_gemm: cuBLASLt has no FP8 algorithm for ", problem_text(a, b, out, false, fast_accumulate),
+               "; FP8 GEMMs need an sm_89/sm_90 GPU, k and n multiples of 16 and 16-byte aligned operands (a view "
+               "at an odd offset is not): copy the operands into fresh tensors");
+  }
+  if (bias.defined()) add_bias(out, bias);
+}
+
+}  // namespace octet::kernels::cuda

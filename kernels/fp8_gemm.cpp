@@ -1,0 +1,98 @@
+// The FP8 GEMM's entry point and its CPU emulation (kernels/fp8_gemm.h).
+#include "kernels/fp8_gemm.h"
+
+#include <algorithm>
+
+#include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/gemm.h"
+#if OCTET_HAS_CUDA
+#include "kernels/cuda/fp8_gemm_cuda.h"
+#endif
+
+namespace octet::kernels {
+
+namespace {
+
+constexpr const char* kOp = "fp8_gemm";
+
+// The rules of kernels/fp8_gemm.h, the same on every device.
+void check_fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
+                    const Tensor& out, const Tensor& bias) {
+  check_defined(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out});
+  if (bias.defined()) {
+    check_same_device(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out, &bias});
+  } else {
+    check_same_device(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out});
+  }
+  OCTET_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, kOp, ": a [m, k], b [n, k] and out [m, n] must be 2-d (",
+              describe_all({&a, &b, &out}), "); flatten leading dims into m first");
+  OCTET_CHECK(is_fp8(a.dtype()) && is_fp8(b.dtype()), kOp, ": a and b must be FP8 (e4m3 or e5m2), got ",
+              describe_all({&a, &b}), "; cast them with kernels::fp8_cast");
+  OCTET_CHECK(!(a.dtype() == DType::e5m2 && b.dtype() == DType::e5m2), kOp,
+              ": a and b are both e5m2 (", describe_all({&a, &b}),
+              "); Hopper has no E5M2×E5M2 FP8 GEMM: cast one of them (the forward-pass operand) to e4m3");
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  OCTET_CHECK(b.size(1) == k, kOp, ": a is [m, k] and b is [n, k], but their k differ (", describe_all({&a, &b}),
+              "); b is stored K-major, i.e. transposed (TN layout)");
+  OCTET_CHECK(k % 16 == 0 && n % 16 == 0, kOp, ": k = ", k, " and n = ", n, " must both be multiples of 16 (",
+              describe_all({&a, &b}),
+              "): Hopper's FP8 GEMM reads 16-byte aligned FP8 rows and writes 16-byte aligned output rows; pad the "
+              "reduction dim with zero columns (fp8_cast pads its transposed copy), or run this GEMM in bf16");
+  OCTET_CHECK(out.dtype() == DType::bf16 || out.dtype() == DType::f32, kOp, ": out must be bf16 or f32, got ",
+              out.describe(), "; the FP8 GEMM does not write FP8 or f16 outputs");
+  OCTET_CHECK(out.size(0) == m && out.size(1) == n, kOp, ": out ", out.describe(), " should be [", m, ", ", n, "] (",
+              describe_all({&a, &b}), ")");
+  if (bias.defined()) {
+    OCTET_CHECK(bias.dim() == 1 && bias.size(0) == n && bias.dtype() == out.dtype(), kOp, ": bias ", bias.describe(),
+                " should be [", n, "] in out's dtype ", dtype_name(out.dtype()), "; convert it with .to(dtype)");
+  }
+  for (const Tensor* s : {&scale_inv_a, &scale_inv_b}) {
+    OCTET_CHECK(s->dim() == 1 && s->numel() == 1 && s->dtype() == DType::f32, kOp,
+                ": scale_inv_a and scale_inv_b must be [1] f32 (", describe_all({&scale_inv_a, &scale_inv_b}),
+                "); take them from Fp8Cast::scale_inv or a [1] view of a layer's FP8 state");
+  }
+}
+
+// out = round_to_out_dtype(scale_inv_a·scale_inv_b·(a·bᵀ) + bias + (accumulate ? out : 0)): a and b
+// decode exactly to f32, one f32 GEMM sums the products, and one f32 pass applies the scales (after
+// the sum, as the GPU does), the bias and the old out, rounding once into out.
+void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
+                  const Tensor& out, const Tensor& bias, bool accumulate) {
+  check_cpu(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out});
+  const int64_t m = out.size(0), n = out.size(1);
+  // kernels::gemm widens FP8 operands to f32 exactly; trans_b reads b [n, k] as bᵀ.
+  Tensor result = matmul(a, b, /*trans_a=*/false, /*trans_b=*/true, DType::f32);
+  const float scale = scale_inv_a.item<float>() * scale_inv_b.item<float>();
+  const Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
+  const Tensor old32 = accumulate ? out.to(DType::f32) : Tensor();
+  float* r = result.data<float>();
+  const float* bias_values = bias32.defined() ? bias32.data<float>() : nullptr;
+  const float* old_values = old32.defined() ? old32.data<float>() : nullptr;
+  cpu::parallel_ranges(m, cpu::kParallelElements / std::max<int64_t>(n, 1), [&](int64_t row_begin, int64_t row_end) {
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = scale * r[i * n + j];
+        if (bias_values) v += bias_values[j];
+        if (old_values) v += old_values[i * n + j];
+        r[i * n + j] = v;
+      }
+    }
+  });
+  out.copy_(result);  // the one rounding to out's dtype (none for f32)
+}
+
+}  // namespace
+
+void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
+              const Tensor& bias, bool accumulate, bool fast_accumulate) {
+  check_fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias);
+#if OCTET_HAS_CUDA
+  if (a.is_cuda()) return cuda::fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate);
+#endif
+  (void)fast_accumulate;  // the CPU sums in f32 throughout: there is nothing faster to switch to
+  if (bias.defined()) check_cpu(kOp, {&bias});
+  fp8_gemm_cpu(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate);
+}
+
+}  // namespace octet::kernels

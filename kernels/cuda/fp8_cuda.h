@@ -1,0 +1,22 @@
+#pragma once
+// CUDA implementations behind kernels/fp8.h (plain C++: no CUDA types). The entry points in
+// kernels/fp8.cpp have checked every tensor (dtypes, shapes, one CUDA device) and the arguments;
+// two_pow_margin is 2^margin rounded once to f32 on the host, as the CPU kernels take it. Every
+// launch goes on the current stream of the tensors' device, and nothing is read back to the host.
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/fp8.h"
+
+namespace octet::kernels::cuda {
+
+// x read as [rows, cols]; amax may be undefined. One fused kernel (see fp8.cu).
+Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
+                 DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows);
+void fp8_amax_(const Tensor& x, const Tensor& amax);
+// Every group in one launch per chunk of groups.
+void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float two_pow_margin, AmaxCompute algo);
+void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, DType fp8_dtype,
+                          float two_pow_margin);
+
+}  // namespace octet::kernels::cuda

@@ -53,6 +53,26 @@ std::unordered_map<Node*, int> count_dependencies(const std::vector<Edge>& roots
   return deps;
 }
 
+// The callbacks of the backward passes running on this thread, innermost last (a backward may run
+// inside another's hook, as gradcheck of a double backward would).
+thread_local std::vector<std::vector<std::function<void()>>> pass_callbacks;
+
+// Opens a callback list for one pass and closes it however the pass ends.
+struct PassScope {
+  PassScope() { pass_callbacks.emplace_back(); }
+  ~PassScope() { pass_callbacks.pop_back(); }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+  // Runs the callbacks queued so far, and any they queue, in order.
+  static void run_callbacks() {
+    for (size_t i = 0; i < pass_callbacks.back().size(); ++i) {
+      std::function<void()> callback = std::move(pass_callbacks.back()[i]);
+      callback();
+    }
+  }
+};
+
 void check_gradient(const Node& node, size_t j, const Tensor& grad) {
   const TensorMeta& want = node.input_meta[j];
   OCTET_CHECK(grad.shape() == want.shape && grad.dtype() == want.dtype && grad.device() == want.device, "backward of '",
@@ -85,6 +105,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
 
   NoGradGuard no_grad;
+  PassScope pass;
   std::unordered_map<Node*, int> deps = count_dependencies(root_edges);
   std::unordered_map<Node*, InputBuffer> buffers;
   auto buffer_of = [&](Node* node) -> InputBuffer& {
@@ -147,7 +168,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     owners.erase(node);
   }
+  PassScope::run_callbacks();
 }
+
+void queue_callback(std::function<void()> callback) {
+  OCTET_CHECK(!pass_callbacks.empty(), "queue_callback: no backward pass is running on this thread; queue callbacks "
+              "from a backward closure or a gradient hook, where the pass they wait for is under way");
+  pass_callbacks.back().push_back(std::move(callback));
+}
+
+bool in_backward() { return !pass_callbacks.empty(); }
 
 }  // namespace octet::autograd
 

@@ -2,6 +2,7 @@
 // The backward engine: from the roots, count how many edges point at each node, then run nodes
 // whose count has reached zero (Kahn's reverse topological order), summing the gradients that
 // several consumers send to the same input.
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -12,5 +13,13 @@ namespace octet::autograd {
 // Without retain_graph, each node frees what it saved once it has run, and a second backward
 // through it throws.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {}, bool retain_graph = false);
+
+// Queues `callback` to run once the backward pass now running has processed every node, after all
+// gradients are accumulated (PyTorch's queue_callback). For work that must see the whole pass: an FP8
+// recipe updating its gradient scales once per step, DDP waiting for its last bucket. Callbacks run in
+// the order queued, with grad mode off; one may queue another. Only valid inside a backward pass (from
+// a node's closure or a gradient hook); if the pass throws, its queued callbacks are dropped.
+void queue_callback(std::function<void()> callback);
+bool in_backward();  // whether a backward pass is running on this thread
 
 }  // namespace octet::autograd

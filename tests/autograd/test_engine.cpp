@@ -2,6 +2,9 @@
 // kernels), so these tests exercise the engine apart from autograd/ops.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
@@ -15,6 +18,7 @@ namespace {
 
 using autograd::Grads;
 using autograd::record;
+using octet::testing::throws_with;
 
 Tensor leaf(std::vector<double> values) {
   return from_vector(values, {static_cast<int64_t>(values.size())}, DType::f64).requires_grad_();
@@ -217,6 +221,38 @@ TEST(Engine, OnlyLeavesCanStopRequiringGrad) {
   EXPECT_TRUE(x.is_leaf());
   EXPECT_FALSE(y.detach().requires_grad());
   EXPECT_THROW(zeros({2}, DType::i64).requires_grad_(), Error);
+}
+
+TEST(Engine, QueuedCallbacksRunOnceAfterEveryGradientIsAccumulated) {
+  Tensor x = leaf({1, 2, 3});
+  std::vector<std::string> events;
+  std::vector<double> grad_seen_by_callback;
+  Tensor y = record("spy", kernels::mul_scalar(x.detach(), 1), {x}, [&](const Grads& g) -> Grads {
+    events.push_back("node");
+    autograd::queue_callback([&] {
+      events.push_back("callback");
+      grad_seen_by_callback = x.grad().to_vector<double>();
+      autograd::queue_callback([&] { events.push_back("queued by a callback"); });
+    });
+    return {g[0]};
+  });
+  EXPECT_FALSE(autograd::in_backward());
+  total(times(y, y)).backward();
+  EXPECT_EQ(events, (std::vector<std::string>{"node", "callback", "queued by a callback"}));
+  EXPECT_EQ(grad_seen_by_callback, (std::vector<double>{2, 4, 6}));  // the leaf's grad is already there
+}
+
+TEST(Engine, CallbacksOutsideABackwardPassAreRefusedAndAFailedPassDropsThem) {
+  EXPECT_TRUE(throws_with([] { autograd::queue_callback([] {}); }, {"queue_callback", "no backward pass"}));
+  Tensor x = leaf({1, 2});
+  bool ran = false;
+  Tensor y = record("fails", kernels::mul_scalar(x.detach(), 1), {x}, [&](const Grads&) -> Grads {
+    autograd::queue_callback([&] { ran = true; });
+    OCTET_FAIL("this backward fails on purpose");
+  });
+  EXPECT_THROW(total(y).backward(), Error);
+  EXPECT_FALSE(ran);
+  EXPECT_FALSE(autograd::in_backward());
 }
 
 }  // namespace

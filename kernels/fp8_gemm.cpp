@@ -61,8 +61,10 @@ void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, c
                   const Tensor& out, const Tensor& bias, bool accumulate) {
   check_cpu(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out});
   const int64_t m = out.size(0), n = out.size(1);
-  // kernels::gemm widens FP8 operands to f32 exactly; trans_b reads b [n, k] as bᵀ.
-  Tensor result = matmul(a, b, /*trans_a=*/false, /*trans_b=*/true, DType::f32);
+  // kernels::gemm widens FP8 operands to f32 exactly; trans_b reads b [n, k] as bᵀ. The result starts
+  // at zero because with k = 0 OpenBLAS leaves it untouched.
+  Tensor result = zeros({m, n}, DType::f32);
+  gemm(a, /*trans_a=*/false, b, /*trans_b=*/true, result);
   const float scale = scale_inv_a.item<float>() * scale_inv_b.item<float>();
   const Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
   const Tensor old32 = accumulate ? out.to(DType::f32) : Tensor();

@@ -31,6 +31,9 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, bool initialize, G
   norm = register_module("norm", std::make_shared<nn::LayerNorm>(D));
   head_drop = register_module("head_drop", std::make_shared<nn::Dropout>(c.drop_rate, gen));
   head = register_module("head", std::make_shared<nn::Linear>(D, c.num_classes));
+  // Under FP8 only the blocks' Linears run in FP8: the classifier, which turns features into
+  // logits, stays in the model's dtype, as Transformer Engine recipes keep the last layer.
+  head->fp8_allowed = false;
   if (initialize) init_weights(gen != nullptr ? *gen : default_generator());
 }
 

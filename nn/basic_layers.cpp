@@ -1,6 +1,9 @@
 // The parameter-light layers: Linear, LayerNorm, GELU, Dropout, DropPath and the loss.
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
+#include "core/log.h"
+#include "nn/fp8.h"
+#include "nn/fp8_linear.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 
@@ -19,6 +22,17 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
 Tensor Linear::forward(const Tensor& x) {
   OCTET_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "Linear(", in_features, " -> ", out_features,
               "): input ", x.describe(), " must end in ", in_features, " features");
+  if (fp8_allowed) {
+    if (std::shared_ptr<const Fp8Config> config = fp8_config()) {
+      const std::string reason = fp8_linear_unsupported_reason(in_features, out_features, x.dtype(), weight.dtype());
+      if (reason.empty()) return fp8_linear(x, weight, bias, fp8_state, config);
+      if (!fp8_fallback_logged_) {
+        logging::info("Linear({} -> {}) runs in {}, not FP8: {}", in_features, out_features, dtype_name(x.dtype()),
+                  reason);
+        fp8_fallback_logged_ = true;
+      }
+    }
+  }
   return linear(x, weight, bias);
 }
 

@@ -16,7 +16,12 @@
 
 namespace octet::nn {
 
+struct Fp8LinearState;
+
 // y = x·Wᵀ + b over the last dim: x [..., in] -> [..., out].
+// Inside an enabled Fp8Autocast scope (nn/fp8.h) it runs its GEMMs in FP8 (nn/fp8_linear.h), unless
+// fp8_allowed is off or its sizes or dtypes do not suit FP8; then it says so once in the log and runs
+// as usual.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
@@ -26,6 +31,14 @@ class Linear : public Module {
   const int64_t in_features, out_features;
   Tensor weight;  // [out, in]
   Tensor bias;    // [out]; undefined when built with bias = false
+
+  // Off for layers a model keeps in higher precision under FP8 (a classifier head, as is usual).
+  bool fp8_allowed = true;
+  // Scales and amax histories, made by the first FP8 forward; saved by fp8_state_dict.
+  std::shared_ptr<Fp8LinearState> fp8_state;
+
+ private:
+  bool fp8_fallback_logged_ = false;
 };
 
 // Normalises over the last dim, then scales and shifts. eps defaults to timm's ViT value.

@@ -1,0 +1,165 @@
+#pragma once
+// FP8 training, the way Transformer Engine does it: inside an fp8_autocast scope every Linear that
+// allows it (Linear::fp8_allowed) runs its three GEMMs in FP8 with per-tensor scales (nn/fp8_linear.h).
+// Everything else (LayerNorm, softmax, attention, residual adds, the loss) stays in its own dtype.
+//
+//   nn::Fp8Recipe recipe = nn::DelayedScaling{.margin = 0, .amax_history_len = 1024};
+//   {
+//     nn::Fp8Autocast fp8(true, recipe);   // forward only; backward may run after the scope
+//     loss = criterion(model(images), labels);
+//   }                                      // on exit: forward amaxes reduced, scales updated
+//   loss.backward();                       // at its end: gradient amaxes reduced, scales updated
+//   optimizer.step();                      // the optimizer invalidates the cached FP8 weights
+//
+// Formats. E4M3 (max 448, 3 mantissa bits) for what the forward multiplies: activations and weights.
+// Gradients have a wider dynamic range and tolerate less precision, so HYBRID casts them to E5M2
+// (max 57344, 2 mantissa bits); E4M3 casts them to E4M3 too.
+//
+// Recipes. DelayedScaling scales each tensor with what past steps saw: it records every cast's amax
+// in row 0 of an amax history, and once per step turns the history into the next scale
+// (scale = fp8_max / amax / 2^margin, see kernels/fp8.h for the edge cases and the roll). The cast
+// itself is then a single pass, at the price of a spike saturating for one step (the scale backs off
+// on the next). CurrentScaling measures each tensor's amax just before casting it (one more pass over
+// the tensor, no history, no lag).
+//
+// Amax reduction. Under data parallelism every rank must use the same scales, or the replicas drift.
+// The scope takes an AmaxReducer: a function that replaces a 1-D f32 tensor of amaxes, in place, with
+// its elementwise maximum over the ranks. nn sits below distributed in the layer order, so the
+// distributed layer supplies it; single-process training passes none.
+//
+// The state each Linear keeps (Fp8LinearState) is inspectable and can be saved (fp8_state_dict).
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "core/tensor.h"
+#include "kernels/fp8.h"
+
+namespace octet::nn {
+
+class Module;
+
+enum class Fp8Format {
+  E4M3,    // E4M3 everywhere
+  HYBRID,  // E4M3 forward (activations, weights), E5M2 backward (gradients)
+};
+using kernels::AmaxCompute;
+
+struct DelayedScaling {
+  int margin = 0;                 // scale = fp8_max / amax / 2^margin: headroom for growth
+  int amax_history_len = 1024;    // past steps the amax is taken over
+  AmaxCompute amax_compute_algo = AmaxCompute::Max;
+  Fp8Format fp8_format = Fp8Format::HYBRID;
+};
+
+struct CurrentScaling {
+  int margin = 0;
+  Fp8Format fp8_format = Fp8Format::HYBRID;
+};
+
+class Fp8Recipe {
+ public:
+  Fp8Recipe(DelayedScaling delayed = {});  // NOLINT(google-explicit-constructor): a recipe is either
+  Fp8Recipe(CurrentScaling current);       // NOLINT(google-explicit-constructor)
+
+  bool is_delayed() const { return std::holds_alternative<DelayedScaling>(recipe_); }
+  const DelayedScaling& delayed() const;  // throws unless is_delayed()
+  int margin() const;
+  Fp8Format format() const;
+  int amax_history_len() const { return is_delayed() ? delayed().amax_history_len : 1; }
+  DType forward_dtype() const { return DType::e4m3; }
+  DType backward_dtype() const { return format() == Fp8Format::HYBRID ? DType::e5m2 : DType::e4m3; }
+  // "delayed(margin=0, amax_history_len=1024, amax_compute_algo=max, fp8_format=HYBRID)"
+  std::string describe() const;
+
+ private:
+  std::variant<DelayedScaling, CurrentScaling> recipe_;
+};
+
+// Replaces a 1-D f32 tensor of amaxes with its elementwise max across data-parallel ranks, in place.
+using AmaxReducer = std::function<void(const Tensor& amaxes)>;
+
+// The FP8 state of one Linear.
+struct Fp8LinearState {
+  // Index 0 is the input, 1 the weight; both E4M3.
+  kernels::Fp8ScalingTensors forward;
+  // Index 0 is the output gradient: E5M2 under HYBRID.
+  kernels::Fp8ScalingTensors backward;
+
+  // Zero histories, unit scales, on `device`, laid out for `recipe`.
+  static std::shared_ptr<Fp8LinearState> create(Device device, const Fp8Recipe& recipe);
+  // Whether this state fits `recipe` on `device` (same history length and formats).
+  bool fits(Device device, const Fp8Recipe& recipe) const;
+  void to(Device device);  // moves the scales and histories; drops the cached weight cast
+
+  // The weight's cast, made once per optimizer step and reused by every micro-batch until the
+  // weights change (see invalidate_fp8_weight_casts).
+  kernels::Fp8Cast weight_cast;
+  uint64_t weight_cast_generation = 0;
+  const void* weight_cast_source = nullptr;  // the weight bytes it was cast from
+
+  // Human-readable numbers for logs and docs (reads the device: a host sync).
+  // The amaxes are the last completed step's: history row L-1 when L > 1, else row 0 (current
+  // scaling records the latest cast's amax there).
+  struct Snapshot {
+    double input_scale, weight_scale, grad_output_scale;
+    double input_amax, weight_amax, grad_output_amax;
+  };
+  Snapshot snapshot() const;
+};
+
+// Enables FP8 for the Linears run on this thread while it lives (scopes nest; the innermost decides
+// whether FP8 is on and with which recipe). When the outermost scope ends, the forward scales of
+// every layer that ran inside it are updated (delayed scaling), after amax reduction. Layers that
+// did not run keep their history as it is. The destructor may throw (a reduction failing); it does
+// nothing when the scope is left by an exception.
+class Fp8Autocast {
+ public:
+  explicit Fp8Autocast(bool enabled = true, Fp8Recipe recipe = {}, AmaxReducer amax_reducer = nullptr);
+  ~Fp8Autocast() noexcept(false);
+  Fp8Autocast(const Fp8Autocast&) = delete;
+  Fp8Autocast& operator=(const Fp8Autocast&) = delete;
+
+ private:
+  int uncaught_at_entry_;
+};
+
+// Transformer Engine's spelling: `auto scope = nn::fp8_autocast(true, recipe);`.
+inline Fp8Autocast fp8_autocast(bool enabled = true, Fp8Recipe recipe = {}, AmaxReducer amax_reducer = nullptr) {
+  return Fp8Autocast(enabled, std::move(recipe), std::move(amax_reducer));
+}
+
+// What an enabled scope runs under. A layer keeps its forward's config for its backward, which
+// usually runs after the scope has ended.
+struct Fp8Config {
+  Fp8Recipe recipe;
+  AmaxReducer amax_reducer;  // null for single-process training
+};
+// The innermost scope's config on this thread; null when FP8 is off (no scope, or a disabled one).
+std::shared_ptr<const Fp8Config> fp8_config();
+bool fp8_enabled();
+
+// Called by an FP8 Linear when it has recorded forward amaxes: its forward scales are updated when the
+// outermost scope ends. And when it has recorded a gradient amax during backward: its backward scales
+// are updated once the backward pass ends (autograd::queue_callback). Under current scaling there is
+// nothing to update and these only keep the bookkeeping uniform.
+void fp8_forward_ran(const std::shared_ptr<Fp8LinearState>& state);
+void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::shared_ptr<const Fp8Config>& config);
+
+// FP8 weight casts are cached across micro-batches and made again after this is called. The
+// optimizers call it at every step, Module::to and load_state_dict too; code that writes weights by
+// other means between forward passes must call it.
+void invalidate_fp8_weight_casts();
+uint64_t fp8_weight_generation();
+
+// The FP8 state of every Linear of `model` that has run in FP8, as
+// "<module path>.fp8.{forward,backward}.{scale,scale_inv,amax_history}" (for checkpoints), and its
+// inverse, which creates missing states. Loading checks shapes and names the offending key.
+std::map<std::string, Tensor> fp8_state_dict(Module& model);
+void load_fp8_state_dict(Module& model, const std::map<std::string, Tensor>& state);
+
+}  // namespace octet::nn

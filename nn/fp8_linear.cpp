@@ -1,0 +1,128 @@
+// The FP8 Linear (nn/fp8_linear.h): casts, the three FP8 GEMMs, and what backward keeps.
+#include "nn/fp8_linear.h"
+
+#include "autograd/function.h"
+#include "core/grad_mode.h"
+#include "kernels/fp8_gemm.h"
+#include "kernels/reduce.h"
+
+namespace octet::nn {
+
+std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_features, DType x_dtype,
+                                          DType weight_dtype) {
+  std::string reason;
+  for (DType d : {x_dtype, weight_dtype}) {
+    if (d != DType::f32 && d != DType::bf16) {
+      reason = std::string("its ") + (d == x_dtype ? "input" : "weight") + " is " + dtype_name(d) +
+               ", and FP8 GEMMs write bf16 or f32";
+    }
+  }
+  if (in_features % 16 != 0 || out_features % 16 != 0) {
+    reason = "in_features " + std::to_string(in_features) + " and out_features " + std::to_string(out_features) +
+             " must both be multiples of 16 for the FP8 GEMM";
+  }
+  return reason;
+}
+
+namespace {
+
+// Casts `x` for entry j of a scaling group. Delayed scaling casts with the scale the history gave
+// and records x's amax in history row 0 as it goes. Current scaling measures x first, derives the
+// scale from that amax (left in row 0 for inspection) and then casts: one more pass over x.
+kernels::Fp8Cast cast_entry(const Tensor& x, const kernels::Fp8ScalingTensors& group, int64_t j,
+                            const Fp8Recipe& recipe, bool rowwise, bool transposed) {
+  const Tensor scale = group.scale.narrow(j, 1);
+  const Tensor amax = group.amax_history.select(0).narrow(j, 1);
+  if (recipe.is_delayed()) return kernels::fp8_cast(x, scale, amax, group.fp8_dtype, rowwise, transposed);
+  amax.zero_();
+  kernels::fp8_amax_(x, amax);
+  kernels::fp8_scale_from_amax_(amax, scale, group.scale_inv.narrow(j, 1), group.fp8_dtype, recipe.margin());
+  return kernels::fp8_cast(x, scale, Tensor(), group.fp8_dtype, rowwise, transposed);
+}
+
+// The weight's casts, made again only when the weights may have changed since the last one (an
+// optimizer step, a load, a move) or when a transposed copy is needed and the cached cast lacks it.
+const kernels::Fp8Cast& weight_cast(Fp8LinearState& state, const Tensor& weight, const Fp8Recipe& recipe,
+                                    bool need_transposed) {
+  const uint64_t generation = fp8_weight_generation();
+  const kernels::Fp8Cast& cached = state.weight_cast;
+  const bool fresh = cached.data.defined() && state.weight_cast_generation == generation &&
+                     state.weight_cast_source == weight.data_ptr() &&
+                     (!need_transposed || cached.transposed.defined());
+  if (!fresh) {
+    state.weight_cast = cast_entry(weight, state.forward, 1, recipe, /*rowwise=*/true, need_transposed);
+    state.weight_cast_generation = generation;
+    state.weight_cast_source = weight.data_ptr();
+  }
+  return state.weight_cast;
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                  const std::shared_ptr<const Fp8Config>& config) {
+  OCTET_CHECK(config != nullptr, "fp8_linear: no FP8 config; run it inside an enabled nn::Fp8Autocast scope");
+  OCTET_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
+              "fp8_linear: x must be [..., in] and weight [out, in], got ", x.describe(), " and ", weight.describe());
+  const int64_t out = weight.size(0), in = weight.size(1);
+  const std::string reason = fp8_linear_unsupported_reason(in, out, x.dtype(), weight.dtype());
+  OCTET_CHECK(reason.empty(), "fp8_linear: cannot run Linear(", in, " -> ", out, ") in FP8: ", reason,
+              "; run it with nn::linear instead (nn::Linear falls back by itself)");
+  OCTET_CHECK(x.device() == weight.device() && (!bias.defined() || bias.device() == x.device()),
+              "fp8_linear: x ", x.describe(), ", weight ", weight.describe(), " and bias must share a device");
+  const Fp8Recipe& recipe = config->recipe;
+  if (state != nullptr && !state->fits(weight.device(), recipe) && state->fits(state->forward.scale.device(), recipe)) {
+    state->to(weight.device());  // the model moved: its scales and histories move with it
+  }
+  if (state == nullptr || !state->fits(weight.device(), recipe)) {
+    state = Fp8LinearState::create(weight.device(), recipe);  // a new recipe layout starts afresh
+  }
+
+  const bool grad_on = GradMode::is_enabled();
+  const bool need_dx = grad_on && x.requires_grad();
+  const bool need_dw = grad_on && weight.requires_grad();
+  const bool need_db = grad_on && bias.defined() && bias.requires_grad();
+  const Tensor x2 = x.detach().reshape({-1, in});
+  const int64_t rows = x2.size(0);
+
+  const kernels::Fp8Cast xq = cast_entry(x2, state->forward, 0, recipe, /*rowwise=*/true, /*transposed=*/need_dw);
+  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), recipe, /*need_transposed=*/need_dx);
+  fp8_forward_ran(state);
+
+  const DType y_dtype = x.dtype();
+  Tensor y = empty({rows, out}, y_dtype, x.device());
+  const Tensor b = bias.defined() ? bias.detach().to(y_dtype) : Tensor();
+  kernels::fp8_gemm(xq.data, xq.scale_inv, wq.data, wq.scale_inv, y, b, /*accumulate=*/false, /*fast_accumulate=*/true);
+  Shape y_shape = x.shape();
+  y_shape.back() = out;
+  y = y.reshape(y_shape);
+  if (!need_dx && !need_dw && !need_db) return y;
+
+  // Backward keeps xᵀ and Wᵀ in FP8 with their scale_invs, and nothing of x itself.
+  const Tensor x_t = need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
+  const Tensor w_t = need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
+  const Shape x_shape = x.shape();
+  const DType x_dtype = x.dtype(), w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : x.dtype();
+  const Device device = x.device();
+  std::shared_ptr<Fp8LinearState> st = state;
+  return autograd::record("fp8_linear", y, {x, weight, bias}, [=](const autograd::Grads& g) -> autograd::Grads {
+    const Tensor dy2 = g[0].reshape({-1, out});
+    const kernels::Fp8Cast dyq = cast_entry(dy2, st->backward, 0, config->recipe, /*rowwise=*/need_dx,
+                                            /*transposed=*/need_dw);
+    fp8_backward_ran(st, config);
+    Tensor dx, dw, db;
+    if (need_dx) {
+      dx = empty({rows, in}, x_dtype, device);
+      kernels::fp8_gemm(dyq.data, dyq.scale_inv, w_t, w_scale_inv, dx);
+      dx = dx.reshape(x_shape);
+    }
+    if (need_dw) {
+      dw = empty({out, in}, w_dtype, device);
+      kernels::fp8_gemm(dyq.transposed, dyq.scale_inv, x_t, x_scale_inv, dw);
+    }
+    if (need_db) db = kernels::sum(dy2, 0).to(b_dtype);
+    return {dx, dw, db};
+  });
+}
+
+}  // namespace octet::nn

@@ -1,0 +1,36 @@
+#pragma once
+// A Linear's three GEMMs in FP8 (nn/fp8.h has the recipes and the scope).
+//
+//   forward  y  = x·Wᵀ + b     x (E4M3) and W (E4M3), fast accumulation, then the bias in y's dtype
+//   backward dx = dy·W         dy (E5M2 under HYBRID) and Wᵀ (E4M3)
+//            dW = dyᵀ·x        dyᵀ and xᵀ, both padded to a multiple of 16 tokens
+//            db = Σ_rows dy    from the unquantised dy
+//
+// Each FP8 operand is cast by one fused pass that writes the copy the forward reads and, when a
+// gradient will need it, the transposed copy the backward reads (kernels/fp8.h). Only xᵀ in FP8 and
+// its scale_inv are kept for backward: a quarter of an f32 input's bytes, half of a bf16 one's. The
+// weight's casts are made once per optimizer step (Fp8LinearState::weight_cast).
+//
+// Outputs are in x's dtype, bf16 or f32 (bf16 in FP8 training: the model is bf16); dW is in the
+// weight's dtype and db in the bias's.
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/fp8.h"
+
+namespace octet::nn {
+
+// Whether a Linear can run its GEMMs in FP8: both dims multiples of 16 (the FP8 GEMM's rule,
+// kernels/fp8_gemm.h), and an input and weight the FP8 GEMM can write gradients for (bf16 or f32).
+// Returns the reason when it cannot, empty when it can.
+std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_features, DType x_dtype,
+                                          DType weight_dtype);
+
+// y = x·Wᵀ + b with the GEMMs in FP8 under config's recipe; differentiable in x, weight and bias.
+// `state` is created, or made anew when the recipe's formats or history length changed, on the
+// weight's device. Check fp8_linear_unsupported_reason first.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                  const std::shared_ptr<const Fp8Config>& config);
+
+}  // namespace octet::nn

@@ -1,0 +1,384 @@
+// FP8 training on the CPU emulation: the recipes, when scales are updated, the FP8 Linear against an
+// f64 reference of what it computes and against bf16, overflow, the weight cache, amax reduction and
+// saving. The kernels' own rules (rounding, each scale edge case, the roll) are in
+// tests/kernels/test_fp8_kernels.cpp.
+//
+// Gradients. An FP8 Linear quantises its operands, so as a function of x it is piecewise constant
+// and finite differences say nothing about it. What its backward must equal is the gradient of the
+// product of the quantised operands (the "straight-through" rule every FP8 recipe uses), and that is
+// checked exactly, in f64, from the same quantised values; then the gradients are compared with the
+// bf16 layer's within the error the formats allow.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/float_formats.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+#include "nn/fp8.h"
+#include "nn/fp8_linear.h"
+#include "nn/layers.h"
+#include "optim/sgd.h"
+#include "tests/testing.h"
+
+namespace octet::nn {
+namespace {
+
+using octet::testing::all_close;
+using octet::testing::random_tensor;
+using octet::testing::throws_with;
+using Vec = std::vector<double>;
+
+// ||got - want||₂ / ||want||₂ over f64 copies.
+double relative_error(const Tensor& got, const Tensor& want) {
+  const Vec g = got.detach().to_vector<double>(), w = want.detach().to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    num += (g[i] - w[i]) * (g[i] - w[i]);
+    den += w[i] * w[i];
+  }
+  return std::sqrt(num / den);
+}
+
+bool all_finite(const Tensor& t) {
+  for (double v : t.detach().to_vector<double>()) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+// Every value of t, cast to FP8 at `scale` and decoded (scaled back): what the FP8 GEMM multiplies.
+Vec quantised(const Tensor& t, DType fp8, double scale) {
+  Vec out = t.detach().to_vector<double>();
+  for (double& v : out) {
+    const float s = static_cast<float>(v) * static_cast<float>(scale);
+    const float q = fp8 == DType::e4m3 ? e4m3_to_float(float_to_e4m3(s, true)) : e5m2_to_float(float_to_e5m2(s, true));
+    v = static_cast<double>(q) / scale;
+  }
+  return out;
+}
+
+// C[m, n] = Σ_k A[m, k]·B(k, n), B read as [k, n] (b_kn) or [n, k].
+Vec matmul(const Vec& a, const Vec& b, int64_t m, int64_t k, int64_t n, bool b_kn, bool a_km = false) {
+  Vec c(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        acc += (a_km ? a[p * m + i] : a[i * k + p]) * (b_kn ? b[p * n + j] : b[j * k + p]);
+      }
+      c[static_cast<size_t>(i * n + j)] = acc;
+    }
+  }
+  return c;
+}
+
+std::shared_ptr<Linear> make_linear(int64_t in, int64_t out, DType dtype, uint64_t seed) {
+  auto layer = std::make_shared<Linear>(in, out);
+  layer->weight.copy_(random_tensor({out, in}, DType::f32, seed, 0.1));
+  layer->bias.copy_(random_tensor({out}, DType::f32, seed + 1, 0.1));
+  layer->to(dtype);
+  return layer;
+}
+
+// One forward in a scope and one backward of Σ y·r; returns y.
+Tensor step(Linear& layer, const Tensor& x, const Tensor& r, const Fp8Recipe& recipe, AmaxReducer reducer = nullptr) {
+  Tensor y;
+  {
+    Fp8Autocast fp8(true, recipe, std::move(reducer));
+    y = layer(x);
+  }
+  sum(mul(y, r)).backward();
+  return y;
+}
+
+TEST(Fp8Recipe, DefaultsMatchTransformerEngineAndBadValuesAreRefused) {
+  const Fp8Recipe recipe;
+  EXPECT_TRUE(recipe.is_delayed());
+  EXPECT_EQ(recipe.describe(), "delayed(margin=0, amax_history_len=1024, amax_compute_algo=max, fp8_format=HYBRID)");
+  EXPECT_EQ(recipe.backward_dtype(), DType::e5m2);
+  EXPECT_EQ(Fp8Recipe(CurrentScaling{.margin = 1, .fp8_format = Fp8Format::E4M3}).describe(),
+            "current(margin=1, fp8_format=E4M3)");
+  EXPECT_EQ(Fp8Recipe(DelayedScaling{.fp8_format = Fp8Format::E4M3}).backward_dtype(), DType::e4m3);
+  EXPECT_TRUE(throws_with([] { Fp8Recipe r(DelayedScaling{.amax_history_len = 0}); }, {"amax_history_len"}));
+  EXPECT_TRUE(throws_with([] { Fp8Recipe r(CurrentScaling{.margin = -1}); }, {"margin -1", "0 to 64"}));
+  EXPECT_TRUE(throws_with([] { (void)Fp8Recipe(CurrentScaling{}).delayed(); }, {"not a delayed-scaling recipe"}));
+}
+
+TEST(Fp8Autocast, ScopesNestAndTheInnermostDecides) {
+  EXPECT_FALSE(fp8_enabled());
+  {
+    Fp8Autocast outer(true, CurrentScaling{});
+    EXPECT_TRUE(fp8_enabled());
+    EXPECT_FALSE(fp8_config()->recipe.is_delayed());
+    {
+      Fp8Autocast off(false);
+      EXPECT_FALSE(fp8_enabled());
+      auto inner = fp8_autocast(true, DelayedScaling{.amax_history_len = 7});
+      EXPECT_EQ(fp8_config()->recipe.amax_history_len(), 7);
+    }
+    EXPECT_FALSE(fp8_config()->recipe.is_delayed());
+  }
+  EXPECT_FALSE(fp8_enabled());
+}
+
+// With x and W f32, the FP8 layer's outputs and gradients equal, to f32 accumulation, the f64
+// products of the values the casts produce. The first step runs at scale 1 (a new state), and the
+// backward's dy is cast to E5M2 at scale 1 too.
+TEST(Fp8Linear, ForwardAndGradientsAreExactlyTheProductsOfTheQuantisedOperands) {
+  const int64_t rows = 6, in = 32, out = 48;
+  auto layer = make_linear(in, out, DType::f32, 10);
+  Tensor x = random_tensor({2, 3, in}, DType::f32, 11).requires_grad_();
+  const Tensor r = random_tensor({2, 3, out}, DType::f32, 12);
+  const Tensor y = step(*layer, x, r, DelayedScaling{});
+
+  const Vec xq = quantised(x, DType::e4m3, 1), wq = quantised(layer->weight, DType::e4m3, 1);
+  const Vec dyq = quantised(r, DType::e5m2, 1), b = layer->bias.to_vector<double>();
+  Vec y_ref = matmul(xq, wq, rows, in, out, /*b_kn=*/false);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < out; ++j) y_ref[i * out + j] += b[j];
+  }
+  EXPECT_TRUE(all_close(y, y_ref, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(x.grad(), matmul(dyq, wq, rows, out, in, /*b_kn=*/true), 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(layer->weight.grad(), matmul(dyq, xq, out, rows, in, true, /*a_km=*/true), 1e-5, 1e-5));
+  // db comes from the unquantised dy.
+  Vec db(out, 0.0);
+  const Vec rv = r.to_vector<double>();
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < out; ++j) db[j] += rv[i * out + j];
+  }
+  EXPECT_TRUE(all_close(layer->bias.grad(), db, 1e-5, 1e-5));
+}
+
+// The same layer in bf16 with and without FP8: outputs and gradients agree within what 3 (E4M3) and
+// 2 (E5M2) mantissa bits allow. Rounding to nearest with u = 2^-4 (E4M3) leaves a relative error per
+// element of at most u and about u/√3 on average; a dot product of two rounded operands has about
+// √2·u/√3 ≈ 0.05 norm-wise, and the gradients with an E5M2 operand (u = 2^-3) about 0.08. The bounds
+// are those with headroom; the floors show that quantisation did happen. The second step runs with
+// the scales the first step's amaxes gave, as training does.
+TEST(Fp8Linear, OutputsAndGradientsAreCloseToTheBf16Layer) {
+  const int64_t in = 64, out = 96;
+  auto fp8_layer = make_linear(in, out, DType::bf16, 20);
+  auto bf16_layer = make_linear(in, out, DType::bf16, 20);
+  for (int s = 0; s < 2; ++s) {
+    Tensor x8 = random_tensor({4, 25, in}, DType::bf16, 21 + s).requires_grad_();
+    Tensor x16 = x8.detach().clone().requires_grad_();
+    const Tensor r = random_tensor({4, 25, out}, DType::bf16, 30 + s);
+    fp8_layer->zero_grad();
+    bf16_layer->zero_grad();
+    const Tensor y8 = step(*fp8_layer, x8, r, DelayedScaling{});
+    const Tensor y16 = (*bf16_layer)(x16);
+    sum(mul(y16, r)).backward();
+    EXPECT_EQ(y8.dtype(), DType::bf16);
+    const double ey = relative_error(y8, y16), ex = relative_error(x8.grad(), x16.grad());
+    const double ew = relative_error(fp8_layer->weight.grad(), bf16_layer->weight.grad());
+    EXPECT_LT(ey, 0.06) << "step " << s;
+    EXPECT_GT(ey, 0.005) << "step " << s;
+    EXPECT_LT(ex, 0.1) << "step " << s;
+    EXPECT_GT(ex, 0.005) << "step " << s;
+    EXPECT_LT(ew, 0.1) << "step " << s;
+    EXPECT_GT(ew, 0.005) << "step " << s;
+    EXPECT_TRUE(all_close(fp8_layer->bias.grad(), bf16_layer->bias.grad(), 0, 0));  // same dy, same sum
+  }
+}
+
+TEST(Fp8Linear, DelayedScalingUpdatesForwardScalesAtScopeExitAndGradientScalesAfterBackward) {
+  const int64_t in = 16, out = 32, history = 4;
+  auto layer = make_linear(in, out, DType::f32, 40);
+  Tensor x = random_tensor({5, in}, DType::f32, 41, 3.0).requires_grad_();
+  const Tensor r = random_tensor({5, out}, DType::f32, 42, 0.01);
+  const double amax_x = kernels::amax(x.detach()).item(), amax_w = kernels::amax(layer->weight.detach()).item();
+  const double amax_dy = kernels::amax(r).item();
+  Tensor y;
+  {
+    Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = history});
+    y = (*layer)(x);
+    const Fp8LinearState& st = *layer->fp8_state;
+    EXPECT_EQ(st.forward.amax_history.select(0).to_vector<double>(), (Vec{amax_x, amax_w}));  // recorded
+    EXPECT_EQ(st.forward.scale.to_vector<double>(), (Vec{1, 1}));  // not yet updated
+  }
+  const Fp8LinearState& st = *layer->fp8_state;
+  const Vec scale = st.forward.scale.to_vector<double>();
+  EXPECT_EQ(scale[0], static_cast<double>(448.0f / static_cast<float>(amax_x)));
+  EXPECT_EQ(scale[1], static_cast<double>(448.0f / static_cast<float>(amax_w)));
+  EXPECT_EQ(st.forward.scale_inv.to_vector<double>()[0], static_cast<double>(1.0f / static_cast<float>(scale[0])));
+  const Vec h = st.forward.amax_history.to_vector<double>();
+  EXPECT_EQ(h, (Vec{0, 0, 0, 0, 0, 0, amax_x, amax_w}));  // rolled: the step's amaxes are the newest row
+  EXPECT_EQ(st.backward.scale.item(), 1.0);
+  sum(mul(y, r)).backward();
+  EXPECT_EQ(st.backward.scale.item(), static_cast<double>(57344.0f / static_cast<float>(amax_dy)));
+  EXPECT_EQ(st.backward.amax_history.to_vector<double>(), (Vec{0, 0, 0, amax_dy}));
+  const Fp8LinearState::Snapshot snap = st.snapshot();
+  EXPECT_EQ(snap.input_amax, amax_x);
+  EXPECT_EQ(snap.grad_output_amax, amax_dy);
+  EXPECT_EQ(snap.weight_scale, scale[1]);
+}
+
+TEST(Fp8Linear, ALayerThatDidNotRunKeepsItsHistory) {
+  auto a = make_linear(16, 16, DType::f32, 50), b = make_linear(16, 16, DType::f32, 51);
+  const Tensor x = random_tensor({3, 16}, DType::f32, 52);
+  {
+    Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = 3});
+    (void)(*a)(x);
+    (void)(*b)(x);
+  }
+  const Vec b_history = b->fp8_state->forward.amax_history.to_vector<double>();
+  const Vec a_history = a->fp8_state->forward.amax_history.to_vector<double>();
+  {
+    Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = 3});
+    (void)(*a)(x);
+    (void)(*a)(x);  // twice in one step: one update
+  }
+  EXPECT_EQ(b->fp8_state->forward.amax_history.to_vector<double>(), b_history);
+  const Vec rolled = a->fp8_state->forward.amax_history.to_vector<double>();
+  EXPECT_EQ(rolled[2], a_history[4]);  // row 1 <- old row 2
+  EXPECT_EQ(rolled[4], a_history[4]);  // row 2 <- this step's amax (the same x)
+  EXPECT_EQ(rolled[0], 0.0);
+}
+
+TEST(Fp8Linear, CurrentScalingScalesEachTensorByItsOwnAmax) {
+  auto layer = make_linear(32, 16, DType::f32, 60);
+  Tensor x = random_tensor({7, 32}, DType::f32, 61, 5.0).requires_grad_();
+  const Tensor r = random_tensor({7, 16}, DType::f32, 62, 1e-3);
+  (void)step(*layer, x, r, CurrentScaling{.margin = 1});
+  const Fp8LinearState& st = *layer->fp8_state;
+  EXPECT_EQ(st.forward.amax_history.size(0), 1);
+  const float ax = static_cast<float>(kernels::amax(x.detach()).item());
+  const float ady = static_cast<float>(kernels::amax(r).item());
+  EXPECT_EQ(st.forward.scale.to_vector<double>()[0], static_cast<double>(448.0f / ax / 2.0f));
+  EXPECT_EQ(st.backward.scale.item(), static_cast<double>(57344.0f / ady / 2.0f));
+  EXPECT_EQ(st.snapshot().grad_output_amax, static_cast<double>(ady));
+}
+
+// A 1e4× activation spike under delayed scaling: the step it happens in saturates (±448, no inf or
+// NaN anywhere), the next step's scale has backed off by about 1e4, and once the spike has left the
+// amax history the scale returns.
+TEST(Fp8Linear, ASpikeSaturatesWithoutInfAndTheScaleBacksOff) {
+  const int64_t history = 3;
+  auto layer = make_linear(32, 32, DType::bf16, 70);
+  const DelayedScaling recipe{.amax_history_len = history};
+  auto run = [&](double scale, uint64_t seed) {
+    Tensor x = random_tensor({8, 32}, DType::bf16, seed, scale).requires_grad_();
+    layer->zero_grad();
+    const Tensor y = step(*layer, x, random_tensor({8, 32}, DType::bf16, seed + 100), recipe);
+    EXPECT_TRUE(all_finite(y) && all_finite(x.grad()) && all_finite(layer->weight.grad())) << "scale " << scale;
+    return layer->fp8_state->forward.scale.to_vector<double>()[0];
+  };
+  const double calm = run(1.0, 71);
+  run(1.0, 72);
+  const double after_spike = run(1e4, 73);
+  EXPECT_LT(after_spike, calm / 3e3);
+  EXPECT_GT(after_spike, calm / 3e4);
+  run(1.0, 74);
+  run(1.0, 75);
+  EXPECT_LT(run(1.0, 76) / calm, 2.0) << "the spike should have left a history of " << history;
+  EXPECT_GT(run(1.0, 77) / calm, 0.5);
+}
+
+TEST(Fp8Linear, TheWeightIsCastOncePerOptimizerStep) {
+  auto layer = make_linear(16, 32, DType::f32, 80);
+  optim::SGD sgd(layer->parameters(), 0.1);
+  const Tensor r = random_tensor({4, 32}, DType::f32, 81);
+  (void)step(*layer, random_tensor({4, 16}, DType::f32, 82).requires_grad_(), r, DelayedScaling{});
+  const Tensor first = layer->fp8_state->weight_cast.data;
+  (void)step(*layer, random_tensor({4, 16}, DType::f32, 83).requires_grad_(), r, DelayedScaling{});  // micro-batch 2
+  EXPECT_TRUE(layer->fp8_state->weight_cast.data.is_same(first));
+  sgd.step();
+  (void)step(*layer, random_tensor({4, 16}, DType::f32, 84).requires_grad_(), r, DelayedScaling{});
+  EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(first));
+}
+
+TEST(Fp8Linear, TheAmaxReducerSeesEveryLayersAmaxesAndItsResultSetsTheScales) {
+  auto a = make_linear(16, 16, DType::f32, 90), b = make_linear(16, 32, DType::f32, 91);
+  const Tensor x = random_tensor({3, 16}, DType::f32, 92);
+  int64_t calls = 0, seen = 0;
+  // Stands in for an all-reduce where another rank saw twice the amaxes.
+  AmaxReducer doubling = [&](const Tensor& amaxes) {
+    ++calls;
+    seen += amaxes.numel();
+    kernels::mul_scalar_(amaxes, 2.0);
+  };
+  {
+    Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = 2}, doubling);
+    (void)(*b)((*a)(x));
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, 4);  // input and weight of each layer, in one call
+  const float amax_x = static_cast<float>(kernels::amax(x).item());
+  EXPECT_EQ(a->fp8_state->forward.scale.to_vector<double>()[0], static_cast<double>(448.0f / (2.0f * amax_x)));
+}
+
+TEST(Fp8Linear, UnsuitableLayersRunAsUsual) {
+  auto odd = make_linear(10, 3, DType::f32, 100);
+  auto head = make_linear(16, 16, DType::f32, 101);
+  head->fp8_allowed = false;
+  const Tensor x10 = random_tensor({4, 10}, DType::f32, 102), x16 = random_tensor({4, 16}, DType::f32, 103);
+  const Tensor want10 = (*odd)(x10), want16 = (*head)(x16);
+  Fp8Autocast fp8(true, DelayedScaling{});
+  EXPECT_TRUE(all_close((*odd)(x10), want10, 0, 0));
+  EXPECT_TRUE(all_close((*head)(x16), want16, 0, 0));
+  EXPECT_EQ(odd->fp8_state, nullptr);
+  EXPECT_EQ(head->fp8_state, nullptr);
+  EXPECT_NE(fp8_linear_unsupported_reason(10, 3, DType::f32, DType::f32).find("multiples of 16"), std::string::npos);
+  EXPECT_NE(fp8_linear_unsupported_reason(16, 16, DType::f16, DType::f32).find("f16"), std::string::npos);
+  std::shared_ptr<Fp8LinearState> state;
+  EXPECT_TRUE(throws_with([&] { (void)fp8_linear(x10, odd->weight, odd->bias, state, fp8_config()); },
+                          {"Linear(10 -> 3)", "multiples of 16"}));
+}
+
+TEST(Fp8Linear, AScopeLeftByAnExceptionAppliesNothing) {
+  auto layer = make_linear(16, 16, DType::f32, 110);
+  try {
+    Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = 2});
+    (void)(*layer)(random_tensor({2, 16}, DType::f32, 111));
+    throw std::runtime_error("the step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(layer->fp8_state->forward.scale.to_vector<double>(), (Vec{1, 1}));
+  // The next scope starts clean: only its own amaxes are applied.
+  {
+    Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = 2});
+    (void)(*layer)(random_tensor({2, 16}, DType::f32, 112));
+  }
+  EXPECT_NE(layer->fp8_state->forward.scale.to_vector<double>()[0], 1.0);
+}
+
+// A model holding one Linear as "fc".
+struct OneLayer : Module {
+  explicit OneLayer(uint64_t seed) : Module("OneLayer") { fc = register_module("fc", make_linear(16, 32, DType::f32, seed)); }
+  std::shared_ptr<Linear> fc;
+};
+
+TEST(Fp8StateDict, RoundTripsAndNamesWhatDoesNotFit) {
+  OneLayer model(120);
+  const std::shared_ptr<Linear>& fc = model.fc;
+  Tensor x = random_tensor({3, 16}, DType::f32, 121).requires_grad_();
+  (void)step(*fc, x, random_tensor({3, 32}, DType::f32, 122), DelayedScaling{.amax_history_len = 5});
+  const std::map<std::string, Tensor> saved = fp8_state_dict(model);
+  EXPECT_EQ(saved.size(), 8u);
+  ASSERT_TRUE(saved.count("fc.fp8.forward.amax_history"));
+  const Vec scales = fc->fp8_state->forward.scale.to_vector<double>();
+
+  OneLayer other(123);
+  const std::shared_ptr<Linear>& fc2 = other.fc;
+  load_fp8_state_dict(other, saved);
+  ASSERT_NE(fc2->fp8_state, nullptr);
+  EXPECT_EQ(fc2->fp8_state->forward.scale.to_vector<double>(), scales);
+  EXPECT_EQ(fc2->fp8_state->backward.fp8_dtype, DType::e5m2);
+  EXPECT_FALSE(fc2->fp8_state->forward.scale.is_same(fc->fp8_state->forward.scale));  // a copy
+
+  std::map<std::string, Tensor> stray = saved;
+  stray["head.fp8.forward.scale"] = ones({2});
+  EXPECT_TRUE(throws_with([&] { load_fp8_state_dict(other, stray); }, {"head.fp8.forward.scale", "belongs to no Linear"}));
+  std::map<std::string, Tensor> short_history = saved;
+  short_history["fc.fp8.backward.amax_history"] = zeros({5});
+  EXPECT_TRUE(throws_with([&] { load_fp8_state_dict(other, short_history); }, {"fc.fp8.backward.amax_history"}));
+}
+
+}  // namespace
+}  // namespace octet::nn

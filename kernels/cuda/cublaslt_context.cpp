@@ -54,14 +54,15 @@ uint32_t alignment_of(const void* p) {
 }
 
 Layout::Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch, int64_t stride) {
-  check_lt(cublasLtMatrixLayoutCreate(&layout, cuda_type(dtype), static_cast<uint64_t>(cols), static_cast<uint64_t>(rows),
-                                      cols),
+  check_lt(cublasLtMatrixLayoutCreate(&layout, cuda_type(dtype), static_cast<uint64_t>(cols),
+                                      static_cast<uint64_t>(rows), cols),
            "cublasLtMatrixLayoutCreate");
   if (batch > 1) {
     const auto count = static_cast<int32_t>(batch);
     check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
              "cublasLtMatrixLayoutSetAttribute");
-    check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+    check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                              sizeof(stride)),
              "cublasLtMatrixLayoutSetAttribute");
   }
 }

@@ -87,7 +87,8 @@ std::mutex& algo_cache_mutex() {
 void note_unfused_bias(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& bias, bool fast_accumulate,
                        cublasStatus_t status) {
   logging::info("cuBLASLt offers no FP8 algorithm with a fused {} bias for {} ({}); adding the bias unfused",
-                dtype_name(bias.dtype()), problem_text(a, b, out, true, fast_accumulate), cublasLtGetStatusName(status));
+                dtype_name(bias.dtype()), problem_text(a, b, out, true, fast_accumulate),
+                cublasLtGetStatusName(status));
 }
 
 // One cuBLASLt FP8 matmul, with the BIAS epilogue when `bias` is defined. Returns false, having

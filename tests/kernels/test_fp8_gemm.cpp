@@ -70,13 +70,14 @@ double rms(const std::vector<double>& v) {
   return std::sqrt(s / static_cast<double>(v.size()));
 }
 
-// The emulation against the float64 reference on the same FP8 values. f32 out: the error is the f32
-// summation's, which for k random-signed terms grows like sqrt(k)·2^-24 relative to the result; we
-// allow 4·sqrt(k)·2^-24 + 2^-20 norm-wise (below 2e-6 at k = 768; measured: ~4e-8, since sums of
-// FP8 products, each with at most 8 significant bits, are nearly exact in f32). bf16 out: one rounding of that
-// f32 value, at most 2^-9 relative; each element must be within 2^-8 relative, plus an absolute
-// 1e-5·rms(result) for the elements that cancel to nearly zero, where the f32 summation error is
-// larger than the element itself.
+// The emulation against the float64 reference on the same FP8 values.
+// f32 out: the error is the f32 summation's, which for k random-signed terms grows like
+// sqrt(k)·2^-24 relative to the result; we allow 4·sqrt(k)·2^-24 + 2^-20 norm-wise (below 2e-6 at
+// k = 768). Measured: ~4e-8, since sums of FP8 products, each with at most 8 significant bits, are
+// nearly exact in f32.
+// bf16 out: one rounding of that f32 value, at most 2^-9 relative; each element must be within 2^-8
+// relative, plus an absolute 1e-5·rms(result) for the elements that cancel to nearly zero, where the
+// f32 summation error is larger than the element itself.
 ::testing::AssertionResult matches_reference(const Tensor& out, const std::vector<double>& want, int64_t k) {
   if (out.dtype() == DType::f32) {
     const double error = relative_error(out, want);
@@ -126,7 +127,8 @@ TEST(Fp8Gemm, AddsTheBiasAndAccumulatesIntoOut) {
       const Tensor a = random_fp8({m, k}, pair.a, seed++), b = random_fp8({n, k}, pair.b, seed++);
       // The bias and old out on the product's scale, rms(a)·rms(b)·sqrt(k)·scale_inv_a·scale_inv_b, so
       // that dropping either would fail the comparison.
-      const double product_rms = max_of(pair.a) / 64 * max_of(pair.b) / 64 * std::sqrt(double(k)) * scale_inv_a * scale_inv_b;
+      const double product_rms =
+          max_of(pair.a) / 64 * max_of(pair.b) / 64 * std::sqrt(double(k)) * scale_inv_a * scale_inv_b;
       const Tensor bias = random_tensor({n}, out_dtype, seed++, product_rms);
       const Tensor old = random_tensor({m, n}, out_dtype, seed++, product_rms);
       for (bool with_bias : {false, true}) {

@@ -15,7 +15,8 @@
 // (Hopper has no E5M2×E5M2 kernel); out and bias bf16 or f32; scale_inv_a and scale_inv_b [1] f32.
 //
 // CUDA: cuBLASLt with CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER set to the scale_inv tensors, the bias
-// in the BIAS epilogue, and with fast_accumulate, CUBLASLT_MATMUL_DESC_FAST_ACCUM (Hopper accumulates
+// in the BIAS epilogue (added by a separate kernel where cuBLASLt refuses it: an f32 bias with an f32
+// out, as its FP8 type table reads), and with fast_accumulate, CUBLASLT_MATMUL_DESC_FAST_ACCUM (Hopper accumulates
 // in its tensor cores' reduced precision for longer before promoting to f32: faster, a little less
 // accurate; Transformer Engine uses it for the forward GEMM only).
 // CPU, the exact emulation: a and b are decoded to f32 (exact), multiplied by one f32 GEMM, and the

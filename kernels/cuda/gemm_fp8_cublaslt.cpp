@@ -207,8 +207,8 @@ void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const
   if (bias.defined() && run_fp8_lt(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate)) return;
   if (!run_fp8_lt(a, scale_inv_a, b, scale_inv_b, out, Tensor(), accumulate, fast_accumulate)) {
     OCTET_FAIL("fp8_gemm: cuBLASLt has no FP8 algorithm for ", problem_text(a, b, out, false, fast_accumulate),
-               "; FP8 GEMMs need an sm_89/sm_90 GPU, k and n multiples of 16 and 16-byte aligned operands (a view "
-               "at an odd offset is not): copy the operands into fresh tensors");
+               "; FP8 GEMMs need an sm_89/sm_90 GPU, k and n multiples of 16 and operands at 16-byte aligned "
+               "addresses (a view at another offset is not): copy the operands into fresh tensors");
   }
   if (bias.defined()) add_bias(out, bias);
 }

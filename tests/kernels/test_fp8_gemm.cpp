@@ -153,8 +153,8 @@ TEST(Fp8Gemm, FastAccumulateChangesNothingOnTheCpu) {
   EXPECT_EQ(plain.to_vector<float>(), fast.to_vector<float>());
 }
 
-// k = 0 (a wgrad over no tokens): the sum is empty, so out becomes bias (+ the old out).
-TEST(Fp8Gemm, AnEmptyReductionLeavesBiasPlusTheOldOut) {
+// k = 0 (a wgrad over no tokens): the sum is empty, so out becomes bias (+ the old out). m = 0 is a no-op.
+TEST(Fp8Gemm, EmptyProblemsLeaveBiasPlusTheOldOut) {
   const Tensor a = empty({3, 0}, DType::e4m3), b = empty({16, 0}, DType::e5m2);
   const Tensor bias = random_tensor({16}, DType::f32, 5), old = random_tensor({3, 16}, DType::f32, 6);
   const Tensor out = old.clone();
@@ -162,6 +162,10 @@ TEST(Fp8Gemm, AnEmptyReductionLeavesBiasPlusTheOldOut) {
   EXPECT_TRUE(all_close(out, reference(a, 1, b, 1, bias, old), 1e-6, 1e-6));  // one f32 addition
   kernels::fp8_gemm(a, scalar_f32(0.37f), b, scalar_f32(3.1f), out, bias, /*accumulate=*/false);
   EXPECT_TRUE(all_close(out, reference(a, 1, b, 1, bias, Tensor()), 0, 0));  // exact
+
+  // m = 0: nothing to write.
+  const Tensor no_rows = empty({0, 16}, DType::e4m3), square = random_fp8({16, 16}, DType::e4m3, 7);
+  EXPECT_NO_THROW(kernels::fp8_gemm(no_rows, scalar_f32(1), square, scalar_f32(1), empty({0, 16}, DType::bf16)));
 }
 
 // The error the FP8 formats themselves bring. x [m, k] and w [n, k] are f32 standard normals; each is

@@ -13,6 +13,8 @@
 // integers: for non-negative floats that order is the numeric order, with inf above every finite
 // value and NaN above inf. So a NaN or inf in x makes amax NaN or inf (and the recipes then keep
 // their previous scale), and the result is exact and the same on every device and thread count.
+// amax ← max(amax, ·) compares bit patterns too (an atomicMax on the GPU), so an amax slot must hold a
+// non-negative value or NaN: start it at +0 (a -0, bits 0x80000000, would stay above every amax).
 //
 // All scale, scale_inv and amax tensors are f32 and live on the device of the data they describe,
 // so a GPU step never reads them back to the host.
@@ -66,7 +68,8 @@ struct Fp8ScalingTensors {
 //   scale_inv = 1 / scale
 //   history   rolls one row toward the front: row i ← row i+1 and row L-1 ← row 0 (so rows 1..L-1
 //             hold past amaxes from oldest to newest), then row 0 ← 0 for the next step.
-// Every tensor of every group sits on one device.
+// Every tensor of every group sits on one device. margin is finite and within [-126, 127] (here and in
+// fp8_scale_from_amax_), so that 2^margin is a normal f32; it is rounded to f32 once, on the host.
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, double margin, AmaxCompute algo);
 
 // Current scaling: scale and scale_inv from `amax` alone, with the same rules as above (amax 0 or

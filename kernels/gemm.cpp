@@ -30,8 +30,8 @@ GemmDims gemm_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
   d.n = trans_b ? b_rows : b_cols;
   OCTET_CHECK(d.k == bk, op, ": inner dims differ: op(a) is [", d.m, ", ", d.k, "] and op(b) is [", bk, ", ", d.n,
               "] (", describe_all({&a, &b}), ", trans_a=", trans_a, ", trans_b=", trans_b, ")");
-  const int64_t a_batch = a.numel() / std::max<int64_t>(a_rows * a_cols, 1);
-  const int64_t b_batch = b.numel() / std::max<int64_t>(b_rows * b_cols, 1);
+  // The product of the leading dims (not numel / (rows·cols), which is 0 for an empty matrix).
+  const int64_t a_batch = Shape(a.shape().begin(), a.shape().end() - 2).numel();
   d.b_shared = b.dim() == 2;
   if (!d.b_shared) {
     OCTET_CHECK(Shape(a.shape().begin(), a.shape().end() - 2) == Shape(b.shape().begin(), b.shape().end() - 2), op,
@@ -43,7 +43,6 @@ GemmDims gemm_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
     d.m *= a_batch;
     d.batch = 1;
   }
-  (void)b_batch;
   return d;
 }
 

@@ -60,9 +60,19 @@ BlasOnCallerThread::~BlasOnCallerThread() {
   if (previous_ != 1) openblas_set_num_threads(previous_);
 }
 
+// With k = 0 the product is an empty sum, so C = beta·C; BLAS leaves C untouched there instead (an
+// uninitialised output when beta is 0).
+template <class T>
+void scale_for_empty_sum(int64_t rows, int64_t cols, int64_t ldc, T beta, T* c) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+  }
+}
+
 template <class T>
 void gemm_on_caller_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                            int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (k == 0) return scale_for_empty_sum(m, n, ldc, beta, c);
   call_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, blas_int(m, "M"),
             blas_int(n, "N"), blas_int(k, "K"), alpha, a, std::max(blas_int(lda, "lda"), 1), b,
             std::max(blas_int(ldb, "ldb"), 1), beta, c, std::max(blas_int(ldc, "ldc"), 1));
@@ -72,6 +82,10 @@ template <class T>
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                           int64_t stride_a, const T* b, int64_t stride_b, T beta, T* c, int64_t stride_c,
                           int64_t batch) {
+  if (k == 0) {
+    for (int64_t i = 0; i < batch; ++i) scale_for_empty_sum(m, n, n, beta, c + i * stride_c);
+    return;
+  }
   const int mi = blas_int(m, "M"), ni = blas_int(n, "N"), ki = blas_int(k, "K");
   // Row-major leading dims: the stored row length of each operand.
   const int lda = std::max(trans_a ? mi : ki, 1);

@@ -4,6 +4,7 @@
 
 #include <tuple>
 
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "tests/testing.h"
 
@@ -95,6 +96,18 @@ TEST(Gemm, BatchedInputTimesSharedWeightIsOneLinear) {
   EXPECT_EQ(y.shape(), (Shape{3, 5, 4}));
   auto expected = reference_gemm(x.to_vector<double>(), false, w.to_vector<double>(), true, {}, 1, 15, 4, 8, true, 1, 0);
   EXPECT_TRUE(all_close(y, expected, 1e-5, 1e-5));
+}
+
+// k = 0: the product is an empty sum, so c = beta·c (BLAS itself leaves c untouched then).
+TEST(Gemm, EmptyReductionGivesBetaTimesC) {
+  const Tensor a = empty({3, 0}), b = empty({0, 4});
+  Tensor c = random_tensor({3, 4}, DType::f32, 5);
+  const Tensor before = c.clone();
+  kernels::gemm(a, false, b, false, c, 1.0, 0.5);
+  EXPECT_TRUE(all_close(c, kernels::mul_scalar(before, 0.5), 0, 0));
+  Tensor batched = full({2, 3, 4}, 7.0);
+  kernels::gemm(empty({2, 3, 0}), false, empty({2, 0, 4}), false, batched, 1.0, 0.0);
+  EXPECT_TRUE(all_close(batched, zeros({2, 3, 4}), 0, 0));
 }
 
 TEST(Gemm, ErrorsNameTheShapes) {

@@ -6,6 +6,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "nn/fp8_linear.h"
 
 namespace octet {
 
@@ -39,8 +40,15 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--drop-path", o.drop_path, "stochastic-depth rate (default: the model config's)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--precision", o.precision,
-                 "fp32, or bf16 (bf16 weights, activations and GEMMs; f32 master weights, optimizer state, "
-                 "norm statistics and loss; exact emulation on the CPU)")
+                 "fp32; bf16 (bf16 weights, activations and GEMMs; f32 master weights, optimizer state, "
+                 "norm statistics and loss); or fp8 (bf16, with the transformer blocks' Linears running their "
+                 "GEMMs in FP8 under the --fp8-* recipe). bf16 and FP8 are emulated exactly on the CPU")
+      ->capture_default_str();
+  add_fp8_flags(app, o.fp8);
+  app.add_option("--fp8-log-layer", o.fp8_log_layer,
+                 "with --precision fp8: the Linear (module path) whose scales, amaxes and quantisation error "
+                 "are logged at every --log-every step")
+      ->each([&o](const std::string&) { o.fp8.given.emplace_back("--fp8-log-layer"); })
       ->capture_default_str();
   app.add_option("--device", o.device, "auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N")
       ->capture_default_str();
@@ -57,10 +65,9 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
 }
 
 void check_run_options(RunOptions& o) {
-  OCTET_CHECK(o.precision != "fp8", "--precision fp8: FP8 training is not built yet (it comes with the FP8 "
-              "recipes, issue 5); pass --precision bf16 or fp32");
-  OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision ", o.precision,
-              ": not a precision Octet trains in; pass fp32 or bf16");
+  OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp8", "--precision ", o.precision,
+              ": not a precision Octet trains in; pass fp32, bf16 or fp8");
+  check_fp8_options(o.precision, o.fp8);
   if (o.device == "auto") o.device = cuda::is_available() ? "cuda:0" : "cpu";
   Device device;
   try {
@@ -84,7 +91,7 @@ void check_run_options(RunOptions& o) {
 
 std::map<std::string, std::string> run_flags(const RunOptions& o) {
   auto num = [](double v) { return std::to_string(v); };
-  return {{"model", o.model},
+  std::map<std::string, std::string> flags = {{"model", o.model},
           {"dataset", o.dataset},
           {"epochs", std::to_string(o.epochs)},
           {"steps", std::to_string(o.steps)},
@@ -102,6 +109,16 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"device", o.device},
           {"seed", std::to_string(o.seed)},
           {"threads", std::to_string(o.threads)}};
+  if (o.precision == "fp8") {
+    flags["fp8_recipe"] = o.fp8.recipe;
+    flags["fp8_margin"] = std::to_string(o.fp8.margin);
+    flags["fp8_format"] = o.fp8.format;
+    if (o.fp8.recipe == "delayed") {
+      flags["fp8_amax_history"] = std::to_string(o.fp8.amax_history);
+      flags["fp8_amax_algo"] = o.fp8.amax_algo;
+    }
+  }
+  return flags;
 }
 
 void warn_about_changed_flags(const std::map<std::string, std::string>& saved,
@@ -118,6 +135,30 @@ models::ViTConfig model_config(const RunOptions& o) {
   models::ViTConfig config = models::vit_config(o.model);
   if (o.drop_path >= 0) config.drop_path_rate = o.drop_path;
   return config;
+}
+
+std::shared_ptr<nn::Linear> fp8_log_linear(models::VisionTransformer& model, const std::string& name) {
+  std::vector<std::string> fp8_linears;
+  std::shared_ptr<nn::Linear> found;
+  bool exists = false;
+  for (const auto& [path, module] : model.named_modules()) {
+    auto linear = std::dynamic_pointer_cast<nn::Linear>(module);
+    if (path == name) exists = true, found = linear;
+    if (linear && linear->fp8_allowed) fp8_linears.push_back(path);
+  }
+  std::string examples;
+  for (size_t i = 0; i < fp8_linears.size() && i < 6; ++i) examples += (i ? ", " : "") + fp8_linears[i];
+  if (fp8_linears.size() > 6) examples += ", ... (" + std::to_string(fp8_linears.size()) + " in all)";
+  OCTET_CHECK(exists, "--fp8-log-layer ", name, ": ", model.config().name, " has no module of that name; pass "
+              "one of its FP8 Linears: ", examples);
+  OCTET_CHECK(found != nullptr && found->fp8_allowed, "--fp8-log-layer ", name, " is ",
+              found ? "a Linear this model keeps out of FP8" : "not a Linear", ", so it has no FP8 numbers; pass "
+              "one of the FP8 Linears: ", examples);
+  const std::string reason =
+      nn::fp8_linear_unsupported_reason(found->in_features, found->out_features, DType::bf16, DType::bf16);
+  OCTET_CHECK(reason.empty(), "--fp8-log-layer ", name, " runs in bf16, not FP8 (", reason,
+              "), so it has no FP8 numbers; pass another Linear: ", examples);
+  return found;
 }
 
 Datasets load_datasets(const RunOptions& o, const models::ViTConfig& config) {

@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "nn/fp8.h"
 #include "nn/safetensors.h"
 
 namespace octet::apps {
@@ -63,7 +64,7 @@ TrainerState from_json(const json& j, const std::string& file) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const nn::Module& model, const optim::Optimizer& optimizer,
+std::string save_checkpoint(const std::string& root, nn::Module& model, const optim::Optimizer& optimizer,
                             const TrainerState& state) {
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -77,6 +78,8 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model, co
 
   nn::save_safetensors((tmp_dir / "model.safetensors").string(), model.state_dict(), {{"format", "pt"}});
   nn::save_safetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state_dict());
+  const std::map<std::string, Tensor> fp8_state = nn::fp8_state_dict(model);
+  if (!fp8_state.empty()) nn::save_safetensors((tmp_dir / "fp8.safetensors").string(), fp8_state);
   write_file_atomic((tmp_dir / "trainer.json").string(), to_json(state).dump(2) + "\n");
 
   // rename() will not replace a non-empty directory: move an older checkpoint of the same step aside.
@@ -131,6 +134,16 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::
     optimizer.load_state_dict(optimizer_state.tensors);
   } catch (const Error& e) {
     OCTET_FAIL(optimizer_file, " does not fit this optimizer (was it written with another --optimizer?): ", e.what());
+  }
+  // Without it (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh.
+  const std::string fp8_file = (dir / "fp8.safetensors").string();
+  if (fs::exists(fp8_file)) {
+    const nn::SafetensorsFile fp8_state = nn::load_safetensors(fp8_file);
+    try {
+      nn::load_fp8_state_dict(model, fp8_state.tensors);
+    } catch (const Error& e) {
+      OCTET_FAIL(fp8_file, " does not fit this model's FP8 layers (was it written with another --model?): ", e.what());
+    }
   }
   return state;
 }

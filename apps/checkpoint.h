@@ -5,6 +5,8 @@
 //   <root>/step-00000100/model.safetensors      weights under timm's names (loads in timm as is)
 //                        optimizer.safetensors  optimizer state (AdamW moments, SGD momentum, step)
 //                        trainer.json           step, data-loader position, RNG state, run flags
+//                        fp8.safetensors        FP8 scales and amax histories (nn::fp8_state_dict), only
+//                                               when a Linear has run in FP8
 //   <root>/latest                               the name of the newest complete checkpoint
 //
 // A checkpoint is written into a hidden temporary directory and renamed into place, and `latest` is
@@ -28,11 +30,12 @@ struct TrainerState {
 };
 
 // Writes <root>/step-<step>/ and points <root>/latest at it. Returns the checkpoint's directory.
-std::string save_checkpoint(const std::string& root, const nn::Module& model, const optim::Optimizer& optimizer,
+// `model` is not const: its FP8 states are found through named_modules().
+std::string save_checkpoint(const std::string& root, nn::Module& model, const optim::Optimizer& optimizer,
                             const TrainerState& state);
 
-// `path` is a checkpoint directory or a root holding `latest`. Loads the weights and optimizer state
-// in place and returns the trainer state; a missing, corrupt or mismatched file is an error that
+// `path` is a checkpoint directory or a root holding `latest`. Loads the weights, the optimizer state
+// and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt or mismatched file is an error that
 // names it.
 TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer);
 

@@ -5,12 +5,14 @@
 //   build/bin/train_vit --steps 200 --checkpoint-dir ckpt --checkpoint-every 100
 //   build/bin/train_vit --steps 200 --resume ckpt          continues bitwise-exactly from ckpt/latest
 //   build/bin/train_vit --device cuda --precision bf16     on the first GPU, bf16 with f32 master weights
+//   build/bin/train_vit --precision fp8 --fp8-recipe delayed --fp8-amax-history 16   FP8 GEMMs in the blocks
 //
 // The step reads top to bottom: next batch, forward, loss, backward, clip, schedule, optimizer step.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -27,6 +29,7 @@
 #include "kernels/reduce.h"
 #include "kernels/threads.h"
 #include "models/vit.h"
+#include "nn/fp8.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
 
@@ -106,11 +109,71 @@ json memory_json(Device device) {
   return {{"in_use_bytes", m.in_use}, {"peak_bytes", m.peak}, {"reserved_bytes", m.reserved}};
 }
 
+// The FP8 numbers of one Linear (--fp8-log-layer) on log steps: its scales and amaxes, and how far
+// its FP8 output is from the bf16 output of the same input and weights, measured by a forward hook.
+class Fp8LayerMonitor {
+ public:
+  Fp8LayerMonitor(std::shared_ptr<nn::Linear> layer, std::string name)
+      : layer_(std::move(layer)), name_(std::move(name)) {
+    hook_ = layer_->register_forward_hook([this](nn::Module&, const Tensor& input, const Tensor& output) {
+      if (measure_next_forward_) {
+        measure_next_forward_ = false;
+        NoGradGuard no_grad;
+        // The plain path of Linear::forward: bf16 GEMM, f32 accumulation.
+        rel_error_ = relative_error(output, linear(input, layer_->weight, layer_->bias));
+      }
+      return Tensor();  // the layer's output goes on unchanged
+    });
+  }
+  ~Fp8LayerMonitor() { layer_->remove_hook(hook_); }
+  Fp8LayerMonitor(const Fp8LayerMonitor&) = delete;
+  Fp8LayerMonitor& operator=(const Fp8LayerMonitor&) = delete;
+
+  // The layer's next forward also computes its bf16 output (once: a log step's training forward).
+  void measure_next_forward() {
+    measure_next_forward_ = true;
+    rel_error_ = std::numeric_limits<double>::quiet_NaN();
+  }
+
+  // Reads the layer's state (a host sync): call it on log steps only, after the step.
+  json numbers() const {
+    OCTET_CHECK(layer_->fp8_state != nullptr, "--fp8-log-layer ", name_, " has not run in FP8; pass a Linear "
+                "of the transformer blocks");
+    const nn::Fp8LinearState::Snapshot s = layer_->fp8_state->snapshot();
+    return {{"layer", name_},
+            {"input_scale", s.input_scale},
+            {"weight_scale", s.weight_scale},
+            {"grad_output_scale", s.grad_output_scale},
+            {"input_amax", s.input_amax},
+            {"weight_amax", s.weight_amax},
+            {"grad_output_amax", s.grad_output_amax},
+            {"output_rel_error_vs_bf16", std::isnan(rel_error_) ? json(nullptr) : json(rel_error_)}};
+  }
+
+ private:
+  // ||a - b|| / ||b|| over all elements, in double on the host.
+  static double relative_error(const Tensor& a, const Tensor& b) {
+    const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), ref += y[i] * y[i];
+    return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+  }
+
+  std::shared_ptr<nn::Linear> layer_;
+  std::string name_;
+  size_t hook_ = 0;
+  bool measure_next_forward_ = false;
+  double rel_error_ = std::numeric_limits<double>::quiet_NaN();
+};
+
 struct EvalResult {
   double accuracy = 0, loss = 0;
 };
 
 // Accuracy and mean cross-entropy (no label smoothing) over the whole test set, on `device`.
+// Under --precision fp8 this runs outside any Fp8Autocast scope, as a plain bf16 forward: evaluation
+// then never touches the FP8 scaling state (amax histories, scales), so how often a run evaluates
+// cannot change its training.
 EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, Device device) {
   NoGradGuard no_grad;
   model.eval();
@@ -149,10 +212,16 @@ int train(const RunOptions& o) {
   models::VisionTransformer model(config, /*initialize=*/true, &init_generator);
   // bf16: the parameters become bf16 (so activations, GEMMs and attention are bf16 throughout) and
   // the optimizer trains them through f32 master copies made from these values on its first step.
-  if (o.precision == "bf16") model.to(DType::bf16);
+  // fp8 is the same bf16 model whose blocks' Linears run their GEMMs in FP8 inside the step's
+  // Fp8Autocast scope below.
+  const bool fp8 = o.precision == "fp8";
+  if (o.precision == "bf16" || fp8) model.to(DType::bf16);
   model.to(device);
   manual_seed(o.seed + 1);  // the default generator draws dropout and drop-path masks
   auto optimizer = make_optimizer(o, model);
+  const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(o);
+  std::unique_ptr<Fp8LayerMonitor> fp8_monitor;
+  if (fp8) fp8_monitor = std::make_unique<Fp8LayerMonitor>(fp8_log_linear(model, o.fp8_log_layer), o.fp8_log_layer);
   nn::CrossEntropyLoss criterion(o.label_smoothing);
 
   // On a GPU the host has nothing else to do: let every core assemble batches (synthetic 224x224
@@ -181,9 +250,9 @@ int train(const RunOptions& o) {
 
   MetricsFile metrics(o.metrics, /*append=*/!o.resume.empty());
   const double flops_per_image = 3.0 * model.flops_per_image_forward();  // forward + backward
-  logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images in {} on {}",
+  logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images in {}{} on {}",
                 config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, o.batch_size, o.precision,
-                device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
+                fp8 ? " (" + fp8_recipe.describe() + ")" : "", device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
   if (device.is_cuda()) logging::info("{} memory after setup: {}", device.str(), memory_summary(device));
   metrics.write({{"event", "start"}, {"model", config.name}, {"parameters", model.num_parameters()},
                  {"total_steps", total_steps}, {"flags", run_flags(o)}, {"memory", memory_json(device)}});
@@ -198,7 +267,16 @@ int train(const RunOptions& o) {
     const double lr = schedule.lr(step);
     optimizer->set_lr(lr);
 
-    const Tensor loss = criterion(model(batch.images), batch.labels);
+    const bool log_now = (step + 1) % o.log_every == 0 || step + 1 == total_steps;
+    if (fp8_monitor && log_now) fp8_monitor->measure_next_forward();
+
+    Tensor loss;
+    {
+      // FP8 covers the forward only (off unless --precision fp8). Leaving the scope updates the
+      // forward scales; the backward, which runs after it, updates the gradient scales at its end.
+      nn::Fp8Autocast fp8_scope(fp8, fp8_recipe);
+      loss = criterion(model(batch.images), batch.labels);
+    }
     loss.backward();
     if (o.clip_grad > 0) optim::clip_grad_norm_(model.parameters(), o.clip_grad);
     optimizer->step();
@@ -213,15 +291,26 @@ int train(const RunOptions& o) {
     json event = {{"event", "step"}, {"step", step}, {"epoch", batch.epoch}, {"loss", loss_value}, {"lr", lr},
                   {"images_per_sec", images_per_sec}, {"step_ms", 1e3 * step_seconds}};
     if (device.is_cuda()) event["memory"] = memory_json(device);
+    if (fp8_monitor && log_now) event["fp8"] = fp8_monitor->numbers();
     metrics.write(event);
     window_seconds += step_seconds, window_loss += loss_value, ++window_steps;
-    if (step % o.log_every == 0 || step == total_steps) {
+    if (log_now) {
       const double ips = static_cast<double>(o.batch_size * window_steps) / window_seconds;
       const std::string memory = device.is_cuda() ? " | " + memory_summary(device) : "";
       logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{}",
                     step, total_steps, batch.epoch, window_loss / window_steps, lr, ips,
                     1e3 * window_seconds / window_steps, ips * flops_per_image / 1e9, memory);
       window_seconds = window_loss = 0, window_steps = 0;
+      if (fp8_monitor) {
+        const json& n = event["fp8"];
+        logging::info("fp8 {} | scale x {:.4g} w {:.4g} dy {:.4g} | amax x {:.4g} w {:.4g} dy {:.4g} | "
+                      "output error vs bf16 {:.3e}",
+                      o.fp8_log_layer, n["input_scale"].get<double>(), n["weight_scale"].get<double>(),
+                      n["grad_output_scale"].get<double>(), n["input_amax"].get<double>(),
+                      n["weight_amax"].get<double>(), n["grad_output_amax"].get<double>(),
+                      n["output_rel_error_vs_bf16"].is_null() ? std::nan("")
+                                                              : n["output_rel_error_vs_bf16"].get<double>());
+      }
     }
 
     const bool end_of_epoch = train_batches.state().batch == 0;

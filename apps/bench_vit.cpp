@@ -1,12 +1,15 @@
 // bench_vit: training throughput of a ViT config on a GPU or the CPU.
 //
 //   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --precision bf16
+//   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --precision fp8
 //   build/bin/bench_vit --device cpu                       the Fashion-MNIST model, batch 128
 //   build/bin/bench_vit --device cpu --model vit_tiny_patch16_224 --batch-size 8
 //
 // One step is forward, cross-entropy, backward and the optimizer (SGD with momentum 0.9 by default,
 // as the PyTorch comparator bench/pytorch_reference.py runs it), on synthetic images and labels made
-// once on the device. It prints the median step time, images/s, achieved TFLOP/s, MFU and peak
+// once on the device. Under --precision fp8 the forward runs inside an Fp8Autocast scope with the
+// --fp8-* recipe, exactly as train_vit's step (the FLOP count is the same; only the GEMMs' precision
+// changes). It prints the median step time, images/s, achieved TFLOP/s, MFU and peak
 // memory, then the same figures as one JSON line (tools/gpu_check.sh builds its table from it).
 //
 // FLOPs come from the config: flops_per_image_forward() counts the model's GEMM and
@@ -28,12 +31,14 @@
 #include <thread>
 #include <vector>
 
+#include "apps/run_options.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/random.h"
 #include "kernels/threads.h"
 #include "models/vit.h"
+#include "nn/fp8.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
 
@@ -128,7 +133,9 @@ double default_peak_tflops(const std::string& name, const std::string& precision
   const bool hopper = name.find("H100") != std::string::npos || name.find("H200") != std::string::npos;
   if (!hopper) return 0;
   const bool pcie = name.find("PCIe") != std::string::npos;
-  if (precision == "bf16") return pcie ? 756 : 989;
+  // FP8 GEMMs peak at twice bf16, but layernorm, attention and the loss stay bf16: the bf16 peak is
+  // the honest yardstick for a whole step (MFU then says how much faster than bf16 it goes).
+  if (precision == "bf16" || precision == "fp8") return pcie ? 756 : 989;
   return pcie ? 51 : 67;
 }
 
@@ -140,12 +147,16 @@ int main(int argc, char** argv) {
   int64_t batch_size = 128;
   int steps = 20, warmup = 3, threads = 0;
   double peak_tflops = -1;
+  Fp8Options fp8_options;
   app.add_option("--model", model_name, "model config")->check(CLI::IsMember(models::vit_config_names()))
       ->capture_default_str();
   app.add_option("--device", device_flag, "auto (the first GPU if there is one), cpu, cuda or cuda:N")
       ->capture_default_str();
-  app.add_option("--precision", precision, "fp32, or bf16 (bf16 model, f32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_option("--precision", precision,
+                 "fp32, bf16 (bf16 model, f32 master weights), or fp8 (the bf16 model with the blocks' Linears "
+                 "in FP8 under the --fp8-* recipe)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}))->capture_default_str();
+  add_fp8_flags(app, fp8_options);
   app.add_option("--batch-size", batch_size, "images per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
@@ -157,8 +168,12 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
+    check_fp8_options(precision, fp8_options);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const Error& e) {
+    logging::error("{}", e.what());
+    return 2;
   }
   try {
     if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -173,7 +188,9 @@ int main(int argc, char** argv) {
     const models::ViTConfig config = models::vit_config(model_name);
     Generator gen(0);
     models::VisionTransformer model(config, /*initialize=*/true, &gen);
-    if (precision == "bf16") model.to(DType::bf16);
+    const bool fp8 = precision == "fp8";
+    const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(fp8_options);
+    if (precision == "bf16" || fp8) model.to(DType::bf16);
     model.to(device);
     std::unique_ptr<optim::Optimizer> optimizer;
     if (optimizer_name == "sgd") {
@@ -194,7 +211,10 @@ int main(int argc, char** argv) {
     Tensor loss;
     for (int s = 0; s < warmup + steps; ++s) {
       marks.mark(0);
-      loss = criterion(model(images), labels);
+      {
+        nn::Fp8Autocast fp8_scope(fp8, fp8_recipe);  // off unless --precision fp8; as train_vit's step
+        loss = criterion(model(images), labels);
+      }  // the forward scales' update, when the scope ends, is timed with the forward
       marks.mark(1);
       loss.backward();
       marks.mark(2);
@@ -219,8 +239,9 @@ int main(int argc, char** argv) {
         device.is_cuda() ? cuda_memory::memory_stats(device.index) : cuda_memory::MemoryStats{};
     const double gib = 1024.0 * 1024.0 * 1024.0;
 
+    const std::string precision_text = fp8 ? "fp8 " + fp8_recipe.describe() : precision;
     std::printf("model %s, batch %lld, %s, %s, %s, %lld parameters\n", config.name.c_str(),
-                static_cast<long long>(batch_size), precision.c_str(), optimizer_name.c_str(),
+                static_cast<long long>(batch_size), precision_text.c_str(), optimizer_name.c_str(),
                 device.is_cuda() ? (device.str() + " (" + name + ")").c_str()
                                  : ("cpu, " + std::to_string(threads) + " thread(s)").c_str(),
                 static_cast<long long>(model.num_parameters()));
@@ -258,6 +279,7 @@ int main(int argc, char** argv) {
         {"model", config.name},
         {"device", name},
         {"precision", precision},
+        {"fp8_recipe", fp8 ? nlohmann::json(fp8_recipe.describe()) : nlohmann::json(nullptr)},
         {"optimizer", optimizer_name},
         {"batch_size", batch_size},
         {"steps", steps},

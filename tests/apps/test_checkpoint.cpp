@@ -5,11 +5,14 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "apps/checkpoint.h"
 #include "autograd/ops.h"
 #include "models/vit.h"
+#include "nn/fp8.h"
 #include "nn/layers.h"
+#include "nn/safetensors.h"
 #include "optim/optim.h"
 #include "tests/testing.h"
 
@@ -18,22 +21,29 @@ namespace {
 namespace fs = std::filesystem;
 using testing::throws_with;
 
-models::ViTConfig tiny_config(int64_t depth = 2) {
-  return {"tiny_test", 8, 4, 1, 3, 8, depth, 2, 2.0, true, 0.0, 0.0, 0.1};
+// embed_dim 16: the blocks' Linears (16 -> 48, 16 -> 16, 16 -> 32, 32 -> 16) suit FP8.
+models::ViTConfig tiny_config(int64_t depth = 2, int64_t embed_dim = 8) {
+  return {"tiny_test", 8, 4, 1, 3, embed_dim, depth, 2, 2.0, true, 0.0, 0.0, 0.1};
 }
 
-// A model and optimizer that have taken `steps` AdamW steps on random data.
+// A model and optimizer that have taken `steps` AdamW steps on random data; with `fp8`, each
+// forward ran under Fp8Autocast with that recipe (so the blocks' Linears carry FP8 state).
 struct TrainedRun {
   models::VisionTransformer model;
   optim::AdamW optimizer;
-  explicit TrainedRun(uint64_t seed, int steps, int64_t depth = 2)
-      : model(tiny_config(depth), true, &generator(seed)),
+  explicit TrainedRun(uint64_t seed, int steps, int64_t depth = 2, std::optional<nn::Fp8Recipe> fp8 = std::nullopt)
+      : model(tiny_config(depth, fp8 ? 16 : 8), true, &generator(seed)),
         optimizer(optim::weight_decay_groups(model.named_parameters(), 1e-2, 0.05), 1e-2) {
     Generator data(seed + 100);
     for (int s = 0; s < steps; ++s) {
       const Tensor images = randn({4, 1, 8, 8}, data);
       const Tensor labels = from_vector<int64_t>({0, 1, 2, 1}, {4});
-      nn::CrossEntropyLoss(0.1)(model(images), labels).backward();
+      Tensor loss;
+      {
+        nn::Fp8Autocast scope(fp8.has_value(), fp8.value_or(nn::Fp8Recipe()));
+        loss = nn::CrossEntropyLoss(0.1)(model(images), labels);
+      }
+      loss.backward();
       optimizer.step();
       optimizer.zero_grad();
     }
@@ -86,6 +96,42 @@ TEST_F(CheckpointTest, RoundTripRestoresEverythingBitForBit) {
   EXPECT_EQ(loaded.run, state().run);
   expect_bitwise_equal(saved.model.state_dict(), fresh.model.state_dict());
   expect_bitwise_equal(saved.optimizer.state_dict(), fresh.optimizer.state_dict());
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "fp8.safetensors")) << "no Linear ran in FP8: nothing to save";
+}
+
+nn::Fp8Recipe short_history_recipe() { return nn::DelayedScaling{.margin = 1, .amax_history_len = 4}; }
+
+TEST_F(CheckpointTest, Fp8ScalesAndAmaxHistoriesRoundTripBitForBit) {
+  TrainedRun saved(1, 3, 2, short_history_recipe());
+  const std::map<std::string, Tensor> fp8_saved = nn::fp8_state_dict(saved.model);
+  // 2 blocks x 4 Linears (the head stays out of FP8) x {forward, backward} x 4 tensors.
+  ASSERT_EQ(fp8_saved.size(), 2u * 4u * 2u * 4u);
+  ASSERT_TRUE(fp8_saved.count("blocks.1.mlp.fc2.fp8.forward.amax_history"));
+  ASSERT_FALSE(fp8_saved.count("head.fp8.forward.scale"));
+  const std::string dir = apps::save_checkpoint(root.string(), saved.model, saved.optimizer, state());
+  ASSERT_TRUE(fs::exists(fs::path(dir) / "fp8.safetensors"));
+
+  // Other weights, same architecture, no FP8 state yet (it has not run): loading creates it.
+  TrainedRun fresh(2, 0, 2, short_history_recipe());
+  EXPECT_TRUE(nn::fp8_state_dict(fresh.model).empty());
+  apps::load_checkpoint(root.string(), fresh.model, fresh.optimizer);
+  expect_bitwise_equal(fp8_saved, nn::fp8_state_dict(fresh.model));
+  expect_bitwise_equal(saved.model.state_dict(), fresh.model.state_dict());
+}
+
+TEST_F(CheckpointTest, ADamagedOrMismatchedFp8FileIsAnErrorThatNamesIt) {
+  TrainedRun run(1, 2, 2, short_history_recipe());
+  const fs::path dir = apps::save_checkpoint(root.string(), run.model, run.optimizer, state());
+  auto load = [&] { apps::load_checkpoint(dir.string(), run.model, run.optimizer); };
+  load();
+
+  fs::resize_file(dir / "fp8.safetensors", fs::file_size(dir / "fp8.safetensors") - 8);
+  EXPECT_TRUE(throws_with(load, {"fp8.safetensors"}));
+
+  // The FP8 state of a deeper model: a block this model lacks.
+  TrainedRun deeper(1, 1, /*depth=*/3, short_history_recipe());
+  nn::save_safetensors((dir / "fp8.safetensors").string(), nn::fp8_state_dict(deeper.model));
+  EXPECT_TRUE(throws_with(load, {"fp8.safetensors", "does not fit this model's FP8 layers", "blocks.2"}));
 }
 
 TEST_F(CheckpointTest, LatestPointsAtTheNewestAndRewritingAStepLeavesNoTemporaries) {

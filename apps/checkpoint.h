@@ -35,8 +35,8 @@ std::string save_checkpoint(const std::string& root, nn::Module& model, const op
                             const TrainerState& state);
 
 // `path` is a checkpoint directory or a root holding `latest`. Loads the weights, the optimizer state
-// and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt or mismatched file is an error that
-// names it.
+// and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt or
+// mismatched file is an error that names it.
 TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer);
 
 // The checkpoint directory `path` refers to (see load_checkpoint).

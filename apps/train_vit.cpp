@@ -110,7 +110,8 @@ json memory_json(Device device) {
 }
 
 // The FP8 numbers of one Linear (--fp8-log-layer) on log steps: its scales and amaxes, and how far
-// its FP8 output is from the bf16 output of the same input and weights, measured by a forward hook.
+// its FP8 output is from the bf16 output of the same input and weights, measured by a forward hook
+// (the extra GEMM and host copy are counted in those steps' step_ms).
 class Fp8LayerMonitor {
  public:
   Fp8LayerMonitor(std::shared_ptr<nn::Linear> layer, std::string name)
@@ -252,7 +253,8 @@ int train(const RunOptions& o) {
   const double flops_per_image = 3.0 * model.flops_per_image_forward();  // forward + backward
   logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images in {}{} on {}",
                 config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, o.batch_size, o.precision,
-                fp8 ? " (" + fp8_recipe.describe() + ")" : "", device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
+                fp8 ? " (" + fp8_recipe.describe() + ")" : "",
+                device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
   if (device.is_cuda()) logging::info("{} memory after setup: {}", device.str(), memory_summary(device));
   metrics.write({{"event", "start"}, {"model", config.name}, {"parameters", model.num_parameters()},
                  {"total_steps", total_steps}, {"flags", run_flags(o)}, {"memory", memory_json(device)}});

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "apps/run_options.h"
+#include "apps/fp8_flags.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
 #include "core/log.h"

@@ -1,6 +1,6 @@
 #pragma once
 // train_vit's flags: their defaults (tuned for Fashion-MNIST on a 2-core CPU), their checks, and the
-// datasets and model they select. The FP8 recipe flags are shared with bench_vit.
+// datasets and model they select. The FP8 recipe flags (apps/fp8_flags.h) are shared with bench_vit.
 #include <CLI/CLI.hpp>
 
 #include <map>
@@ -12,20 +12,10 @@
 #include "data/fashion_mnist.h"
 #include "data/synthetic.h"
 #include "models/vit.h"
-#include "nn/fp8.h"
+#include "apps/fp8_flags.h"
 #include "nn/layers.h"
 
 namespace octet {
-
-// The FP8 recipe as flags (--precision fp8): Transformer Engine's DelayedScaling/CurrentScaling knobs.
-struct Fp8Options {
-  std::string recipe = "delayed";  // or "current"
-  int amax_history = 1024;         // delayed only
-  int margin = 0;
-  std::string amax_algo = "max";  // or "most_recent"; delayed only
-  std::string format = "hybrid";  // or "e4m3"
-  std::vector<std::string> given;  // the --fp8-* flags on the command line, for the checks
-};
 
 struct RunOptions {
   std::string model = "vit_fashion_mnist";
@@ -73,50 +63,5 @@ struct Datasets {
 };
 // Loads --dataset and checks that its images fit the model.
 Datasets load_datasets(const RunOptions& options, const models::ViTConfig& config);
-
-// ---- the FP8 recipe flags ------------------------------------------------------------------------
-// Inline so that bench_vit, which does not link this file's .cpp (train_vit's datasets), shares them.
-
-inline void add_fp8_flags(CLI::App& app, Fp8Options& o) {
-  auto given = [&o](const char* flag) { return [&o, flag](const std::string&) { o.given.emplace_back(flag); }; };
-  app.add_option("--fp8-recipe", o.recipe,
-                 "with --precision fp8: delayed (scales from an amax history of past steps) or current "
-                 "(each tensor's own amax, one more pass)")
-      ->check(CLI::IsMember({"delayed", "current"}))->each(given("--fp8-recipe"))->capture_default_str();
-  app.add_option("--fp8-amax-history", o.amax_history, "delayed recipe: steps of amax history")
-      ->check(CLI::PositiveNumber)->each(given("--fp8-amax-history"))->capture_default_str();
-  app.add_option("--fp8-margin", o.margin, "scale = fp8_max / amax / 2^margin: headroom, in powers of two")
-      ->check(CLI::Range(0, 64))->each(given("--fp8-margin"))->capture_default_str();
-  app.add_option("--fp8-amax-algo", o.amax_algo, "delayed recipe: the amax a scale comes from, max of the "
-                 "history or most_recent")
-      ->check(CLI::IsMember({"max", "most_recent"}))->each(given("--fp8-amax-algo"))->capture_default_str();
-  app.add_option("--fp8-format", o.format, "hybrid (E4M3 forward, E5M2 gradients) or e4m3 (E4M3 everywhere)")
-      ->check(CLI::IsMember({"hybrid", "e4m3"}))->each(given("--fp8-format"))->capture_default_str();
-}
-
-// The checks CLI11 cannot express; throws octet::Error naming the flag and the fix.
-inline void check_fp8_options(const std::string& precision, const Fp8Options& o) {
-  if (precision != "fp8" && !o.given.empty())
-    OCTET_FAIL(o.given.front(), " sets the FP8 recipe, but this run is --precision ", precision,
-               "; pass --precision fp8 or drop the --fp8-* flags");
-  if (o.recipe == "current") {
-    for (const std::string& flag : o.given) {
-      OCTET_CHECK(flag != "--fp8-amax-history" && flag != "--fp8-amax-algo", flag,
-                  " shapes the delayed recipe's amax history, which --fp8-recipe current does not keep; drop ",
-                  flag, " or pass --fp8-recipe delayed");
-    }
-  }
-}
-
-inline nn::Fp8Recipe fp8_recipe_from(const Fp8Options& o) {
-  const nn::Fp8Format format = o.format == "e4m3" ? nn::Fp8Format::E4M3 : nn::Fp8Format::HYBRID;
-  if (o.recipe == "current") return nn::CurrentScaling{.margin = o.margin, .fp8_format = format};
-  return nn::DelayedScaling{.margin = o.margin,
-                            .amax_history_len = o.amax_history,
-                            .amax_compute_algo = o.amax_algo == "most_recent" ? nn::AmaxCompute::MostRecent
-                                                                              : nn::AmaxCompute::Max,
-                            .fp8_format = format};
-}
-inline nn::Fp8Recipe fp8_recipe_from(const RunOptions& o) { return fp8_recipe_from(o.fp8); }
 
 }  // namespace octet

@@ -26,6 +26,8 @@
 #include "core/random.h"
 #include "data/device_prefetcher.h"
 #include "data/loader.h"
+#include "kernels/elementwise.h"
+#include "kernels/optimizers.h"
 #include "kernels/reduce.h"
 #include "kernels/threads.h"
 #include "models/vit.h"
@@ -111,7 +113,7 @@ json memory_json(Device device) {
 
 // The FP8 numbers of one Linear (--fp8-log-layer) on log steps: its scales and amaxes, and how far
 // its FP8 output is from the bf16 output of the same input and weights, measured by a forward hook
-// (the extra GEMM and host copy are counted in those steps' step_ms).
+// (the extra GEMM and reductions are counted in those steps' step_ms).
 class Fp8LayerMonitor {
  public:
   Fp8LayerMonitor(std::shared_ptr<nn::Linear> layer, std::string name)
@@ -152,11 +154,10 @@ class Fp8LayerMonitor {
   }
 
  private:
-  // ||a - b|| / ||b|| over all elements, in double on the host.
+  // ||a - b|| / ||b|| over all elements: the difference (in a's dtype) and both sums of squares (in
+  // double) on the tensors' device, so only two numbers come back to the host.
   static double relative_error(const Tensor& a, const Tensor& b) {
-    const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), ref += y[i] * y[i];
+    const double diff = kernels::sum_of_squares(kernels::sub(a, b)), ref = kernels::sum_of_squares(b);
     return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
   }
 
@@ -220,7 +221,7 @@ int train(const RunOptions& o) {
   model.to(device);
   manual_seed(o.seed + 1);  // the default generator draws dropout and drop-path masks
   auto optimizer = make_optimizer(o, model);
-  const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(o);
+  const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(o.fp8);
   std::unique_ptr<Fp8LayerMonitor> fp8_monitor;
   if (fp8) fp8_monitor = std::make_unique<Fp8LayerMonitor>(fp8_log_linear(model, o.fp8_log_layer), o.fp8_log_layer);
   nn::CrossEntropyLoss criterion(o.label_smoothing);

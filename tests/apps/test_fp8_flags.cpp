@@ -1,11 +1,11 @@
-// The FP8 recipe flags shared by train_vit and bench_vit: what they parse to, and the refusals that
-// name the flag and the fix.
+// The FP8 recipe flags (apps/fp8_flags.h) shared by train_vit and bench_vit: what they parse to, and
+// the refusals that name the flag and the fix.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "apps/run_options.h"
+#include "apps/fp8_flags.h"
 #include "tests/testing.h"
 
 namespace octet {

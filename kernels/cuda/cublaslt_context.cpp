@@ -67,4 +67,22 @@ Layout::Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch, int64_t s
   }
 }
 
+std::optional<cublasLtMatmulAlgo_t> best_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
+                                              const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
+                                              uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status) {
+  Preference pref;
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_cd);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_cd);
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  status = cublasLtMatmulAlgoGetHeuristic(handle, desc.desc, a.layout, b.layout, cd.layout, cd.layout, pref.pref, 1,
+                                          &result, &returned);
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED && !failure_is_refusal) check_lt(status, "cublasLtMatmulAlgoGetHeuristic");
+  if (status == CUBLAS_STATUS_SUCCESS && returned > 0) return result.algo;
+  return std::nullopt;
+}
+
 }  // namespace octet::kernels::cuda::cublaslt

@@ -10,6 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 
 #include "core/dtype.h"
 
@@ -70,6 +73,39 @@ struct Preference {
     check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
              "cublasLtMatmulPreferenceSetAttribute");
   }
+};
+
+// The heuristic's best algorithm for `desc` with cuBLASLt's A, B and C = D layouts, the shared
+// workspace, and the operands' alignments in bytes. nullopt when cuBLASLt has none for it
+// (NOT_SUPPORTED, or no result); `status` receives what the heuristic returned. Any other failure
+// throws, unless `failure_is_refusal` (a fused epilogue, which the caller runs unfused instead).
+std::optional<cublasLtMatmulAlgo_t> best_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
+                                              const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
+                                              uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status);
+
+// Algorithms per problem key for the life of the process. nullopt records "no algorithm", so that a
+// refused configuration is asked about (and logged) once, not every step.
+template <class Key>
+class AlgoCache {
+ public:
+  using Entry = std::optional<cublasLtMatmulAlgo_t>;
+  // The entry for `key`, or `ask()`'s answer, remembered: the lock makes concurrent callers ask once.
+  template <class Ask>
+  Entry get(const Key& key, Ask&& ask) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(key);
+    if (it != entries_.end()) return it->second;
+    return entries_[key] = ask();
+  }
+  // For an algorithm cuBLASLt offered but then refused to run.
+  void refuse(const Key& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_[key] = std::nullopt;
+  }
+
+ private:
+  std::map<Key, Entry> entries_;
+  std::mutex mutex_;
 };
 
 }  // namespace octet::kernels::cuda::cublaslt

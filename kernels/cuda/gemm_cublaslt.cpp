@@ -20,8 +20,6 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <optional>
 
 #include "core/cuda_stream.h"
@@ -42,23 +40,19 @@ using cublaslt::context_for;
 using cublaslt::cuda_type;
 using cublaslt::DeviceContext;
 using cublaslt::kWorkspaceBytes;
+using cublaslt::AlgoCache;
+using cublaslt::best_algo;
 using cublaslt::Layout;
 using cublaslt::MatmulDesc;
-using cublaslt::Preference;
 
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
 // follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key.
 using AlgoKey = std::array<int64_t, 17>;
 
-// nullopt records "no algorithm" so that a failing epilogue is asked about once, not every step.
-std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>& algo_cache() {
-  static std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+AlgoCache<AlgoKey>& algo_cache() {
+  static AlgoCache<AlgoKey> cache;
   return cache;
-}
-std::mutex& algo_cache_mutex() {
-  static std::mutex m;
-  return m;
 }
 
 cublasLtEpilogue_t lt_epilogue(GemmEpilogue kind) {
@@ -178,33 +172,16 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                     aux_ptr ? alignment_of(aux_ptr) : 0,
                     beta != 0.0};
 
-  std::optional<cublasLtMatmulAlgo_t> algo;
-  {
-    std::lock_guard<std::mutex> lock(algo_cache_mutex());
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) {
-      algo = it->second;
-    } else {
-      Preference pref;
-      pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t status =
-          cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.desc, b_layout.layout, a_layout.layout, c_layout.layout,
-                                         c_layout.layout, pref.pref, 1, &result, &returned);
-      // NOT_SUPPORTED means "no algorithm for this configuration", like returned == 0. An epilogue
-      // that cuBLASLt rejects in any way falls back to the unfused path instead of failing.
-      const bool fused = epilogue.kind != GemmEpilogue::None;
-      if (status != CUBLAS_STATUS_NOT_SUPPORTED && !fused) check_lt(status, "cublasLtMatmulAlgoGetHeuristic");
-      if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
-      if (!algo && fused) note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);
-      algo_cache()[key] = algo;
-    }
-  }
+  // NOT_SUPPORTED means "no algorithm for this configuration". An epilogue that cuBLASLt rejects in
+  // any way falls back to the unfused path instead of failing.
+  const bool fused = epilogue.kind != GemmEpilogue::None;
+  const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get(key, [&] {
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+    std::optional<cublasLtMatmulAlgo_t> found =
+        best_algo(ctx.handle, desc, b_layout, a_layout, c_layout, align_b, align_a, align_c, fused, status);
+    if (!found && fused) note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);
+    return found;
+  });
   if (!algo) return false;
 
   // alpha and beta are host floats: the scale type of CUBLAS_COMPUTE_32F is f32.
@@ -216,8 +193,7 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   if ((status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) &&
       epilogue.kind != GemmEpilogue::None) {
     note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);
-    std::lock_guard<std::mutex> lock(algo_cache_mutex());
-    algo_cache()[key] = std::nullopt;
+    algo_cache().refuse(key);
     return false;
   }
   check_lt(status, "cublasLtMatmul");

@@ -26,8 +26,6 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -44,11 +42,12 @@ namespace octet::kernels::cuda {
 namespace {
 
 using cublaslt::alignment_of;
+using cublaslt::AlgoCache;
+using cublaslt::best_algo;
 using cublaslt::check_lt;
 using cublaslt::cuda_type;
 using cublaslt::Layout;
 using cublaslt::MatmulDesc;
-using cublaslt::Preference;
 
 // FP8 tensor cores arrived with sm_89 (Ada) and sm_90 (Hopper).
 void check_fp8_capable(int device, const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -74,14 +73,9 @@ std::string problem_text(const Tensor& a, const Tensor& b, const Tensor& out, bo
 // dtype and alignment), fast accumulation, whether C is read, and the operand alignments.
 using Fp8AlgoKey = std::array<int64_t, 15>;
 
-// nullopt records "no algorithm", so that a refused bias epilogue is asked about (and logged) once.
-std::map<Fp8AlgoKey, std::optional<cublasLtMatmulAlgo_t>>& algo_cache() {
-  static std::map<Fp8AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+AlgoCache<Fp8AlgoKey>& algo_cache() {
+  static AlgoCache<Fp8AlgoKey> cache;
   return cache;
-}
-std::mutex& algo_cache_mutex() {
-  static std::mutex m;
-  return m;
 }
 
 void note_unfused_bias(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& bias, bool fast_accumulate,
@@ -141,31 +135,15 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
                        align_b,
                        align_out};
 
-  std::optional<cublasLtMatmulAlgo_t> algo;
-  {
-    std::lock_guard<std::mutex> lock(algo_cache_mutex());
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) {
-      algo = it->second;
-    } else {
-      Preference pref;
-      pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, cublaslt::kWorkspaceBytes);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out);
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out);
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-          ctx.handle, desc.desc, lt_a.layout, lt_b.layout, lt_d.layout, lt_d.layout, pref.pref, 1, &result, &returned);
-      // NOT_SUPPORTED means "no algorithm for this configuration", like returned == 0. A bias
-      // epilogue rejected in any way falls back to the unfused bias instead of failing.
-      if (status != CUBLAS_STATUS_NOT_SUPPORTED && !with_bias) check_lt(status, "cublasLtMatmulAlgoGetHeuristic (FP8)");
-      if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
-      if (!algo && with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
-      algo_cache()[key] = algo;
-    }
-  }
+  // NOT_SUPPORTED means "no algorithm for this configuration". A bias epilogue rejected in any way
+  // falls back to the unfused bias instead of failing.
+  const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get(key, [&] {
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+    std::optional<cublasLtMatmulAlgo_t> found =
+        best_algo(ctx.handle, desc, lt_a, lt_b, lt_d, align_b, align_a, align_out, with_bias, status);
+    if (!found && with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+    return found;
+  });
   if (!algo) return false;
 
   // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
@@ -177,8 +155,7 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
                      cublaslt::kWorkspaceBytes, stream);
   if (with_bias && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
     note_unfused_bias(a, b, out, bias, fast_accumulate, status);
-    std::lock_guard<std::mutex> lock(algo_cache_mutex());
-    algo_cache()[key] = std::nullopt;
+    algo_cache().refuse(key);
     return false;
   }
   check_lt(status, "cublasLtMatmul (FP8)");

@@ -24,11 +24,6 @@ constexpr int64_t kTileCols = 64;
 // value and NaN above inf.
 inline uint32_t magnitude_bits(float v) { return detail::float_bits(v) & 0x7FFFFFFFu; }
 
-template <bool kE5M2>
-inline uint8_t quantise(float v, float scale) {
-  const float scaled = v * scale;
-  return kE5M2 ? float_to_e5m2(scaled, /*saturate=*/true) : float_to_e4m3(scaled, /*saturate=*/true);
-}
 
 // Raises `shared` to at least `bits`.
 void merge_max(std::atomic<uint32_t>& shared, uint32_t bits) {
@@ -53,10 +48,11 @@ uint32_t cast_tiles(const X* x, int64_t rows, int64_t cols, float scale, uint8_t
         const int64_t nc = std::min(kTileCols, cols - c0);
         for (int64_t r = 0; r < nr; ++r) {
           const X* in = x + (r0 + r) * cols + c0;
+          uint8_t* codes = tile[r];
           for (int64_t c = 0; c < nc; ++c) {
             const float v = static_cast<float>(in[c]);
             local = std::max(local, magnitude_bits(v));
-            tile[r][c] = quantise<kE5M2>(v, scale);
+            codes[c] = float_to_fp8_saturating<kE5M2>(v * scale);
           }
           if (data) std::memcpy(data + (r0 + r) * cols + c0, tile[r], static_cast<size_t>(nc));
         }

@@ -102,6 +102,26 @@ void to_f32(const void* src, float* dst, int64_t n, Decode decode) {
   for (int64_t i = 0; i < n; ++i) dst[i] = decode(in[i]);
 }
 
+// FP8 has 256 codes, so decoding one is a table lookup. The tables hold the bits of
+// e4m3_to_float / e5m2_to_float for every code (the same results by construction) and replace a
+// branchy function per element, which made decoding the operands a tenth of an FP8 GEMM on the CPU.
+struct Fp8DecodeTables {
+  uint32_t e4m3[256];
+  uint32_t e5m2[256];
+};
+
+const Fp8DecodeTables& fp8_decode_tables() {
+  static const Fp8DecodeTables tables = [] {
+    Fp8DecodeTables t{};
+    for (uint32_t code = 0; code < 256; ++code) {
+      t.e4m3[code] = detail::float_bits(e4m3_to_float(static_cast<uint8_t>(code)));
+      t.e5m2[code] = detail::float_bits(e5m2_to_float(static_cast<uint8_t>(code)));
+    }
+    return t;
+  }();
+  return tables;
+}
+
 }  // namespace
 
 void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n) {
@@ -124,8 +144,14 @@ void convert_elements(const void* src, DType sd, void* dst, DType dd, int64_t n)
     switch (sd) {
       case DType::bf16: return to_f32<uint16_t>(src, d, n, [](uint16_t b) { return bf16_bits_to_float(b); });
       case DType::f16: return to_f32<uint16_t>(src, d, n, [](uint16_t b) { return f16_bits_to_float(b); });
-      case DType::e4m3: return to_f32<uint8_t>(src, d, n, [](uint8_t b) { return e4m3_to_float(b); });
-      case DType::e5m2: return to_f32<uint8_t>(src, d, n, [](uint8_t b) { return e5m2_to_float(b); });
+      case DType::e4m3: {
+        const uint32_t* table = fp8_decode_tables().e4m3;
+        return to_f32<uint8_t>(src, d, n, [table](uint8_t b) { return detail::bits_float(table[b]); });
+      }
+      case DType::e5m2: {
+        const uint32_t* table = fp8_decode_tables().e5m2;
+        return to_f32<uint8_t>(src, d, n, [table](uint8_t b) { return detail::bits_float(table[b]); });
+      }
       default: break;
     }
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/float_formats.h"
 #include "kernels/common.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/gemm.h"
@@ -54,34 +55,47 @@ void check_fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b,
   }
 }
 
+// out[i, j] = Out(scale·sum[i, j] + bias[j] + old[i, j]), the bias and old terms only where given:
+// the scales go on after the sum, as on the GPU, and the one rounding to out's dtype happens here
+// (Out(float) is the same rounding as Tensor::copy_). old may be out itself.
+template <class Out>
+void scale_bias_round(const float* sum, float scale, const float* bias, const Out* old, Out* out, int64_t m,
+                      int64_t n) {
+  cpu::parallel_ranges(m, cpu::kParallelElements / std::max<int64_t>(n, 1), [&](int64_t row_begin, int64_t row_end) {
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        float v = scale * sum[i * n + j];
+        if (bias) v += bias[j];
+        if (old) v += static_cast<float>(old[i * n + j]);
+        out[i * n + j] = static_cast<Out>(v);
+      }
+    }
+  });
+}
+
 // out = round_to_out_dtype(scale_inv_a·scale_inv_b·(a·bᵀ) + bias + (accumulate ? out : 0)): a and b
-// decode exactly to f32, one f32 GEMM sums the products, and one f32 pass applies the scales (after
-// the sum, as the GPU does), the bias and the old out, rounding once into out.
+// decode exactly to f32, one f32 GEMM sums the products, and one f32 pass applies the scales, the bias
+// and the old out while rounding once into out. An f32 out that is not accumulated into holds the sum
+// itself; otherwise the sum goes to a scratch buffer.
 void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
                   const Tensor& out, const Tensor& bias, bool accumulate) {
   check_cpu(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out});
   const int64_t m = out.size(0), n = out.size(1);
-  // kernels::gemm widens FP8 operands to f32 exactly; trans_b reads b [n, k] as bᵀ. The result starts
-  // at zero because with k = 0 OpenBLAS leaves it untouched.
-  Tensor result = zeros({m, n}, DType::f32);
-  gemm(a, /*trans_a=*/false, b, /*trans_b=*/true, result);
+  const bool sum_in_out = out.dtype() == DType::f32 && !accumulate;
+  // kernels::gemm widens FP8 operands to f32 exactly and writes every element (zeros when k = 0);
+  // trans_b reads b [n, k] as bᵀ.
+  Tensor sum = sum_in_out ? out : empty({m, n}, DType::f32);
+  gemm(a, /*trans_a=*/false, b, /*trans_b=*/true, sum);
   const float scale = scale_inv_a.item<float>() * scale_inv_b.item<float>();
   const Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
-  const Tensor old32 = accumulate ? out.to(DType::f32) : Tensor();
-  float* r = result.data<float>();
   const float* bias_values = bias32.defined() ? bias32.data<float>() : nullptr;
-  const float* old_values = old32.defined() ? old32.data<float>() : nullptr;
-  cpu::parallel_ranges(m, cpu::kParallelElements / std::max<int64_t>(n, 1), [&](int64_t row_begin, int64_t row_end) {
-    for (int64_t i = row_begin; i < row_end; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        float v = scale * r[i * n + j];
-        if (bias_values) v += bias_values[j];
-        if (old_values) v += old_values[i * n + j];
-        r[i * n + j] = v;
-      }
-    }
-  });
-  out.copy_(result);  // the one rounding to out's dtype (none for f32)
+  if (out.dtype() == DType::f32) {
+    float* o = out.data<float>();
+    scale_bias_round(sum.data<float>(), scale, bias_values, accumulate ? o : nullptr, o, m, n);
+  } else {
+    auto* o = static_cast<bfloat16*>(out.data_ptr());  // out is bf16 (check_fp8_gemm)
+    scale_bias_round(sum.data<float>(), scale, bias_values, accumulate ? o : nullptr, o, m, n);
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "kernels/fp8.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/kernels/fp8_cast_case.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -33,16 +34,7 @@ Tensor spiky_input(const Shape& shape, DType dtype, uint64_t seed, double spread
   return x.to(dtype);
 }
 
-struct CastCase {
-  Shape shape;
-  DType input;
-  DType format;
-  int64_t pad_rows_to;
-};
-
-void PrintTo(const CastCase& c, std::ostream* os) {
-  *os << c.shape << " " << dtype_name(c.input) << " -> " << dtype_name(c.format) << ", pad " << c.pad_rows_to;
-}
+using octet::testing::CastCase;
 
 // Casts x on both devices (amax starting from the same non-zero value) and compares everything.
 void expect_same_cast(const Tensor& x_cpu, DType format, bool rowwise, bool transposed, int64_t pad_rows_to) {

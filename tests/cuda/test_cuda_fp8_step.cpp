@@ -19,6 +19,7 @@
 #include "nn/layers.h"
 #include "optim/optim.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/small_vit.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -76,20 +77,6 @@ TEST(CudaFp8, LinearMatchesTheCpuEmulationUnderBothRecipes) {
   }
 }
 
-models::ViTConfig step_config() {
-  models::ViTConfig c;
-  c.name = "test_gpu_fp8_step";
-  c.img_size = 16;
-  c.patch_size = 4;
-  c.in_chans = 3;
-  c.num_classes = 10;
-  c.embed_dim = 128;  // qkv 384, mlp 512: every block Linear runs in FP8; 6·17 = 102 tokens get padded
-  c.depth = 2;
-  c.num_heads = 2;
-  c.mlp_ratio = 4;
-  return c;
-}
-
 struct StepResult {
   double loss;
   std::map<std::string, Tensor> grads, params;
@@ -98,7 +85,7 @@ struct StepResult {
 
 StepResult fp8_train_step(Device device) {
   Generator gen(5);
-  models::VisionTransformer model(step_config(), true, &gen);
+  models::VisionTransformer model(testing::small_vit_config("test_gpu_fp8_step"), true, &gen);
   model.to(DType::bf16);
   model.to(device);
   optim::SGD sgd(model.parameters(), 0.1, 0.9);
@@ -128,7 +115,8 @@ TEST(CudaFp8, ViTTrainStepMatchesTheCpuEmulation) {
     EXPECT_LT(relative_error(gpu.params.at(name), cpu.params.at(name)), 5e-2) << name;
   }
   ASSERT_EQ(gpu.fp8.size(), cpu.fp8.size());
-  ASSERT_EQ(cpu.fp8.size(), 2u * 4u * 4u * 2u);  // 2 blocks × 4 Linears × {forward, backward} × 4 tensors
+  // 2 blocks × 4 Linears × {forward, backward} × 4 tensors: every block Linear ran in FP8, 102 tokens padded.
+  ASSERT_EQ(cpu.fp8.size(), 2u * 4u * 4u * 2u);
   for (const auto& [name, t] : cpu.fp8) {
     if (name.find("scale") == std::string::npos) continue;
     EXPECT_LT(relative_error(gpu.fp8.at(name), t), 2e-2) << name;

@@ -17,6 +17,7 @@
 #include "optim/optim.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/small_vit.h"
 
 namespace octet {
 namespace {
@@ -24,21 +25,6 @@ namespace {
 using testing::kGpu;
 using testing::random_tensor;
 using testing::relative_error;
-
-// Head dim 64 (one of the cuDNN attention shapes), 17 tokens, a classifier of 10.
-models::ViTConfig step_config() {
-  models::ViTConfig c;
-  c.name = "test_gpu_step";
-  c.img_size = 16;
-  c.patch_size = 4;
-  c.in_chans = 3;
-  c.num_classes = 10;
-  c.embed_dim = 128;
-  c.depth = 2;
-  c.num_heads = 2;
-  c.mlp_ratio = 4;
-  return c;
-}
 
 struct StepResult {
   double loss;
@@ -49,7 +35,7 @@ struct StepResult {
 // Builds the model from seed 5, converts it, and runs one step on `device`.
 StepResult train_step(Device device, DType dtype, bool adamw) {
   Generator gen(5);
-  models::VisionTransformer model(step_config(), true, &gen);
+  models::VisionTransformer model(testing::small_vit_config("test_gpu_step"), true, &gen);
   model.to(dtype);
   model.to(device);
   std::unique_ptr<optim::Optimizer> optimizer;

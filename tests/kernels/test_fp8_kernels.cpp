@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/float_formats.h"
+#include "tests/kernels/fp8_cast_case.h"
 #include "tests/testing.h"
 
 namespace {
@@ -58,16 +59,7 @@ float reference_amax(const Tensor& x) {
   return static_cast<float>(m);
 }
 
-struct CastCase {
-  Shape shape;
-  DType input;
-  DType format;
-  int64_t pad_rows_to;
-};
-
-void PrintTo(const CastCase& c, std::ostream* os) {
-  *os << c.shape << " " << dtype_name(c.input) << " -> " << dtype_name(c.format) << ", pad " << c.pad_rows_to;
-}
+using octet::testing::CastCase;
 
 class Fp8CastKernel : public ::testing::TestWithParam<CastCase> {};
 

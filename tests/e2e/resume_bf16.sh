@@ -4,6 +4,7 @@
 # the second half; the optimizer checkpoint must hold the f32 master weights.
 #   resume_bf16.sh TRAIN_VIT WORKDIR
 set -euo pipefail
+source "$(dirname "$0")/resume_lib.sh"
 train_vit=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 run=("$train_vit" --precision bf16 --dataset synthetic --synthetic-size 512 --batch-size 32 --eval-batch-size 256
@@ -12,14 +13,7 @@ run=("$train_vit" --precision bf16 --dataset synthetic --synthetic-size 512 --ba
 "${run[@]}" --metrics "$work/a.jsonl" --checkpoint-dir "$work/ckpt" --checkpoint-every 4
 "${run[@]}" --metrics "$work/c.jsonl" --resume "$work/ckpt/step-00000004"
 
-losses() { grep '"event":"step"' "$1" | sed -E 's/.*"loss":([^,]+),.*"step":([0-9]+).*/\2 \1/'; }
-losses "$work/a.jsonl" > "$work/a.txt"
-losses "$work/c.jsonl" > "$work/c.txt"
-[[ $(wc -l < "$work/a.txt") -eq 8 ]] || { echo "FAIL: expected 8 step events in a.jsonl"; exit 1; }
-[[ $(wc -l < "$work/c.txt") -eq 4 ]] || { echo "FAIL: expected 4 step events after resuming"; exit 1; }
-if ! diff <(tail -n 4 "$work/a.txt") "$work/c.txt" > "$work/ac.diff"; then
-  echo "FAIL: the resumed bf16 run differs from the uninterrupted one:"; head "$work/ac.diff"; exit 1
-fi
+expect_resumed_matches "$work" bf16
 # The safetensors header is JSON at the start of the file: the masters are listed there as F32.
 header=$(head -c 65536 "$work/ckpt/step-00000004/optimizer.safetensors" | tr -d '\0')
 grep -q '"state.0.0.master":{"dtype":"F32"' <<< "$header" ||

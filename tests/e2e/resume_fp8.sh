@@ -5,6 +5,7 @@
 # it, the scales start afresh and the losses differ (else this test would prove nothing).
 #   resume_fp8.sh TRAIN_VIT WORKDIR
 set -euo pipefail
+source "$(dirname "$0")/resume_lib.sh"
 train_vit=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 run=("$train_vit" --precision fp8 --fp8-recipe delayed --fp8-amax-history 16 --dataset synthetic
@@ -20,14 +21,7 @@ grep -q '"blocks.0.mlp.fc1.fp8.forward.amax_history":{"dtype":"F32","shape":\[16
   { echo "FAIL: fp8.safetensors has no 16-step amax history for blocks.0.mlp.fc1"; exit 1; }
 "${run[@]}" --metrics "$work/c.jsonl" --resume "$checkpoint"
 
-losses() { grep '"event":"step"' "$1" | sed -E 's/.*"loss":([^,]+),.*"step":([0-9]+).*/\2 \1/'; }
-losses "$work/a.jsonl" > "$work/a.txt"
-losses "$work/c.jsonl" > "$work/c.txt"
-[[ $(wc -l < "$work/a.txt") -eq 8 ]] || { echo "FAIL: expected 8 step events in a.jsonl"; exit 1; }
-[[ $(wc -l < "$work/c.txt") -eq 4 ]] || { echo "FAIL: expected 4 step events after resuming"; exit 1; }
-if ! diff <(tail -n 4 "$work/a.txt") "$work/c.txt" > "$work/ac.diff"; then
-  echo "FAIL: the resumed fp8 run differs from the uninterrupted one:"; head "$work/ac.diff"; exit 1
-fi
+expect_resumed_matches "$work" fp8
 
 mv "$checkpoint/fp8.safetensors" "$work/fp8.safetensors.aside"
 "${run[@]}" --metrics "$work/d.jsonl" --resume "$checkpoint"

@@ -80,33 +80,37 @@ inline void check_launch(const char* op) { octet::cuda::check(cudaGetLastError()
 template <class T>
 T* ptr(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 
-// Warp and block reductions of floats (blockDim.x a multiple of 32, at most 1024).
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// Warp and block reductions (blockDim.x a multiple of 32, at most 1024). `combine` is associative
+// and commutative; `identity` is its neutral element, which fills the lanes past the last warp.
+template <class T, class Combine>
+__device__ __forceinline__ T warp_reduce(T v, Combine combine) {
+  for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// Every thread of the block gets the total. `scratch` is __shared__ float[32].
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Every thread of the block gets the result. `scratch` is __shared__ T[32].
+template <class T, class Combine>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, Combine combine) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-  v = warp_sum(v);
+  v = warp_reduce(v, combine);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.f;
-  return warp_sum(v);
+  v = lane < warps ? scratch[lane] : identity;
+  return warp_reduce(v, combine);
+}
+
+// (Lambdas, not function pointers, so that the combine always inlines.)
+__device__ __forceinline__ float warp_sum(float v) {
+  return warp_reduce(v, [](float a, float b) { return a + b; });
+}
+__device__ __forceinline__ float warp_max(float v) {
+  return warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+}
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce(v, scratch, 0.f, [](float a, float b) { return a + b; });
 }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : -INFINITY;
-  return warp_max(v);
+  return block_reduce(v, scratch, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
 }
 
 }  // namespace octet::kernels::cuda

@@ -34,16 +34,9 @@ __device__ __forceinline__ uint8_t quantise(float v, float scale) {
   return kE5M2 ? float_to_e5m2(scaled, /*saturate=*/true) : float_to_e4m3(scaled, /*saturate=*/true);
 }
 
-// The block's largest value of `v` (unsigned), in thread 0. scratch: __shared__ uint32_t[32].
+// The block's largest value of `v` (unsigned), in every thread. scratch: __shared__ uint32_t[32].
 __device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0u;
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return block_reduce(v, scratch, 0u, [](uint32_t x, uint32_t y) { return max(x, y); });
 }
 
 // amax ← max(amax, bits) for the block's result; a block that saw only zeros changes nothing.
@@ -229,14 +222,7 @@ constexpr int kMaxColumnBlocks = 1024;
 
 // The block's NaN-propagating max of v, in every thread. scratch: __shared__ float[32].
 __device__ __forceinline__ float block_amax_max(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-  for (int o = 16; o > 0; o >>= 1) v = fp8_amax_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) v = fp8_amax_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return block_reduce(v, scratch, 0.f, [](float x, float y) { return fp8_amax_max(x, y); });
 }
 
 // Per column j of group blockIdx.y (a block per column, columns strided by gridDim.x): the amax of

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -49,14 +50,29 @@ using cublaslt::cuda_type;
 using cublaslt::Layout;
 using cublaslt::MatmulDesc;
 
+// The device's compute capability as major·10 + minor, asked once per device (this is on every
+// FP8 GEMM's path).
+int compute_capability(int device) {
+  static std::array<std::atomic<int>, 64> known{};
+  OCTET_CHECK(device >= 0 && device < static_cast<int>(known.size()), "fp8_gemm: CUDA device index ", device,
+              " is out of range");
+  int cc = known[device].load(std::memory_order_relaxed);
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    octet::cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                       "fp8_gemm: cudaDeviceGetAttribute");
+    octet::cuda::check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+                       "fp8_gemm: cudaDeviceGetAttribute");
+    cc = major * 10 + minor;
+    known[device].store(cc, std::memory_order_relaxed);
+  }
+  return cc;
+}
+
 // FP8 tensor cores arrived with sm_89 (Ada) and sm_90 (Hopper).
 void check_fp8_capable(int device, const Tensor& a, const Tensor& b, const Tensor& out) {
-  int major = 0, minor = 0;
-  octet::cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                     "fp8_gemm: cudaDeviceGetAttribute");
-  octet::cuda::check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
-                     "fp8_gemm: cudaDeviceGetAttribute");
-  OCTET_CHECK(major * 10 + minor >= 89, "fp8_gemm: ", out.device().str(), " is sm_", major, minor,
+  const int cc = compute_capability(device);
+  OCTET_CHECK(cc >= 89, "fp8_gemm: ", out.device().str(), " is sm_", cc,
               ", and FP8 GEMMs need compute capability 8.9 or newer (sm_89 Ada, sm_90 Hopper) (",
               describe_all({&a, &b, &out}), "); run this layer in bf16 (outside fp8_autocast)");
 }

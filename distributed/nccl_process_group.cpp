@@ -1,0 +1,529 @@
+// NcclProcessGroup: collectives on CUDA tensors with NCCL (the contract is in the header).
+//
+// Each collective goes through State::launch:
+//   1. an event recorded on the caller's current stream; the communication stream waits on it, so
+//      NCCL reads the inputs only after the kernels that wrote them;
+//   2. the NCCL call, queued on the communication stream (high priority, so that communication
+//      kernels are scheduled ahead of compute kernels queued at the same time and overlap them);
+//   3. a "done" event on the communication stream, which Work::wait() makes the caller's stream
+//      wait on (the host does not block) and Work::synchronize() polls from the host.
+// A watchdog thread watches every done event: Work::wait() never blocks the host, so without it a
+// rank whose peer hangs would block forever at its next host sync with no message.
+#include "distributed/nccl_process_group.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/cuda_stream.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/trace.h"
+#include "distributed/launch.h"
+
+// ncclAvg and ncclBfloat16 arrived in NCCL 2.10.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
+#error "Octet needs NCCL 2.10 or newer (ncclAvg, ncclBfloat16); install a newer libnccl-dev"
+#endif
+
+namespace octet::distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the watchdog looks at the collectives in flight. Short enough that a timeout or a
+// network error ends the job promptly, long enough to cost nothing.
+constexpr std::chrono::milliseconds kWatchdogPeriod{200};
+// How long a trace's GPU-to-host clock anchor is trusted before a new one is taken: the GPU's timer
+// and the host's steady clock drift apart slowly, by far less than a microsecond in this time.
+constexpr std::chrono::seconds kClockAnchorLifetime{10};
+
+// Throws an octet::Error naming the NCCL call, the rank and NCCL's reason, and what to try.
+void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, int rank) {
+  if (result == ncclSuccess) return;
+  std::string detail;
+  // NCCL's last-error text is specific for these (which peer, which socket or CUDA call); for the
+  // others ncclGetErrorString says it all, and the last error may belong to an earlier call.
+  if (result == ncclSystemError || result == ncclRemoteError || result == ncclInternalError) {
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last != '\0') detail = fmt::format(" ({})", last);
+  }
+  const char* hint = result == ncclRemoteError || result == ncclSystemError
+                         ? "a peer rank may have died or the network failed; run with NCCL_DEBUG=WARN for details"
+                     : result == ncclInvalidUsage
+                         ? "every rank must issue the same collectives in the same order with the same sizes; "
+                           "run with NCCL_DEBUG=WARN for details"
+                         : "run with NCCL_DEBUG=WARN for NCCL's own log";
+  OCTET_FAIL("NcclProcessGroup (rank ", rank, "): ", call, " failed: ", ncclGetErrorString(result), detail, "; ",
+             hint);
+}
+
+// Rank and size of the job when MPI runs (mpirun), else a world of one. Free functions because the
+// ProcessGroup base, which takes them, is constructed before any member.
+int world_rank() {
+  int rank = 0;
+  if (mpi_initialized()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  if (mpi_initialized()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;  // floats: each rank's input scaled by 1/N, then summed
+    case ReduceOp::Max: return ncclMax;
+  }
+  OCTET_FAIL("NcclProcessGroup: unknown reduce op ", static_cast<int>(op));
+}
+
+// The element type NCCL reduces in. ProcessGroup has already refused other dtypes (FP8 among
+// them: reducing 2-3 significant bits rank by rank loses the gradient); this is the last guard.
+ncclDataType_t reduction_type(const char* op, const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i64: return ncclInt64;
+    default:
+      OCTET_FAIL(op, ": NCCL cannot reduce ", t.describe(), "; reductions take f32, f64, bf16, f16 or i64");
+  }
+}
+
+std::string bytes_of(const Tensor& t) { return format_bytes(static_cast<double>(t.nbytes())); }
+
+// The communicator and its stream. The group and every Work it returned share it, and the last of
+// them destroys it: a Work synchronised after its group is gone still asks the communicator for
+// errors, and its collective may still be running on the stream.
+struct Communicator {
+  Communicator(int device_index, int rank, std::chrono::seconds timeout)
+      : device_index(device_index), rank(rank), timeout(timeout) {}
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  ~Communicator() {
+    try {
+      cuda::DeviceGuard device(device_index);
+      if (comm != nullptr && !aborted) {
+        const ncclResult_t result = ncclCommDestroy(comm);
+        if (result != ncclSuccess) {
+          logging::warn("rank {}: ncclCommDestroy failed: {}", rank, ncclGetErrorString(result));
+        }
+      }
+      // Returns at once; CUDA releases the stream when the work queued on it has run.
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    } catch (const std::exception& e) {
+      logging::warn("rank {}: releasing the NCCL communicator failed: {}", rank, e.what());
+    }
+  }
+
+  // ncclCommAbort: NCCL's kernels stop waiting for peers and return, so nothing stays blocked in
+  // this communicator. Idempotent; never throws (abort_job calls it on its way out).
+  void abort() noexcept {
+    std::lock_guard lock(lifetime_mutex);
+    if (aborted || comm == nullptr) return;
+    aborted = true;
+    try {
+      cuda::DeviceGuard device(device_index);
+      const ncclResult_t result = ncclCommAbort(comm);
+      if (result != ncclSuccess) logging::warn("rank {}: ncclCommAbort failed: {}", rank, ncclGetErrorString(result));
+    } catch (const std::exception& e) {
+      logging::warn("rank {}: ncclCommAbort failed: {}", rank, e.what());
+    }
+  }
+
+  bool is_aborted() {
+    std::lock_guard lock(lifetime_mutex);
+    return aborted;
+  }
+
+  // An error NCCL found while collectives ran (a peer died, the network failed), or "" if none.
+  // The communicator cannot be used after one, so it is aborted here.
+  std::string async_error() {
+    std::string message;
+    {
+      std::lock_guard lock(lifetime_mutex);
+      if (aborted || comm == nullptr) return "";
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+      if (result != ncclSuccess) state = result;
+      if (state == ncclSuccess || state == ncclInProgress) return "";
+      const char* last = ncclGetLastError(comm);
+      message = fmt::format("NCCL reported an error on rank {}: {}{}", rank, ncclGetErrorString(state),
+                            last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : std::string());
+    }
+    abort();
+    return message;
+  }
+
+  const int device_index, rank;
+  const std::chrono::seconds timeout;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+
+ private:
+  // Guards `aborted` and the quick queries (ncclCommGetAsyncError, ncclGetLastError) against
+  // abort(), which frees the communicator. Collectives are not issued under it: abort() must be
+  // able to run while another thread is inside an NCCL call that waits for a peer.
+  std::mutex lifetime_mutex;
+  bool aborted = false;
+};
+
+std::string timeout_message(const std::string& what, const Communicator& comm, Clock::duration elapsed) {
+  const double seconds = std::chrono::duration<double>(elapsed).count();
+  return fmt::format("{} has not finished on rank {} after {:.1f} s (the group's timeout is {} s): a rank died, "
+                     "hangs, or issued its collectives in a different order",
+                     what, comm.rank, seconds, comm.timeout.count());
+}
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<Communicator> comm, std::string what, std::vector<Tensor> tensors,
+           std::shared_ptr<cuda::Event> done, bool host_waits)
+      : comm_(std::move(comm)),
+        what_(std::move(what)),
+        tensors_(std::move(tensors)),
+        done_(std::move(done)),
+        host_waits_(host_waits),
+        issued_(Clock::now()) {}
+
+  // Device memory is freed in compute-stream order (core/cuda_memory.h). Unless the compute stream
+  // was made to wait for this collective, a tensor released now (ours, or the caller's later)
+  // could be handed to a new allocation while NCCL still reads or writes it: order the compute
+  // stream after the collective first. No host block; a no-op once the collective is done.
+  ~NcclWork() override {
+    if (compute_stream_waited_ || synchronized_) return;
+    try {
+      if (!done_->query()) done_->wait_on(cuda::compute_stream(comm_->device_index));
+    } catch (const std::exception& e) {
+      logging::warn("rank {}: ordering the compute stream after {} failed: {}", comm_->rank, what_, e.what());
+    }
+  }
+
+  // The caller's current stream waits for the collective; the host returns at once. A barrier
+  // blocks the host instead, as torch.distributed.barrier does.
+  void wait() override {
+    if (host_waits_) {
+      synchronize();
+      return;
+    }
+    const cudaStream_t caller = cuda::current_stream(comm_->device_index);
+    done_->wait_on(caller);
+    if (caller == cuda::compute_stream(comm_->device_index)) compute_stream_waited_ = true;
+  }
+
+  // Polls rather than cudaEventSynchronize so that a collective that never finishes (a dead or
+  // hung peer) or an error NCCL reports ends the job with a message instead of blocking forever.
+  void synchronize() override {
+    auto pause = std::chrono::microseconds(5);
+    while (!done_->query()) {
+      if (const std::string error = comm_->async_error(); !error.empty()) {
+        OCTET_FAIL(what_, ": ", error);
+      }
+      const Clock::duration elapsed = Clock::now() - issued_;
+      if (elapsed > comm_->timeout) abort_job(timeout_message(what_, *comm_, elapsed));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    synchronized_ = true;
+  }
+
+  bool is_completed() override { return done_->query(); }
+  std::string describe() const override { return what_; }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  std::string what_;
+  std::vector<Tensor> tensors_;  // held so their memory stays theirs while NCCL works on it
+  std::shared_ptr<cuda::Event> done_;
+  bool host_waits_;
+  Clock::time_point issued_;
+  bool compute_stream_waited_ = false, synchronized_ = false;
+};
+
+// Ends the job when a collective outlives the group's timeout, or NCCL reports an error, while no
+// host thread is waiting on it.
+class Watchdog {
+ public:
+  explicit Watchdog(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)), thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void watch(std::shared_ptr<cuda::Event> done, std::string what) {
+    std::lock_guard lock(mutex_);
+    pending_.push_back({std::move(done), std::move(what), Clock::now()});
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<cuda::Event> done;
+    std::string what;
+    Clock::time_point issued;
+  };
+
+  void run() {
+    // This thread's CUDA calls must go to the group's device: the first CUDA call of a thread
+    // with no device set would create a context (and take memory) on device 0.
+    if (cudaSetDevice(comm_->device_index) != cudaSuccess) {
+      logging::warn("rank {}: the NCCL watchdog cannot use cuda:{}; collectives are not watched", comm_->rank,
+                    comm_->device_index);
+      return;
+    }
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      wake_.wait_for(lock, kWatchdogPeriod, [this] { return stopping_; });
+      if (stopping_) break;
+      std::vector<Entry> checking;
+      checking.swap(pending_);
+      lock.unlock();
+      const std::string failure = check(checking);
+      if (!failure.empty()) abort_job(failure);
+      lock.lock();
+      // Unfinished entries go back beside those watch() added meanwhile.
+      pending_.insert(pending_.end(), std::make_move_iterator(checking.begin()),
+                      std::make_move_iterator(checking.end()));
+    }
+  }
+
+  // Drops the finished entries; returns why the job must end, or "".
+  std::string check(std::vector<Entry>& entries) {
+    try {
+      std::erase_if(entries, [](const Entry& e) { return e.done->query(); });
+    } catch (const std::exception& e) {
+      return fmt::format("the NCCL watchdog on rank {} cannot query the device: {}", comm_->rank, e.what());
+    }
+    if (entries.empty()) return "";
+    if (std::string error = comm_->async_error(); !error.empty()) {
+      return fmt::format("{} (while {} was in flight)", error, entries.front().what);
+    }
+    const Clock::time_point now = Clock::now();
+    for (const Entry& e : entries) {
+      if (now - e.issued > comm_->timeout) return timeout_message(e.what, *comm_, now - e.issued);
+    }
+    return "";
+  }
+
+  std::shared_ptr<Communicator> comm_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::vector<Entry> pending_;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+// A GPU timestamp (an event) and trace::now_us() at the same moment, so that the times of CUDA
+// events can be drawn on the trace's host clock.
+struct ClockAnchor {
+  std::shared_ptr<cuda::Event> event;
+  int64_t host_us = 0;
+  Clock::time_point taken;
+};
+
+}  // namespace
+
+struct NcclProcessGroup::State {
+  std::shared_ptr<Communicator> comm;
+  // Recorded on the caller's stream before each collective; one event serves them all because the
+  // comm stream's cudaStreamWaitEvent takes the event's state at the moment it is called.
+  std::unique_ptr<cuda::Event> inputs_ready;
+  // The barrier all-reduces this one zero.
+  Tensor barrier_buffer;
+  // Serialises issuing: an NCCL communicator takes one call at a time, and inputs_ready is shared.
+  std::mutex issue_mutex;
+  // Traces only: an idle stream to take clock anchors on, and the latest anchor.
+  cudaStream_t anchor_stream = nullptr;
+  std::shared_ptr<const ClockAnchor> anchor;
+  std::unique_ptr<Watchdog> watchdog;
+
+  ~State() {
+    watchdog.reset();  // stop watching before the communicator may go
+    if (anchor_stream != nullptr) cudaStreamDestroy(anchor_stream);
+  }
+
+  using NcclCall = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+
+  // Queues `call` on the communication stream after the caller's queued work (see the top of the
+  // file). `tensors` stay alive as long as the Work; `host_waits` makes Work::wait() block the host.
+  WorkHandle launch(std::string what, const char* call_name, std::vector<Tensor> tensors, bool host_waits,
+                    const NcclCall& call) {
+    std::lock_guard lock(issue_mutex);
+    OCTET_CHECK(!comm->is_aborted(), what, " on rank ", comm->rank,
+                ": this NCCL process group was aborted (abort(), an NCCL error or a timeout) and runs no more "
+                "collectives; make a new process group");
+    cuda::DeviceGuard device(comm->device_index);
+    const bool tracing = trace::enabled();
+    // Events first: nothing may fail between queueing the collective and recording its end.
+    auto done = std::make_shared<cuda::Event>(/*timing=*/tracing);
+    std::shared_ptr<cuda::Event> started;
+    std::shared_ptr<const ClockAnchor> clock;
+    if (tracing) {
+      started = std::make_shared<cuda::Event>(/*timing=*/true);
+      clock = clock_anchor();
+    }
+
+    inputs_ready->record(cuda::current_stream(comm->device_index));
+    inputs_ready->wait_on(comm->stream);
+    if (started) started->record(comm->stream);
+    check_nccl(call(comm->comm, comm->stream), call_name, comm->comm, comm->rank);
+    done->record(comm->stream);
+
+    if (tracing) defer_trace_span(what, std::move(clock), std::move(started), done);
+    watchdog->watch(done, what);
+    return std::make_shared<NcclWork>(comm, std::move(what), std::move(tensors), std::move(done), host_waits);
+  }
+
+  // The current clock anchor, taking a new one when there is none or it has grown old. The event
+  // goes on an idle stream of its own, so it runs at once and the host's wait for it is short (it
+  // would wait behind queued collectives on the comm stream); the host time is the midpoint of
+  // the record-to-completion window.
+  std::shared_ptr<const ClockAnchor> clock_anchor() {
+    if (anchor != nullptr && Clock::now() - anchor->taken < kClockAnchorLifetime) return anchor;
+    if (anchor_stream == nullptr) {
+      cuda::check(cudaStreamCreateWithFlags(&anchor_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    }
+    auto fresh = std::make_shared<ClockAnchor>();
+    fresh->event = std::make_shared<cuda::Event>(/*timing=*/true);
+    const int64_t before_us = trace::now_us();
+    fresh->event->record(anchor_stream);
+    fresh->event->synchronize();
+    fresh->host_us = (before_us + trace::now_us()) / 2;
+    fresh->taken = Clock::now();
+    anchor = fresh;
+    return anchor;
+  }
+
+  // A span on the "gpu comm" track from `started` to `done`, resolved when the trace is written.
+  static void defer_trace_span(const std::string& what, std::shared_ptr<const ClockAnchor> clock,
+                               std::shared_ptr<cuda::Event> started, std::shared_ptr<cuda::Event> done) {
+    trace::defer([what, clock = std::move(clock), started = std::move(started),
+                  done = std::move(done)]() -> std::vector<trace::Span> {
+      try {
+        // A collective still running when the trace is written has no end to draw; the writer
+        // must not wait on it (it may never finish).
+        if (!done->query()) return {};
+        const auto on_host_clock = [&](const cuda::Event& e) {
+          return clock->host_us + std::llround(1000.0 * e.elapsed_ms(*clock->event));
+        };
+        return {trace::Span{what, "comm", "gpu comm", on_host_clock(*started), on_host_clock(*done)}};
+      } catch (const std::exception&) {
+        return {};  // a device in error: the trace goes without this span
+      }
+    });
+  }
+};
+
+NcclProcessGroup::NcclProcessGroup(Device device, ProcessGroupOptions options)
+    : ProcessGroup(world_rank(), world_size(), options), device_(device), state_(std::make_unique<State>()) {
+  OCTET_CHECK(device.is_cuda(), "NcclProcessGroup: NCCL runs on CUDA devices, not ", device.str(),
+              "; pass Device::cuda(local_rank), or use the MPI backend for CPU tensors");
+  OCTET_CHECK(cuda::is_available() && device.index < cuda::device_count(), "NcclProcessGroup: ", device.str(),
+              " does not exist on this machine (", cuda::device_count(), " CUDA devices visible)",
+              "; pass a device below that count, or check CUDA_VISIBLE_DEVICES");
+  cuda::DeviceGuard guard(device.index);
+
+  // Rank 0 makes the id that names this communicator; every other rank gets its bytes over MPI.
+  ncclUniqueId id{};
+  if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr, rank());
+  if (size() > 1) {
+    OCTET_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) == MPI_SUCCESS, "NcclProcessGroup (rank ",
+                rank(), "): MPI_Bcast of the ncclUniqueId failed");
+  }
+
+  auto comm = std::make_shared<Communicator>(device.index, rank(), options.timeout);
+  check_nccl(ncclCommInitRank(&comm->comm, size(), id, rank()), "ncclCommInitRank", nullptr, rank());
+  // The highest priority the device offers (the numerically lowest value): communication kernels
+  // are then scheduled ahead of compute kernels that are ready at the same time, so a bucket's
+  // all-reduce starts as soon as its gradients are, instead of queueing behind the backward pass.
+  int least_priority = 0, greatest_priority = 0;
+  cuda::check(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority),
+              "cudaDeviceGetStreamPriorityRange");
+  cuda::check(cudaStreamCreateWithPriority(&comm->stream, cudaStreamNonBlocking, greatest_priority),
+              "cudaStreamCreateWithPriority");
+
+  state_->comm = comm;
+  state_->inputs_ready = std::make_unique<cuda::Event>();
+  state_->barrier_buffer = zeros({1}, DType::f32, device);
+  state_->watchdog = std::make_unique<Watchdog>(comm);
+}
+
+NcclProcessGroup::~NcclProcessGroup() = default;
+
+void NcclProcessGroup::abort() { state_->comm->abort(); }
+
+WorkHandle NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
+  const ncclDataType_t type = reduction_type("all_reduce", tensor);
+  void* data = tensor.data_ptr();
+  const size_t count = static_cast<size_t>(tensor.numel());
+  return state_->launch(fmt::format("all_reduce({}) of {}", reduce_op_name(op), bytes_of(tensor)), "ncclAllReduce",
+                        {tensor}, /*host_waits=*/false, [&](ncclComm_t comm, cudaStream_t stream) {
+                          return ncclAllReduce(data, data, count, type, nccl_op(op), comm, stream);
+                        });
+}
+
+WorkHandle NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
+  const ncclDataType_t type = reduction_type("reduce_scatter", input);
+  const void* send = input.data_ptr();
+  void* receive = output.data_ptr();
+  const size_t receive_count = static_cast<size_t>(output.numel());
+  return state_->launch(fmt::format("reduce_scatter({}) of {}", reduce_op_name(op), bytes_of(input)),
+                        "ncclReduceScatter", {output, input}, /*host_waits=*/false,
+                        [&](ncclComm_t comm, cudaStream_t stream) {
+                          return ncclReduceScatter(send, receive, receive_count, type, nccl_op(op), comm, stream);
+                        });
+}
+
+// Gathers and broadcasts combine nothing, so they move raw bytes (ncclUint8, count in bytes): one
+// path for every dtype, FP8 included, at the same speed as a typed call.
+WorkHandle NcclProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
+  const void* send = input.data_ptr();
+  void* receive = output.data_ptr();
+  const size_t send_bytes = input.nbytes();
+  return state_->launch(fmt::format("all_gather of {}", bytes_of(output)), "ncclAllGather", {output, input},
+                        /*host_waits=*/false, [&](ncclComm_t comm, cudaStream_t stream) {
+                          return ncclAllGather(send, receive, send_bytes, ncclUint8, comm, stream);
+                        });
+}
+
+WorkHandle NcclProcessGroup::do_broadcast(const Tensor& tensor, int root) {
+  void* data = tensor.data_ptr();
+  const size_t bytes = tensor.nbytes();
+  return state_->launch(fmt::format("broadcast from {} of {}", root, bytes_of(tensor)), "ncclBroadcast", {tensor},
+                        /*host_waits=*/false, [&](ncclComm_t comm, cudaStream_t stream) {
+                          return ncclBroadcast(data, data, bytes, ncclUint8, root, comm, stream);
+                        });
+}
+
+// A one-element all-reduce: it completes on a rank only once every rank has issued it. Its wait()
+// blocks the host, as torch.distributed.barrier does.
+WorkHandle NcclProcessGroup::do_barrier() {
+  void* data = state_->barrier_buffer.data_ptr();
+  return state_->launch("barrier", "ncclAllReduce", {state_->barrier_buffer}, /*host_waits=*/true,
+                        [&](ncclComm_t comm, cudaStream_t stream) {
+                          return ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm, stream);
+                        });
+}
+
+}  // namespace octet::distributed

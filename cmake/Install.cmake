@@ -13,9 +13,9 @@ else()
   set(OCTET_PACKAGE_VERSION 0.1.0)  # until project() states a version
 endif()
 
-set(OCTET_INSTALLED_LIBRARIES octet_core octet_kernels octet_autograd octet_nn octet_optim octet_models octet_data
-    octet_training)
-set(OCTET_HEADER_FOLDERS core kernels autograd nn optim models data)
+set(OCTET_INSTALLED_LIBRARIES octet_core octet_kernels octet_autograd octet_nn octet_optim octet_distributed
+    octet_models octet_data octet_training)
+set(OCTET_HEADER_FOLDERS core kernels autograd nn optim distributed models data)
 
 # Static libraries carry their PRIVATE link dependencies into the export as link-only entries, so
 # the INTERFACE helpers they link (warning flags, cuDNN and NCCL locations) are exported with them.

@@ -1,0 +1,355 @@
+#include "distributed/mpi_process_group.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/trace.h"
+#include "distributed/launch.h"
+
+namespace octet::distributed {
+namespace {
+
+// ---- bf16 and f16 reductions ---------------------------------------------------------------------
+// MPI has no 16-bit floating types: they travel as MPI_UINT16_T and these operations add (or take
+// the max of) each pair in f32 and round once to the format, as NCCL does.
+
+template <DType D, bool Max>
+void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  constexpr int kChunk = 1024;
+  float a[kChunk], b[kChunk];
+  auto* src = static_cast<uint16_t*>(in);
+  auto* dst = static_cast<uint16_t*>(inout);
+  for (int start = 0; start < *len; start += kChunk) {
+    const int n = std::min(kChunk, *len - start);
+    convert_elements(src + start, D, a, DType::f32, n);
+    convert_elements(dst + start, D, b, DType::f32, n);
+    for (int i = 0; i < n; ++i) b[i] = Max ? (a[i] > b[i] ? a[i] : b[i]) : a[i] + b[i];
+    convert_elements(b, DType::f32, dst + start, D, n);
+  }
+}
+
+struct HalfOps {
+  MPI_Op bf16_sum, bf16_max, f16_sum, f16_max;
+  HalfOps() {
+    MPI_Op_create(&reduce_16bit<DType::bf16, false>, 1, &bf16_sum);
+    MPI_Op_create(&reduce_16bit<DType::bf16, true>, 1, &bf16_max);
+    MPI_Op_create(&reduce_16bit<DType::f16, false>, 1, &f16_sum);
+    MPI_Op_create(&reduce_16bit<DType::f16, true>, 1, &f16_max);
+  }
+};
+
+const HalfOps& half_ops() {
+  static const HalfOps ops;  // after MPI_Init (the first group's constructor); MPI frees them at finalize
+  return ops;
+}
+
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::e4m3:
+    case DType::e5m2:
+    case DType::u8: return MPI_UINT8_T;
+  }
+  OCTET_FAIL("MpiProcessGroup: no MPI type for ", dtype_name(d));
+}
+
+MPI_Op mpi_op(ReduceOp op, DType d) {
+  const bool max = op == ReduceOp::Max;  // Avg is a Sum, then a division
+  if (d == DType::bf16) return max ? half_ops().bf16_max : half_ops().bf16_sum;
+  if (d == DType::f16) return max ? half_ops().f16_max : half_ops().f16_sum;
+  return max ? MPI_MAX : MPI_SUM;
+}
+
+// Divides a host buffer of `n` elements by the world size in place (the Avg after a Sum).
+void divide(void* data, DType d, int64_t n, int world) {
+  switch (d) {
+    case DType::f32: {
+      auto* p = static_cast<float*>(data);
+      for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(world);
+      return;
+    }
+    case DType::f64: {
+      auto* p = static_cast<double*>(data);
+      for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<double>(world);
+      return;
+    }
+    case DType::i64: {
+      auto* p = static_cast<int64_t*>(data);
+      for (int64_t i = 0; i < n; ++i) p[i] /= world;
+      return;
+    }
+    default: {  // bf16, f16: through f32, one rounding
+      std::vector<float> wide(static_cast<size_t>(n));
+      convert_elements(data, d, wide.data(), DType::f32, n);
+      for (float& v : wide) v /= static_cast<float>(world);
+      convert_elements(wide.data(), DType::f32, data, d, n);
+    }
+  }
+}
+
+int checked_count(int64_t n, const char* op) {
+  OCTET_CHECK(n <= INT_MAX, op, ": ", n, " elements is more than MPI's int count allows (", INT_MAX,
+              "); split the call into smaller tensors");
+  return static_cast<int>(n);
+}
+
+// Runs a nonblocking MPI call to completion by polling, yielding, then sleeping between polls: a
+// blocking MPI collective would spin a core that backward needs while it waits for the other ranks.
+void complete(MPI_Request request) {
+  int done = 0;
+  for (int polls = 0;; ++polls) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (polls < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+// ---- the communication thread ---------------------------------------------------------------------
+
+struct Task {
+  std::function<void()> run;  // MPI calls on host buffers
+  std::string what;
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+class MpiWork : public Work {
+ public:
+  // `device_tensor` and `host` are set when a CUDA tensor was staged: the result is copied back
+  // from `host` into `device_tensor` when the work is waited on.
+  MpiWork(std::shared_ptr<Task> task, std::chrono::seconds timeout, int rank, Tensor device_tensor, Tensor host)
+      : task_(std::move(task)),
+        timeout_(timeout),
+        rank_(rank),
+        device_tensor_(std::move(device_tensor)),
+        host_(std::move(host)) {}
+
+  void wait() override {
+    wait_for_thread();
+    if (device_tensor_.defined() && !copied_back_) {
+      device_tensor_.copy_(host_);  // on the caller's current stream
+      copied_back_ = true;
+    }
+  }
+  void synchronize() override { wait(); }
+  bool is_completed() override {
+    std::lock_guard lock(task_->mutex);
+    return task_->done;
+  }
+  std::string describe() const override { return task_->what; }
+
+ private:
+  void wait_for_thread() {
+    std::unique_lock lock(task_->mutex);
+    if (!task_->finished.wait_for(lock, timeout_, [&] { return task_->done; })) {
+      lock.unlock();
+      abort_job(fmt::format("{} did not finish within {} s on rank {}: another rank has died, hangs, or issued "
+                            "different collectives",
+                            task_->what, timeout_.count(), rank_));
+    }
+    if (task_->error) std::rethrow_exception(task_->error);
+  }
+
+  std::shared_ptr<Task> task_;
+  std::chrono::seconds timeout_;
+  int rank_;
+  Tensor device_tensor_, host_;
+  bool copied_back_ = false;
+};
+
+}  // namespace
+
+struct MpiProcessGroup::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::mutex mutex;
+  std::condition_variable has_work;
+  std::deque<std::shared_ptr<Task>> queue;
+  bool stopping = false;
+  std::thread thread;
+
+  void loop() {
+    while (true) {
+      std::shared_ptr<Task> task;
+      {
+        std::unique_lock lock(mutex);
+        has_work.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping, and everything issued has run
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      const int64_t start = trace::now_us();
+      std::exception_ptr error;
+      try {
+        task->run();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (trace::enabled()) trace::complete(task->what, "comm", "comm", start, trace::now_us());
+      {
+        std::lock_guard lock(task->mutex);
+        task->done = true;
+        task->error = error;
+      }
+      task->finished.notify_all();
+    }
+  }
+};
+
+namespace {
+
+int world_rank() {
+  OCTET_CHECK(mpi_initialized(), "MpiProcessGroup: MPI is not initialised; make the group with "
+              "distributed::init_process_group under mpirun");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+}  // namespace
+
+MpiProcessGroup::MpiProcessGroup(Device device, ProcessGroupOptions options)
+    : ProcessGroup(world_rank(), world_size(), options), device_(device), state_(std::make_unique<State>()) {
+  half_ops();
+  // A communicator of its own, so this group's messages never match another group's.
+  MPI_Comm_dup(MPI_COMM_WORLD, &state_->comm);
+  state_->thread = std::thread([s = state_.get()] { s->loop(); });
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stopping = true;
+  }
+  state_->has_work.notify_all();
+  state_->thread.join();
+  if (mpi_initialized()) MPI_Comm_free(&state_->comm);
+}
+
+namespace {
+
+// The host buffer a collective works on: the tensor itself on the CPU, a host copy of a CUDA tensor
+// (made now, on the caller's stream, so it holds what the caller computed before the call).
+Tensor host_side(const Tensor& t) { return t.is_cuda() ? t.to(Device::cpu()) : t; }
+
+}  // namespace
+
+// Queues `run` for the communication thread. `result` is the tensor the caller reads afterwards:
+// when it is on a GPU, `result_host` is copied back into it by wait().
+static WorkHandle enqueue(MpiProcessGroup::State& state, std::function<void()> run, std::string what,
+                          std::chrono::seconds timeout, int rank, const Tensor& result, const Tensor& result_host) {
+  auto task = std::make_shared<Task>();
+  task->run = std::move(run);
+  task->what = std::move(what);
+  {
+    std::lock_guard lock(state.mutex);
+    state.queue.push_back(task);
+  }
+  state.has_work.notify_one();
+  return std::make_shared<MpiWork>(task, timeout, rank, result.defined() && result.is_cuda() ? result : Tensor(),
+                                   result.defined() && result.is_cuda() ? result_host : Tensor());
+}
+
+WorkHandle MpiProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
+  const Tensor host = host_side(tensor);
+  const DType d = tensor.dtype();
+  const int world = size();
+  auto run = [host, d, op, world, comm = state_->comm] {
+    // MPI counts are ints: large tensors go in slices of 2^30 elements.
+    constexpr int64_t kSlice = int64_t{1} << 30;
+    char* base = static_cast<char*>(host.data_ptr());
+    for (int64_t start = 0; start < host.numel(); start += kSlice) {
+      const int n = static_cast<int>(std::min(kSlice, host.numel() - start));
+      MPI_Request request;
+      MPI_Iallreduce(MPI_IN_PLACE, base + start * dtype_size(d), n, mpi_type(d), mpi_op(op, d), comm, &request);
+      complete(request);
+    }
+    if (op == ReduceOp::Avg) divide(host.data_ptr(), d, host.numel(), world);
+  };
+  return enqueue(*state_, run,
+                 fmt::format("all_reduce({}) of {}", reduce_op_name(op), format_bytes(double(tensor.nbytes()))),
+                 options().timeout, rank(), tensor, host);
+}
+
+WorkHandle MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
+  const Tensor host_in = host_side(input);
+  const Tensor host_out = output.is_cuda() ? empty(output.shape(), output.dtype(), Device::cpu()) : output;
+  const DType d = input.dtype();
+  const int world = size();
+  const int count = checked_count(output.numel(), "reduce_scatter");
+  auto run = [host_in, host_out, d, op, world, count, comm = state_->comm] {
+    MPI_Request request;
+    MPI_Ireduce_scatter_block(host_in.data_ptr(), host_out.data_ptr(), count, mpi_type(d), mpi_op(op, d), comm,
+                              &request);
+    complete(request);
+    if (op == ReduceOp::Avg) divide(host_out.data_ptr(), d, host_out.numel(), world);
+  };
+  return enqueue(*state_, run,
+                 fmt::format("reduce_scatter({}) of {}", reduce_op_name(op), format_bytes(double(input.nbytes()))),
+                 options().timeout, rank(), output, host_out);
+}
+
+WorkHandle MpiProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
+  const Tensor host_in = host_side(input);
+  const Tensor host_out = output.is_cuda() ? empty(output.shape(), output.dtype(), Device::cpu()) : output;
+  const int count = checked_count(input.numel(), "all_gather");
+  const MPI_Datatype type = mpi_type(input.dtype());
+  auto run = [host_in, host_out, count, type, comm = state_->comm] {
+    MPI_Request request;
+    MPI_Iallgather(host_in.data_ptr(), count, type, host_out.data_ptr(), count, type, comm, &request);
+    complete(request);
+  };
+  return enqueue(*state_, run, fmt::format("all_gather of {}", format_bytes(double(output.nbytes()))),
+                 options().timeout, rank(), output, host_out);
+}
+
+WorkHandle MpiProcessGroup::do_broadcast(const Tensor& tensor, int root) {
+  const Tensor host = host_side(tensor);
+  const int count = checked_count(tensor.numel(), "broadcast");
+  const MPI_Datatype type = mpi_type(tensor.dtype());
+  auto run = [host, count, type, root, comm = state_->comm] {
+    MPI_Request request;
+    MPI_Ibcast(host.data_ptr(), count, type, root, comm, &request);
+    complete(request);
+  };
+  return enqueue(*state_, run,
+                 fmt::format("broadcast from rank {} of {}", root, format_bytes(double(tensor.nbytes()))),
+                 options().timeout, rank(), tensor, host);
+}
+
+WorkHandle MpiProcessGroup::do_barrier() {
+  auto run = [comm = state_->comm] {
+    MPI_Request request;
+    MPI_Ibarrier(comm, &request);
+    complete(request);
+  };
+  return enqueue(*state_, run, "barrier", options().timeout, rank(), Tensor(), Tensor());
+}
+
+}  // namespace octet::distributed

@@ -1,0 +1,46 @@
+#pragma once
+// Collectives on CUDA tensors with NCCL: one GPU per rank (CUDA builds only).
+//
+// Rank 0 makes the ncclUniqueId and MPI_Bcast sends it to every rank; each then joins with
+// ncclCommInitRank on its device. At world size 1 (no mpirun) the id is made locally and no MPI is
+// involved.
+//
+// Streams: every collective runs on this group's communication stream. Before it starts, the comm
+// stream waits for an event recorded on the caller's current stream (so the inputs are ready);
+// Work::wait() makes the caller's current stream wait for an event recorded after the collective.
+// The host never blocks. The caller keeps the tensors alive until the work has been waited on
+// (DDP's buckets and FSDP's buffers are long-lived; the allocator's pool is ordered on the compute
+// stream, so a tensor freed before wait() could be reused while NCCL still reads it).
+//
+// Errors: a failed NCCL call throws naming the call and ncclGetErrorString; abort() runs
+// ncclCommAbort so that no rank stays blocked in a collective when the job ends.
+#include <memory>
+
+#include "distributed/process_group.h"
+
+namespace octet::distributed {
+
+class NcclProcessGroup : public ProcessGroup {
+ public:
+  // `device` must be a CUDA device; rank/size from MPI when MPI is initialised, else 0/1.
+  NcclProcessGroup(Device device, ProcessGroupOptions options = {});
+  ~NcclProcessGroup() override;
+  std::string backend() const override { return "nccl"; }
+  Device device() const override { return device_; }
+  void abort() override;
+
+  struct State;  // the communicator, stream and events (CUDA types stay out of this header)
+
+ protected:
+  WorkHandle do_all_reduce(const Tensor& tensor, ReduceOp op) override;
+  WorkHandle do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override;
+  WorkHandle do_all_gather(const Tensor& output, const Tensor& input) override;
+  WorkHandle do_broadcast(const Tensor& tensor, int root) override;
+  WorkHandle do_barrier() override;
+
+ private:
+  Device device_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace octet::distributed

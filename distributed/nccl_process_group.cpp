@@ -85,7 +85,9 @@ int world_size() {
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;  // floats: each rank's input scaled by 1/N, then summed
+    // NCCL scales each float input by float(1/N) before summing (bf16: 1/N rounded to bf16), and
+    // sums integers before dividing by N.
+    case ReduceOp::Avg: return ncclAvg;
     case ReduceOp::Max: return ncclMax;
   }
   OCTET_FAIL("NcclProcessGroup: unknown reduce op ", static_cast<int>(op));

@@ -13,25 +13,30 @@ std::shared_ptr<const Dataset> require_dataset(std::shared_ptr<const Dataset> da
   return dataset;
 }
 
+// Checked before the sampler is built, so that errors name the loader's options.
+const LoaderOptions& require_valid(const LoaderOptions& options, const Dataset& dataset) {
+  OCTET_CHECK(options.batch_size > 0, "DataLoader: batch_size is ", options.batch_size,
+              "; it must be positive (items per rank per step)");
+  OCTET_CHECK(options.threads >= 1, "DataLoader: threads is ", options.threads, "; use 1 or more");
+  OCTET_CHECK(options.prefetch >= 0, "DataLoader: prefetch is ", options.prefetch,
+              "; use 0 (no thread) or a positive number of batches");
+  const int64_t global = options.batch_size * std::max(options.world_size, 1);
+  OCTET_CHECK(!options.drop_last || dataset.size() >= global, "DataLoader: world_size ", options.world_size,
+              " x batch_size ", options.batch_size, " = ", global, " items per global batch, but the dataset has only ",
+              dataset.size(), ", not enough for one batch with drop_last; lower batch_size, use fewer ranks, or set "
+              "drop_last = false");
+  return options;
+}
+
 }  // namespace
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(require_dataset(std::move(dataset))),
-      options_(options),
-      sampler_(dataset_->size(), options.rank, options.world_size, options.shuffle, options.seed,
-               options.drop_last),
-      image_shape_(dataset_->image_shape()) {
-  OCTET_CHECK(options_.batch_size > 0, "DataLoader: batch_size is ", options_.batch_size, "; it must be positive");
-  OCTET_CHECK(options_.threads >= 1, "DataLoader: threads is ", options_.threads, "; use 1 or more");
-  OCTET_CHECK(options_.prefetch >= 0, "DataLoader: prefetch is ", options_.prefetch,
-              "; use 0 (no thread) or a positive number of batches");
-  const int64_t samples = sampler_.num_samples();
-  batches_per_epoch_ = options_.drop_last ? samples / options_.batch_size
-                                          : (samples + options_.batch_size - 1) / options_.batch_size;
-  OCTET_CHECK(batches_per_epoch_ > 0, "DataLoader: rank ", options_.rank, " of ", options_.world_size, " gets ",
-              samples, " of the dataset's ", dataset_->size(), " items, not enough for one batch of ",
-              options_.batch_size, " with drop_last; lower batch_size or set drop_last = false");
-}
+      options_(require_valid(options, *dataset_)),
+      sampler_(dataset_->size(), options_.rank, options_.world_size, options_.batch_size, options_.shuffle,
+               options_.seed, options_.drop_last),
+      batches_per_epoch_(sampler_.batches_per_epoch()),
+      image_shape_(dataset_->image_shape()) {}
 
 DataLoader::~DataLoader() { stop_worker(); }
 
@@ -40,8 +45,9 @@ DataLoader::State DataLoader::after(State at) const {
 }
 
 Batch DataLoader::assemble(State at, const std::vector<int64_t>& order) const {
+  // order holds this rank's batches back to back, all full but the last.
   const int64_t first = at.batch * options_.batch_size;
-  const int64_t count = std::min<int64_t>(options_.batch_size, static_cast<int64_t>(order.size()) - first);
+  const int64_t count = sampler_.batch_count(at.batch);
   Shape shape{count};
   shape.insert(shape.end(), image_shape_.begin(), image_shape_.end());
   Batch batch{empty(shape, DType::f32), empty({count}, DType::i64), at.epoch, at.batch};

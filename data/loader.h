@@ -1,15 +1,21 @@
 #pragma once
-// Batches for a training or evaluation loop. A DataLoader deals this rank's share of each epoch
-// (DistributedSampler) into batches of f32 images [B, C, H, W] and i64 labels [B], assembled by a
-// background thread that stays up to `prefetch` batches ahead. It runs forever: after the last
-// batch of epoch e, next() returns the first batch of e + 1.
+// Batches for a training or evaluation loop. A DataLoader reads this rank's share of each epoch
+// (DistributedSampler: each global batch of world_size x batch_size items split in rank order)
+// into batches of f32 images [B, C, H, W] and i64 labels [B], assembled by a background thread that
+// stays up to `prefetch` batches ahead. It runs forever: after the last batch of epoch e, next()
+// returns the first batch of e + 1. Every rank has the same batches_per_epoch(), and rank r's batch
+// b, concatenated over the ranks in rank order, is batch b of a world-1 loader with batch size
+// world_size x batch_size.
 //
 // Every batch is a pure function of (options, epoch, batch index), so state()/set_state() resume a
 // run exactly: the batches after set_state(s) are bit for bit those an uninterrupted loader would
-// have returned after reaching s.
+// have returned after reaching s. A state names a global batch, so it also carries over between
+// rank layouts with the same world_size x batch_size (saved by 1 x 64, resumed by 2 x 32).
 //
-// Evaluation: shuffle = false, drop_last = false (the last batch is short), and read exactly
-// batches_per_epoch() batches.
+// Evaluation: shuffle = false, drop_last = false, and read exactly batches_per_epoch() batches. The
+// last batch is short, and with several ranks it may be EMPTY on the higher ranks (images
+// [0, C, H, W], labels [0]): every item is read once over all ranks, none twice. Skip empty batches
+// and reduce sums and counts, not per-rank means, across ranks.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -27,18 +33,17 @@
 namespace octet::data {
 
 struct Batch {
-  Tensor images;  // f32 [B, C, H, W]
+  Tensor images;  // f32 [B, C, H, W]; B may be below batch_size in an epoch's last batch, even 0
   Tensor labels;  // i64 [B]
   int64_t epoch = 0;
   int64_t index = 0;  // the batch's position in its epoch
 };
 
 struct LoaderOptions {
-  int64_t batch_size = 128;
+  int64_t batch_size = 128;  // per rank: a step reads world_size x batch_size items over all ranks
   bool shuffle = true;
-  // Drops both the sampler's remainder (so no rank reads a wrapped-around duplicate) and the
-  // short last batch. Without it the sampler pads by wrapping, as PyTorch does, and the last batch
-  // may be short.
+  // Drops the epoch's last partial global batch, so every batch is full. Without it the last batch
+  // is short (possibly empty on higher ranks); nothing is padded or read twice.
   bool drop_last = true;
   uint64_t seed = 0;
   int rank = 0;
@@ -91,7 +96,7 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;
   DistributedSampler sampler_;
-  int64_t batches_per_epoch_;
+  int64_t batches_per_epoch_;  // the sampler's, the same on every rank
   Shape image_shape_;
 
   mutable std::mutex mutex_;

@@ -1,5 +1,6 @@
 #include "data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -28,13 +29,30 @@ std::vector<int64_t> random_permutation(int64_t n, uint64_t seed, int64_t epoch)
   return perm;
 }
 
-DistributedSampler::DistributedSampler(int64_t size, int rank, int world, bool shuffle, uint64_t seed,
-                                       bool drop_last)
-    : size_(size), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed) {
+DistributedSampler::DistributedSampler(int64_t size, int rank, int world, int64_t batch_size, bool shuffle,
+                                       uint64_t seed, bool drop_last)
+    : size_(size), rank_(rank), world_(world), batch_size_(batch_size), shuffle_(shuffle), seed_(seed) {
   OCTET_CHECK(size_ > 0, "DistributedSampler: the dataset is empty (size ", size_, "); give it at least one item");
   OCTET_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "DistributedSampler: rank ", rank_, " of world size ",
               world_, " is invalid; need world >= 1 and 0 <= rank < world");
-  num_samples_ = drop_last ? size_ / world_ : (size_ + world_ - 1) / world_;
+  OCTET_CHECK(batch_size_ >= 1, "DistributedSampler: batch_size is ", batch_size_,
+              "; it must be positive (items per rank per step)");
+  const int64_t global = global_batch_size();
+  batches_per_epoch_ = drop_last ? size_ / global : (size_ + global - 1) / global;
+  OCTET_CHECK(batches_per_epoch_ > 0, "DistributedSampler: drop_last with world size ", world_, " and batch_size ",
+              batch_size_, " needs one global batch of ", world_, " x ", batch_size_, " = ", global,
+              " items, but the dataset has only ", size_, "; lower the batch size, use fewer ranks, or set drop_last = "
+              "false");
+  num_samples_ = (batches_per_epoch_ - 1) * batch_size_ + batch_count(batches_per_epoch_ - 1);
+}
+
+int64_t DistributedSampler::batch_count(int64_t batch) const {
+  OCTET_CHECK(batch >= 0 && batch < batches_per_epoch_, "DistributedSampler::batch_count: batch ", batch,
+              " is outside the epoch's ", batches_per_epoch_, " batches");
+  // What is left of the order from this rank's slice of the global batch on, at most one slice:
+  // B for every batch but a short last one, where ranks past the remainder get nothing.
+  const int64_t first = batch * global_batch_size() + rank_ * batch_size_;
+  return std::clamp<int64_t>(size_ - first, 0, batch_size_);
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
@@ -46,10 +64,14 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
     order.resize(static_cast<size_t>(size_));
     std::iota(order.begin(), order.end(), int64_t{0});
   }
-  // Position p of the padded (or trimmed) order is order[p mod size]: padding wraps around, as
-  // many times as needed when the world is larger than the dataset.
-  std::vector<int64_t> mine(static_cast<size_t>(num_samples_));
-  for (int64_t k = 0; k < num_samples_; ++k) mine[k] = order[(rank_ + k * world_) % size_];
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(num_samples_));
+  for (int64_t b = 0; b < batches_per_epoch_; ++b) {
+    const int64_t count = batch_count(b);
+    if (count == 0) continue;  // an empty last batch: its slice starts past the end of the order
+    const int64_t first = b * global_batch_size() + rank_ * batch_size_;
+    mine.insert(mine.end(), order.begin() + first, order.begin() + first + count);
+  }
   return mine;
 }
 

@@ -1,10 +1,13 @@
-// DataLoader: batch contents are the dataset's items in the sampler's order, epochs follow one
-// another, state()/set_state() resume bit for bit, evaluation reads a short last batch, worker
-// errors reach the caller, and destruction never waits on the queue.
+// DataLoader: batch contents are the dataset's items in the sampler's order, ranks together read
+// the single-process global batch bit for bit, epochs follow one another, state()/set_state() resume
+// bit for bit, evaluation reads a short (or, on high ranks, empty) last batch, worker errors reach
+// the caller, and destruction never waits on the queue.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -45,7 +48,9 @@ void expect_same_batch(const Batch& a, const Batch& b) {
   EXPECT_EQ(a.epoch, b.epoch);
   EXPECT_EQ(a.index, b.index);
   ASSERT_EQ(a.images.shape(), b.images.shape());
-  EXPECT_EQ(std::memcmp(a.images.data<float>(), b.images.data<float>(), a.images.nbytes()), 0);
+  if (a.images.nbytes() > 0) {
+    EXPECT_EQ(std::memcmp(a.images.data<float>(), b.images.data<float>(), a.images.nbytes()), 0);
+  }
   EXPECT_EQ(a.labels.to_vector<int64_t>(), b.labels.to_vector<int64_t>());
 }
 
@@ -62,9 +67,8 @@ TEST(DataLoader, BatchesFollowTheSamplerAcrossEpochsOnEveryRank) {
                             .world_size = world,
                             .prefetch = 2};
       DataLoader loader(ds, options);
-      const DistributedSampler sampler(22, rank, world, true, 5, true);
-      const int64_t per_rank = 22 / world;
-      ASSERT_EQ(loader.batches_per_epoch(), per_rank / 3);
+      const DistributedSampler sampler(22, rank, world, 3, true, 5, true);
+      ASSERT_EQ(loader.batches_per_epoch(), world == 1 ? 7 : 2);  // floor(22 / (world x 3))
       for (int64_t epoch = 0; epoch < 3; ++epoch) {
         const std::vector<int64_t> order = sampler.indices(epoch);
         for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
@@ -80,6 +84,108 @@ TEST(DataLoader, BatchesFollowTheSamplerAcrossEpochsOnEveryRank) {
   }
 }
 
+// Ranks' batch b, concatenated in rank order, against batch b of one process reading world x B.
+void expect_ranks_join_into(const std::vector<Batch>& parts, const Batch& whole) {
+  int64_t at = 0;
+  const int64_t image_numel = whole.images.numel() / std::max<int64_t>(whole.labels.numel(), 1);
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const Batch& part = parts[r];
+    EXPECT_EQ(part.epoch, whole.epoch);
+    EXPECT_EQ(part.index, whole.index);
+    const int64_t count = part.labels.numel();
+    ASSERT_EQ(part.images.shape()[0], count);
+    ASSERT_LE(at + count, whole.labels.numel()) << "rank " << r;
+    for (int64_t k = 0; k < count; ++k)
+      EXPECT_EQ(part.labels.data<int64_t>()[k], whole.labels.data<int64_t>()[at + k]) << "rank " << r << " item " << k;
+    if (count > 0) {
+      EXPECT_EQ(std::memcmp(part.images.data<float>(), whole.images.data<float>() + at * image_numel,
+                            count * image_numel * sizeof(float)),
+                0)
+          << "rank " << r << "'s images";
+    }
+    at += count;
+  }
+  EXPECT_EQ(at, whole.labels.numel()) << "the ranks' batches together are shorter than the global batch";
+}
+
+TEST(DataLoader, RanksTogetherReadTheSingleProcessBatches) {
+  for (int world : {2, 3, 4}) {
+    for (int64_t batch_size : {1, 3, 4}) {
+      for (int64_t size : {23, 37}) {
+        for (bool drop_last : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << "world " << world << " B " << batch_size << " size " << size
+                                            << " drop_last " << drop_last);
+          auto ds = small_dataset(size);
+          DataLoader single(ds, {.batch_size = world * batch_size, .shuffle = true, .drop_last = drop_last,
+                                 .seed = 21, .prefetch = 0});
+          std::vector<std::unique_ptr<DataLoader>> ranks;
+          for (int r = 0; r < world; ++r) {
+            // Odd ranks assemble in next(), even ones on the prefetch thread: the batches are the same.
+            ranks.push_back(std::make_unique<DataLoader>(
+                ds, LoaderOptions{.batch_size = batch_size, .shuffle = true, .drop_last = drop_last, .seed = 21,
+                                  .rank = r, .world_size = world, .prefetch = r % 2 == 0 ? 2 : 0}));
+            ASSERT_EQ(ranks.back()->batches_per_epoch(), single.batches_per_epoch()) << "rank " << r;
+          }
+          // Two epochs and a bit: the second is a new permutation.
+          for (int64_t step = 0; step < 2 * single.batches_per_epoch() + 1; ++step) {
+            std::vector<Batch> parts;
+            for (auto& rank : ranks) parts.push_back(rank->next());
+            expect_ranks_join_into(parts, single.next());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DataLoader, StateCarriesOverBetweenRankLayoutsWithTheSameGlobalBatch) {
+  auto ds = small_dataset(37);
+  DataLoader single(ds, {.batch_size = 6, .shuffle = true, .drop_last = true, .seed = 4, .prefetch = 0});
+  ASSERT_EQ(single.batches_per_epoch(), 6);
+  for (int i = 0; i < 8; ++i) single.next();
+  const DataLoader::State saved = single.state();  // epoch 1, batch 2
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "resumed by " << world << " x " << 6 / world);
+    std::vector<std::unique_ptr<DataLoader>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<DataLoader>(
+          ds, LoaderOptions{.batch_size = 6 / world, .shuffle = true, .drop_last = true, .seed = 4, .rank = r,
+                            .world_size = world}));
+      ranks.back()->set_state(saved);
+    }
+    DataLoader reference(ds, single.options());
+    reference.set_state(saved);
+    for (int step = 0; step < 5; ++step) {
+      std::vector<Batch> parts;
+      for (auto& rank : ranks) parts.push_back(rank->next());
+      expect_ranks_join_into(parts, reference.next());
+    }
+  }
+}
+
+TEST(DataLoader, EvaluationAcrossRanksReadsEveryItemOnceWithEmptyLastBatches) {
+  // 10 items over 4 ranks x 2: global batches of 8, then 2 items that all go to rank 0.
+  auto ds = small_dataset(10);
+  const std::vector<std::vector<std::vector<int64_t>>> expected{
+      {{0, 1}, {8, 9}}, {{2, 3}, {}}, {{4, 5}, {}}, {{6, 7}, {}}};
+  for (int prefetch : {0, 2}) {
+    for (int r = 0; r < 4; ++r) {
+      SCOPED_TRACE(::testing::Message() << "rank " << r << " prefetch " << prefetch);
+      DataLoader loader(ds, {.batch_size = 2, .shuffle = false, .drop_last = false, .rank = r, .world_size = 4,
+                             .prefetch = prefetch});
+      ASSERT_EQ(loader.batches_per_epoch(), 2);
+      for (int64_t b = 0; b < 2; ++b) {
+        const Batch batch = loader.next();
+        EXPECT_EQ(batch.index, b);
+        expect_batch_holds(batch, *ds, expected[r][b]);  // checks the [0, 2, 3, 3] and [0] shapes too
+      }
+      const Batch again = loader.next();  // the next epoch starts over
+      EXPECT_EQ(again.epoch, 1);
+      expect_batch_holds(again, *ds, expected[r][0]);
+    }
+  }
+}
+
 TEST(DataLoader, EpochsComeInDifferentOrders) {
   DataLoader loader(small_dataset(), {.batch_size = 22, .shuffle = true, .drop_last = true, .seed = 1});
   ASSERT_EQ(loader.batches_per_epoch(), 1);
@@ -90,34 +196,44 @@ TEST(DataLoader, EpochsComeInDifferentOrders) {
 }
 
 TEST(DataLoader, SetStateResumesBitForBit) {
-  auto ds = small_dataset();
-  const LoaderOptions options{.batch_size = 4, .shuffle = true, .drop_last = false, .seed = 9, .prefetch = 3};
-  DataLoader original(ds, options);
-  const int64_t bpe = original.batches_per_epoch();
-  ASSERT_EQ(bpe, 6);  // 22 items: five full batches and one of 2
-  for (int i = 0; i < 7; ++i) original.next();
-  const DataLoader::State saved = original.state();
-  EXPECT_EQ(saved.epoch, 1);
-  EXPECT_EQ(saved.batch, 1);
-  std::vector<Batch> expected;
-  for (int i = 0; i < 13; ++i) expected.push_back(original.next());
+  struct Case {
+    int64_t size;
+    int rank, world;
+    int64_t batches_per_epoch;
+  };
+  // One process: 22 items, five full batches of 4 and one of 2. Rank 2 of 3: 17 items in global
+  // batches of 12, so its last batch is empty (ranks 0 and 1 take the remaining 5).
+  for (const Case c : {Case{22, 0, 1, 6}, Case{17, 2, 3, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "rank " << c.rank << " of " << c.world);
+    auto ds = small_dataset(c.size);
+    const LoaderOptions options{.batch_size = 4, .shuffle = true, .drop_last = false, .seed = 9, .rank = c.rank,
+                                .world_size = c.world, .prefetch = 3};
+    DataLoader original(ds, options);
+    ASSERT_EQ(original.batches_per_epoch(), c.batches_per_epoch);
+    for (int i = 0; i < 7; ++i) original.next();
+    const DataLoader::State saved = original.state();
+    EXPECT_EQ(saved.epoch, 7 / c.batches_per_epoch);
+    EXPECT_EQ(saved.batch, 7 % c.batches_per_epoch);
+    std::vector<Batch> expected;
+    for (int i = 0; i < 13; ++i) expected.push_back(original.next());
 
-  // A fresh loader (as after a restart), a synchronous one, one with several assembly threads, and
-  // the original rewound with a full queue.
-  DataLoader fresh(ds, options);
-  fresh.set_state(saved);
-  LoaderOptions sync_options = options, threaded_options = options;
-  sync_options.prefetch = 0;
-  threaded_options.threads = 3;
-  DataLoader sync(ds, sync_options), threaded(ds, threaded_options);
-  sync.set_state(saved);
-  threaded.set_state(saved);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the original's queue fill
-  original.set_state(saved);
-  for (DataLoader* loader : {&fresh, &sync, &threaded, &original}) {
-    EXPECT_EQ(loader->state().epoch, 1);
-    EXPECT_EQ(loader->state().batch, 1);
-    for (const Batch& want : expected) expect_same_batch(loader->next(), want);
+    // A fresh loader (as after a restart), a synchronous one, one with several assembly threads, and
+    // the original rewound with a full queue.
+    DataLoader fresh(ds, options);
+    fresh.set_state(saved);
+    LoaderOptions sync_options = options, threaded_options = options;
+    sync_options.prefetch = 0;
+    threaded_options.threads = 3;
+    DataLoader sync(ds, sync_options), threaded(ds, threaded_options);
+    sync.set_state(saved);
+    threaded.set_state(saved);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the original's queue fill
+    original.set_state(saved);
+    for (DataLoader* loader : {&fresh, &sync, &threaded, &original}) {
+      EXPECT_EQ(loader->state().epoch, saved.epoch);
+      EXPECT_EQ(loader->state().batch, saved.batch);
+      for (const Batch& want : expected) expect_same_batch(loader->next(), want);
+    }
   }
 }
 
@@ -197,7 +313,13 @@ TEST(DataLoader, RejectsBadOptionsAndStates) {
   EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 4, .prefetch = -1}); }, {"prefetch is -1"}));
   EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 4, .threads = 0}); }, {"threads is 0"}));
   EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 8, .drop_last = true, .world_size = 4}); },
-                          {"gets 5", "one batch of 8", "drop_last"}));
+                          {"world_size 4 x batch_size 8 = 32", "has only 22", "drop_last = false"}));
+  EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = 4, .rank = 4, .world_size = 4}); },
+                          {"rank 4", "world size 4"}));
+  EXPECT_TRUE(throws_with([&] { DataLoader(ds, {.batch_size = -1}); }, {"batch_size is -1"}));
+  // The same options without drop_last are fine: one short batch per rank (empty on rank 3).
+  EXPECT_EQ(DataLoader(ds, {.batch_size = 8, .drop_last = false, .rank = 3, .world_size = 4}).next().labels.numel(),
+            0);
   DataLoader loader(ds, {.batch_size = 4});
   EXPECT_TRUE(throws_with([&] { loader.set_state({0, 5}); }, {"set_state", "0 <= batch < 5"}));
   EXPECT_TRUE(throws_with([&] { loader.set_state({-1, 0}); }, {"set_state", "epoch >= 0"}));

@@ -1,0 +1,70 @@
+// The program behind fault_test.sh: one rank throws while the others wait in a collective that can
+// never finish without it. run_rank_main must end the whole job (MPI_Abort), naming the rank and the
+// exception, long before the group's collective timeout (300 s by default) would.
+//
+//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast
+//
+// broadcast uses the failing rank as its root, so the others wait on the rank that died.
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "core/tensor.h"
+#include "distributed/launch.h"
+#include "distributed/process_group.h"
+
+namespace {
+
+using namespace octet;
+using namespace octet::distributed;
+
+int usage(const char* program) {
+  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast\n", program);
+  return 2;
+}
+
+int run(int failing_rank, const std::string& stuck_in) {
+  // The default options on purpose: their timeout is far beyond the 60 s the job has to end in,
+  // so only the failing rank's abort can end it in time.
+  const std::shared_ptr<ProcessGroup> group = init_process_group(Device::cpu(), Backend::Mpi);
+  const int rank = group->rank(), n = group->size();
+  if (failing_rank < 0 || failing_rank >= n) {
+    throw std::invalid_argument("FAILING_RANK " + std::to_string(failing_rank) + " is not a rank of " +
+                                std::to_string(n));
+  }
+
+  // A few healthy steps first, so the failure comes in the middle of a working job.
+  for (int step = 0; step < 3; ++step) {
+    const Tensor t = full({1001}, rank + 1.0);
+    group->all_reduce(t, ReduceOp::Sum)->wait();
+    const double expected = n * (n + 1) / 2.0;
+    for (double v : t.to_vector<double>()) {
+      if (v != expected) throw std::runtime_error("a healthy all_reduce gave " + std::to_string(v));
+    }
+  }
+
+  if (rank == failing_rank) throw std::runtime_error("injected failure");
+
+  const Tensor t = full({1001}, rank + 1.0);
+  if (stuck_in == "all_reduce") {
+    group->all_reduce(t)->wait();
+  } else if (stuck_in == "broadcast") {
+    group->broadcast(t, failing_rank)->wait();
+  } else {
+    group->barrier()->wait();
+  }
+  std::fprintf(stderr, "rank %d: the %s finished without rank %d: the fault was not handled\n", rank,
+               stuck_in.c_str(), failing_rank);
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) return usage(argv[0]);
+  const std::string stuck_in = argv[2];
+  if (stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast") return usage(argv[0]);
+  const int failing_rank = std::atoi(argv[1]);
+  return run_rank_main([&] { return run(failing_rank, stuck_in); });
+}

@@ -2,13 +2,18 @@
 // never finish without it. run_rank_main must end the whole job (MPI_Abort), naming the rank and the
 // exception, long before the group's collective timeout (300 s by default) would.
 //
-//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast
+//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast|in_flight
 //
 // broadcast uses the failing rank as its root, so the others wait on the rank that died.
+// in_flight: the failing rank throws with an all_reduce issued but not waited on (a DDP bucket in
+// flight during backward), which the others join only 2 s later; its group is destroyed while the
+// exception unwinds, and that must not keep the job from ending.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "core/tensor.h"
 #include "distributed/launch.h"
@@ -20,7 +25,7 @@ using namespace octet;
 using namespace octet::distributed;
 
 int usage(const char* program) {
-  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast\n", program);
+  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast|in_flight\n", program);
   return 2;
 }
 
@@ -44,10 +49,18 @@ int run(int failing_rank, const std::string& stuck_in) {
     }
   }
 
-  if (rank == failing_rank) throw std::runtime_error("injected failure");
-
   const Tensor t = full({1001}, rank + 1.0);
-  if (stuck_in == "all_reduce") {
+  if (stuck_in == "in_flight") {
+    if (rank == failing_rank) {
+      const WorkHandle in_flight = group->all_reduce(t);
+      throw std::runtime_error("injected failure");
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    group->all_reduce(t)->wait();
+    group->barrier()->wait();  // never completes: the failing rank is gone
+  } else if (rank == failing_rank) {
+    throw std::runtime_error("injected failure");
+  } else if (stuck_in == "all_reduce") {
     group->all_reduce(t)->wait();
   } else if (stuck_in == "broadcast") {
     group->broadcast(t, failing_rank)->wait();
@@ -64,7 +77,9 @@ int run(int failing_rank, const std::string& stuck_in) {
 int main(int argc, char** argv) {
   if (argc != 3) return usage(argv[0]);
   const std::string stuck_in = argv[2];
-  if (stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast") return usage(argv[0]);
+  if (stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast" && stuck_in != "in_flight") {
+    return usage(argv[0]);
+  }
   const int failing_rank = std::atoi(argv[1]);
   return run_rank_main([&] { return run(failing_rank, stuck_in); });
 }

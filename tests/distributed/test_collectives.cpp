@@ -82,6 +82,24 @@ TEST(AllReduce, Bf16SumStaysWithinTheRoundingBound) {
   }
 }
 
+// Data-parallel replicas stay identical only if every rank gets the very same bits, whatever order
+// the backend added the terms in on each rank.
+TEST(AllReduce, EveryRankGetsTheSameBits) {
+  uint64_t salt = 1500;
+  for (DType dtype : kFloatingDtypes) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      SCOPED_TRACE(case_name(dtype, 4099, distributed::reduce_op_name(op)));
+      const Tensor tensor = rank_input(my_rank(), {4099}, dtype, ++salt);
+      world().all_reduce(tensor, op)->wait();
+      const Tensor everyones = sentinel({world_size() * 4099}, dtype);
+      world().all_gather(everyones, tensor)->wait();
+      for (int r = 0; r < world_size(); ++r) {
+        EXPECT_TRUE(equals_exactly(everyones.narrow(r * 4099, 4099), tensor)) << "rank " << r << " differs from rank " << my_rank();
+      }
+    }
+  }
+}
+
 TEST(AllReduce, InPlaceOnAViewLeavesTheRestOfTheStorageAlone) {
   const Tensor base = rank_input(my_rank(), {3, 1001}, DType::f32, 55);
   const Tensor before = base.clone();

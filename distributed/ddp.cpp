@@ -30,6 +30,7 @@ struct DistributedDataParallel::State {
   int next_to_launch = 0;     // buckets [0, next_to_launch) are launched
   bool pass_active = false;   // a synchronised backward has started and not finished
   bool sync = true;           // false inside no_sync()
+  bool overlap = true;        // launch buckets during backward (DdpOptions::overlap)
 
   void begin_pass() {
     pass_active = true;
@@ -58,7 +59,7 @@ struct DistributedDataParallel::State {
     Bucket& b = buckets[s.bucket];
     b.flat.narrow(s.offset, s.parameter.numel()).copy_(s.parameter.grad().flatten());
     --b.pending;
-    launch_ready();
+    if (overlap) launch_ready();
   }
 
   void finalize() {
@@ -143,6 +144,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // Buckets in reverse registration order.
   State& s = *state_;
   s.group = group_;
+  s.overlap = options.overlap;
   const size_t element = dtype_size(options.reduce_dtype);
   double cap = options.first_bucket_cap_mb * 1e6;
   std::vector<std::vector<int>> members(1);

@@ -43,6 +43,9 @@ struct DdpOptions {
   DType reduce_dtype = DType::f32;
   // Whether to broadcast rank 0's parameters and buffers when wrapping (so every rank starts equal).
   bool broadcast_on_wrap = true;
+  // false holds every bucket back until backward has finished, then reduces them all: the same
+  // result with no overlap, to measure what the overlap hides (bench/bench_ddp.cpp).
+  bool overlap = true;
 };
 
 class DistributedDataParallel {

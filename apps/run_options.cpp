@@ -6,6 +6,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "distributed/launch.h"
 #include "nn/fp8_linear.h"
 
 namespace octet {
@@ -62,13 +63,32 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (default: at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--resume", o.resume, "continue from a checkpoint folder (or a --checkpoint-dir: its latest)");
+  app.add_option("--parallel", o.parallel,
+                 "none, or ddp: data parallel over the ranks mpirun starts (--batch-size is per rank)")
+      ->check(CLI::IsMember({"none", "ddp"}))->capture_default_str();
+  app.add_option("--dist-backend", o.dist_backend, "auto (nccl on GPUs, mpi on the CPU), nccl or mpi (several "
+                 "ranks may share a GPU over mpi)")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size (the first bucket is 1 MB)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype, "dtype DDP all-reduces gradients in: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  app.add_option("--trace", o.trace, "write a Chrome trace (open it in ui.perfetto.dev) of --trace-steps steps to "
+                 "this file; with several ranks, one file per rank: trace.json -> trace.rank0.json, ...");
+  app.add_option("--trace-steps", o.trace_steps, "steps the trace records, after one untraced warm-up step")
+      ->check(CLI::PositiveNumber)->capture_default_str();
 }
 
 void check_run_options(RunOptions& o) {
   OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp8", "--precision ", o.precision,
               ": not a precision Octet trains in; pass fp32, bf16 or fp8");
   check_fp8_options(o.precision, o.fp8);
-  if (o.device == "auto") o.device = cuda::is_available() ? "cuda:0" : "cpu";
+  const distributed::LaunchInfo launch = distributed::launch_info();
+  o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;
+  OCTET_CHECK(o.world_size == 1 || o.parallel != "none", "mpirun started ", o.world_size, " ranks but --parallel is "
+              "none, so each would train alone on the same data; pass --parallel ddp");
+  // One GPU per rank: the local rank's.
+  if (o.device == "auto") o.device = cuda::is_available() ? fmt::format("cuda:{}", launch.local_rank) : "cpu";
   Device device;
   try {
     device = Device::parse(o.device);
@@ -86,7 +106,11 @@ void check_run_options(RunOptions& o) {
   o.device = device.str();  // "cpu" or "cuda:N", as checkpoints record it
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
               "--checkpoint-every needs --checkpoint-dir DIR to say where checkpoints go");
-  if (o.threads == 0) o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The ranks on a node share its cores: more threads than cores makes OpenMP teams spin against
+  // each other.
+  if (o.threads == 0) {
+    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch.local_world_size);
+  }
 }
 
 std::map<std::string, std::string> run_flags(const RunOptions& o) {
@@ -108,7 +132,10 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"precision", o.precision},
           {"device", o.device},
           {"seed", std::to_string(o.seed)},
-          {"threads", std::to_string(o.threads)}};
+          {"threads", std::to_string(o.threads)},
+          {"parallel", o.parallel},
+          {"world_size", std::to_string(o.world_size)},
+          {"reduce_dtype", o.reduce_dtype}};
   if (o.precision == "fp8") {
     flags["fp8_recipe"] = o.fp8.recipe;
     flags["fp8_margin"] = std::to_string(o.fp8.margin);

@@ -39,6 +39,16 @@ struct RunOptions {
   int64_t log_every = 50, eval_every = 0;  // eval_every 0 = at the end of every epoch
   std::string metrics, checkpoint_dir, resume;
   int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint-dir is set)
+
+  // Data parallelism (mpirun -np N train_vit --parallel ddp): --batch-size is per rank.
+  std::string parallel = "none";     // or "ddp"
+  std::string dist_backend = "auto";  // nccl on a GPU, mpi on the CPU
+  double bucket_cap_mb = 25;
+  std::string reduce_dtype = "f32";  // or "bf16": the dtype DDP all-reduces gradients in
+  std::string trace;                 // Chrome trace file; ".rank<r>" goes before the extension
+  int64_t trace_steps = 3;           // steps recorded, after a first untraced one
+  // Filled by check_run_options from mpirun's environment (1/0 without it).
+  int world_size = 1, rank = 0, local_rank = 0;
 };
 
 void add_run_flags(CLI::App& app, RunOptions& options);

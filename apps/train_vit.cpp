@@ -6,6 +6,7 @@
 //   build/bin/train_vit --steps 200 --resume ckpt          continues bitwise-exactly from ckpt/latest
 //   build/bin/train_vit --device cuda --precision bf16     on the first GPU, bf16 with f32 master weights
 //   build/bin/train_vit --precision fp8 --fp8-recipe delayed --fp8-amax-history 16   FP8 GEMMs in the blocks
+//   mpirun -np 4 build/bin/train_vit --parallel ddp --batch-size 32   data parallel: 4 × 32 images per step
 //
 // The step reads top to bottom: next batch, forward, loss, backward, clip, schedule, optimizer step.
 #include <CLI/CLI.hpp>
@@ -26,13 +27,17 @@
 #include "core/random.h"
 #include "data/device_prefetcher.h"
 #include "data/loader.h"
+#include "distributed/ddp.h"
+#include "distributed/launch.h"
 #include "kernels/elementwise.h"
 #include "kernels/optimizers.h"
 #include "kernels/reduce.h"
 #include "kernels/threads.h"
 #include "models/vit.h"
 #include "nn/fp8.h"
+#include "core/trace.h"
 #include "nn/layers.h"
+#include "nn/module_trace.h"
 #include "optim/optim.h"
 
 using namespace octet;
@@ -176,13 +181,17 @@ struct EvalResult {
 // Under --precision fp8 this runs outside any Fp8Autocast scope, as a plain bf16 forward: evaluation
 // then never touches the FP8 scaling state (amax histories, scales), so how often a run evaluates
 // cannot change its training.
-EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, Device device) {
+// Under data parallelism each rank evaluates its share of the test set (a rank's last batch may be
+// empty) and the counts are summed over the ranks.
+EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, Device device,
+                    distributed::ProcessGroup* group) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, seen = 0;
   double loss_sum = 0;
   for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
     const data::Batch batch = loader.next();
+    if (batch.labels.numel() == 0) continue;
     const Tensor logits = model(batch.images.to(device));
     const int64_t n = batch.labels.numel();
     loss_sum += cross_entropy(logits, batch.labels.to(device)).item() * static_cast<double>(n);
@@ -194,6 +203,13 @@ EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, 
     seen += n;
   }
   model.train();
+  if (group != nullptr) {
+    const Tensor totals = from_vector<double>({static_cast<double>(correct), static_cast<double>(seen), loss_sum}, {3})
+                              .to(group->device());
+    group->all_reduce(totals, distributed::ReduceOp::Sum)->wait();
+    const std::vector<double> t = totals.to_vector<double>();
+    return {t[0] / t[1], t[2] / t[1]};
+  }
   return {static_cast<double>(correct) / static_cast<double>(seen), loss_sum / static_cast<double>(seen)};
 }
 
@@ -203,15 +219,32 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunOptions& o, const mode
   return std::make_unique<optim::AdamW>(groups, o.lr, o.beta1, o.beta2, 1e-8, o.weight_decay);
 }
 
+// "trace.json" for rank 0 of 1; "trace.rank2.json" for rank 2 of several.
+std::string trace_path(const std::string& path, int rank, int world) {
+  if (world == 1) return path;
+  const size_t dot = path.find_last_of('.'), slash = path.find_last_of('/');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = has_extension ? path.substr(0, dot) : path, ext = has_extension ? path.substr(dot) : "";
+  return fmt::format("{}.rank{}{}", stem, rank, ext);
+}
+
 int train(const RunOptions& o) {
   kernels::set_num_threads(o.threads);
   const models::ViTConfig config = model_config(o);
-  const Datasets datasets = load_datasets(o, config);
-
   const Device device = Device::parse(o.device);
 
+  // Data parallelism: one process group for the job; --batch-size images per rank per step.
+  std::shared_ptr<distributed::ProcessGroup> group;
+  if (o.parallel == "ddp") group = distributed::init_process_group(device, distributed::parse_backend(o.dist_backend));
+  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  const bool lead = rank == 0;  // writes the metrics and checkpoints, and logs; other ranks log warnings only
+  if (!lead) logging::set_level("warn");
+  const int64_t global_batch = o.batch_size * world;
+
+  const Datasets datasets = load_datasets(o, config);
   Generator init_generator(o.seed);
-  models::VisionTransformer model(config, /*initialize=*/true, &init_generator);
+  auto model_ptr = std::make_shared<models::VisionTransformer>(config, /*initialize=*/true, &init_generator);
+  models::VisionTransformer& model = *model_ptr;
   // bf16: the parameters become bf16 (so activations, GEMMs and attention are bf16 throughout) and
   // the optimizer trains them through f32 master copies made from these values on its first step.
   // fp8 is the same bf16 model whose blocks' Linears run their GEMMs in FP8 inside the step's
@@ -219,7 +252,16 @@ int train(const RunOptions& o) {
   const bool fp8 = o.precision == "fp8";
   if (o.precision == "bf16" || fp8) model.to(DType::bf16);
   model.to(device);
-  manual_seed(o.seed + 1);  // the default generator draws dropout and drop-path masks
+  // The default generator draws dropout and drop-path masks: each rank its own stream (rank 0's is
+  // a single process's), so ranks do not drop the same rows of their shards.
+  manual_seed(o.seed + 1 + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  if (group) {
+    ddp = std::make_unique<distributed::DistributedDataParallel>(
+        model_ptr, group,
+        distributed::DdpOptions{.bucket_cap_mb = o.bucket_cap_mb, .reduce_dtype = dtype_from_name(o.reduce_dtype)});
+  }
+  const nn::AmaxReducer amax_reducer = group ? distributed::fp8_amax_reducer(group) : nullptr;
   auto optimizer = make_optimizer(o, model);
   const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(o.fp8);
   std::unique_ptr<Fp8LayerMonitor> fp8_monitor;
@@ -229,10 +271,11 @@ int train(const RunOptions& o) {
   // On a GPU the host has nothing else to do: let every core assemble batches (synthetic 224x224
   // images cost milliseconds each).
   data::LoaderOptions train_options{.batch_size = o.batch_size, .shuffle = true, .drop_last = true, .seed = o.seed,
-                                    .threads = device.is_cuda() ? o.threads : 1};
+                                    .rank = rank, .world_size = world, .threads = device.is_cuda() ? o.threads : 1};
   data::DataLoader train_loader(datasets.train, train_options);
   TrainBatches train_batches(train_loader, device);
-  data::DataLoader test_loader(datasets.test, {.batch_size = o.eval_batch_size, .shuffle = false, .drop_last = false});
+  data::DataLoader test_loader(datasets.test, {.batch_size = o.eval_batch_size, .shuffle = false, .drop_last = false,
+                                               .rank = rank, .world_size = world});
   const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * train_loader.batches_per_epoch();
   const int64_t warmup_steps = std::min(o.warmup_steps, total_steps);  // a short run warms up throughout
   const optim::WarmupCosineSchedule schedule(o.lr, warmup_steps, total_steps, std::min(o.min_lr, o.lr));
@@ -243,29 +286,42 @@ int train(const RunOptions& o) {
     warn_about_changed_flags(state.run, run_flags(o));
     step = state.step;
     train_batches.set_state(state.loader);
-    default_generator().set_state(state.rng_seed, state.rng_offset);
+    // Every rank has drawn as many numbers as rank 0, whose offset the checkpoint holds.
+    default_generator().set_state(default_generator().seed(), state.rng_offset);
     logging::info("resumed from {} at step {} (epoch {}, batch {})", apps::resolve_checkpoint(o.resume), step,
                   state.loader.epoch, state.loader.batch);
   }
   OCTET_CHECK(step < total_steps, "the checkpoint is at step ", step, " but the run ends at step ", total_steps,
               "; raise --steps or --epochs to train further");
 
-  MetricsFile metrics(o.metrics, /*append=*/!o.resume.empty());
+  MetricsFile metrics(lead ? o.metrics : "", /*append=*/!o.resume.empty());
   const double flops_per_image = 3.0 * model.flops_per_image_forward();  // forward + backward
   logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images in {}{} on {}",
-                config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, o.batch_size, o.precision,
+                config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, global_batch, o.precision,
                 fp8 ? " (" + fp8_recipe.describe() + ")" : "",
                 device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
+  if (ddp) {
+    logging::info("data parallel over {} ranks ({} backend): {} images per rank per step, gradients in {} buckets "
+                  "all-reduced in {}", world, group->backend(), o.batch_size, ddp->buckets().size(), o.reduce_dtype);
+  }
   if (device.is_cuda()) logging::info("{} memory after setup: {}", device.str(), memory_summary(device));
   metrics.write({{"event", "start"}, {"model", config.name}, {"parameters", model.num_parameters()},
                  {"total_steps", total_steps}, {"flags", run_flags(o)}, {"memory", memory_json(device)}});
+
+  // --trace: forward and backward per module (two levels: "blocks.3") and every collective, for
+  // --trace-steps steps after an untraced first one.
+  std::unique_ptr<nn::ModuleTracer> module_tracer;
+  if (!o.trace.empty()) module_tracer = std::make_unique<nn::ModuleTracer>(model, /*max_depth=*/2);
+  const int64_t trace_first = step + 1 < total_steps ? step + 1 : step, trace_end = trace_first + o.trace_steps;
 
   const auto run_start = Clock::now();
   double window_seconds = 0, window_loss = 0;
   int64_t window_steps = 0;
   model.train();
   while (step < total_steps) {
+    if (module_tracer && step == trace_first) trace::start(rank);
     const auto step_start = Clock::now();
+    const int64_t step_start_us = trace::now_us();
     const data::Batch batch = train_batches.next();
     const double lr = schedule.lr(step);
     optimizer->set_lr(lr);
@@ -277,20 +333,37 @@ int train(const RunOptions& o) {
     {
       // FP8 covers the forward only (off unless --precision fp8). Leaving the scope updates the
       // forward scales; the backward, which runs after it, updates the gradient scales at its end.
-      nn::Fp8Autocast fp8_scope(fp8, fp8_recipe);
+      nn::Fp8Autocast fp8_scope(fp8, fp8_recipe, amax_reducer);
       loss = criterion(model(batch.images), batch.labels);
     }
-    loss.backward();
+    loss.backward();  // with DDP, returns with the gradients averaged over the ranks
     if (o.clip_grad > 0) optim::clip_grad_norm_(model.parameters(), o.clip_grad);
     optimizer->step();
     optimizer->zero_grad();
     ++step;
 
-    const double loss_value = loss.item();  // on a GPU this waits for the step to finish
+    // The loss every rank logs is the mean over the ranks: the loss of the whole global batch, as one
+    // process would log it.
+    Tensor logged_loss = loss.detach();
+    if (group) {
+      logged_loss = logged_loss.clone();
+      group->all_reduce(logged_loss, distributed::ReduceOp::Avg)->wait();
+    }
+    const double loss_value = logged_loss.item();  // on a GPU this waits for the step to finish
     OCTET_CHECK(std::isfinite(loss_value), "the loss became ", loss_value, " at step ", step,
                 "; lower --lr, raise --warmup-steps or set --clip-grad");
     const double step_seconds = seconds_since(step_start);
-    const double images_per_sec = static_cast<double>(o.batch_size) / step_seconds;
+    const double images_per_sec = static_cast<double>(global_batch) / step_seconds;
+    if (trace::enabled()) {
+      trace::complete(fmt::format("step {}", step), "step", "compute", step_start_us, trace::now_us());
+      if (step == trace_end || step == total_steps) {
+        trace::stop();
+        const std::string path = trace_path(o.trace, rank, world);
+        trace::write(path);
+        logging::info("trace of steps {}..{} written to {}{}", trace_first, step, path,
+                      world > 1 ? " (one file per rank)" : "");
+      }
+    }
     json event = {{"event", "step"}, {"step", step}, {"epoch", batch.epoch}, {"loss", loss_value}, {"lr", lr},
                   {"images_per_sec", images_per_sec}, {"step_ms", 1e3 * step_seconds}};
     if (device.is_cuda()) event["memory"] = memory_json(device);
@@ -298,7 +371,7 @@ int train(const RunOptions& o) {
     metrics.write(event);
     window_seconds += step_seconds, window_loss += loss_value, ++window_steps;
     if (log_now) {
-      const double ips = static_cast<double>(o.batch_size * window_steps) / window_seconds;
+      const double ips = static_cast<double>(global_batch * window_steps) / window_seconds;
       const std::string memory = device.is_cuda() ? " | " + memory_summary(device) : "";
       logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{}",
                     step, total_steps, batch.epoch, window_loss / window_steps, lr, ips,
@@ -319,14 +392,15 @@ int train(const RunOptions& o) {
     const bool end_of_epoch = train_batches.state().batch == 0;
     const bool eval_now = o.eval_every > 0 ? step % o.eval_every == 0 : end_of_epoch;
     if (eval_now || step == total_steps) {
-      const EvalResult r = evaluate(model, test_loader, device);
+      const EvalResult r = evaluate(model, test_loader, device, group.get());
       logging::info("eval at step {}: test accuracy {:.2f}%, test loss {:.4f} ({:.0f} s elapsed)", step,
                     100 * r.accuracy, r.loss, seconds_since(run_start));
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", batch.epoch}, {"accuracy", r.accuracy},
                      {"loss", r.loss}, {"elapsed_s", seconds_since(run_start)}});
     }
     const bool checkpoint_now = o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : step == total_steps;
-    if (!o.checkpoint_dir.empty() && (checkpoint_now || step == total_steps)) {
+    // The ranks hold the same model and optimizer state: rank 0 writes them.
+    if (lead && !o.checkpoint_dir.empty() && (checkpoint_now || step == total_steps)) {
       const Generator& rng = default_generator();
       const std::string where = apps::save_checkpoint(
           o.checkpoint_dir, model, *optimizer,
@@ -355,10 +429,6 @@ int main(int argc, char** argv) {
     logging::error("{}", e.what());
     return 2;
   }
-  try {
-    return train(options);
-  } catch (const std::exception& e) {
-    logging::error("{}", e.what());
-    return 1;
-  }
+  // An exception on any rank ends every rank of the job (MPI_Abort), naming the rank that failed.
+  return distributed::run_rank_main([&] { return train(options); });
 }

@@ -5,10 +5,12 @@
 // result of a collective by itself, from first principles, and checks its own output against it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"

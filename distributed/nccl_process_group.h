@@ -8,9 +8,9 @@
 // Streams: every collective runs on this group's communication stream. Before it starts, the comm
 // stream waits for an event recorded on the caller's current stream (so the inputs are ready);
 // Work::wait() makes the caller's current stream wait for an event recorded after the collective.
-// The host never blocks. The caller keeps the tensors alive until the work has been waited on
-// (DDP's buckets and FSDP's buffers are long-lived; the allocator's pool is ordered on the compute
-// stream, so a tensor freed before wait() could be reused while NCCL still reads it).
+// The host never blocks. A Work holds its tensors, and one dropped before wait() still makes the
+// compute stream wait for it: the allocator's pool is ordered on the compute stream, so memory freed
+// earlier could be reused while NCCL still reads it.
 //
 // Errors: a failed NCCL call throws naming the call and ncclGetErrorString; abort() runs
 // ncclCommAbort so that no rank stays blocked in a collective when the job ends.

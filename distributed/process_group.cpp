@@ -81,6 +81,12 @@ void check_reducible(const char* op, const Tensor& t) {
               "reduce in a wider dtype)");
 }
 
+// An integer average would truncate, differently on each backend.
+void check_average(const char* op, const Tensor& t, ReduceOp reduce) {
+  OCTET_CHECK(reduce != ReduceOp::Avg || t.dtype() != DType::i64, op, ": cannot average the integers of ",
+              t.describe(), "; reduce with Sum and divide, or average a floating copy");
+}
+
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   OCTET_CHECK(a.dtype() == b.dtype(), op, ": ", a.describe(), " and ", b.describe(),
               " differ in dtype; give both the same dtype");
@@ -100,7 +106,11 @@ class ListGatherWork : public Work {
     flat_->synchronize();
     copy_out();
   }
-  bool is_completed() override { return flat_->is_completed(); }
+  bool is_completed() override {
+    if (!flat_->is_completed()) return false;
+    copy_out();  // finished means the list holds the result
+    return true;
+  }
   std::string describe() const override { return flat_->describe() + " (into a list)"; }
 
  private:
@@ -123,6 +133,7 @@ class ListGatherWork : public Work {
 WorkHandle ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor);
   check_reducible("all_reduce", tensor);
+  check_average("all_reduce", tensor, op);
   count(Collective::AllReduce, static_cast<int64_t>(tensor.nbytes()));
   return do_all_reduce(tensor, op);
 }
@@ -131,10 +142,11 @@ WorkHandle ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& inpu
   check_tensor("reduce_scatter", output);
   check_tensor("reduce_scatter", input);
   check_reducible("reduce_scatter", input);
+  check_average("reduce_scatter", input, op);
   check_same_dtype("reduce_scatter", output, input);
   OCTET_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: the input ", input.describe(), " must hold ",
-              size_, " chunks of the output's ", output.numel(), " elements (", output.numel() * size_,
-              "); size the input world_size × output");
+              size_, " chunks of the output ", output.describe(), " (", output.numel() * size_,
+              " elements); size the input world_size × output");
   count(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()));
   return do_reduce_scatter(output, input, op);
 }
@@ -144,8 +156,8 @@ WorkHandle ProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
   check_tensor("all_gather", input);
   check_same_dtype("all_gather", output, input);
   OCTET_CHECK(output.numel() == input.numel() * size_, "all_gather: the output ", output.describe(), " must hold ",
-              size_, " × the input's ", input.numel(), " elements (", input.numel() * size_,
-              "); size the output world_size × input");
+              size_, " × the input ", input.describe(), " (", input.numel() * size_,
+              " elements); size the output world_size × input");
   count(Collective::AllGather, static_cast<int64_t>(output.nbytes()));
   return do_all_gather(output, input);
 }
@@ -157,8 +169,8 @@ WorkHandle ProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Te
   for (const Tensor& out : outputs) {
     check_tensor("all_gather", out);
     check_same_dtype("all_gather", out, input);
-    OCTET_CHECK(out.numel() == input.numel(), "all_gather: output ", out.describe(), " does not match the input ",
-                input.describe(), "; every output must have the input's size");
+    OCTET_CHECK(out.shape() == input.shape(), "all_gather: output ", out.describe(), " does not match the input ",
+                input.describe(), "; every output must have the input's shape");
   }
   const Tensor buffer = empty({input.numel() * size_}, input.dtype(), input.device());
   return std::make_shared<ListGatherWork>(all_gather(buffer, input), buffer, outputs);

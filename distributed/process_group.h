@@ -87,8 +87,8 @@ class ProcessGroup {
   // Where this group's collectives run: a CUDA device for NCCL, the CPU otherwise.
   virtual Device device() const = 0;
 
-  // In place: every rank ends with op over all ranks' `tensor`. Avg divides the sum by size();
-  // Max works on every floating dtype and on i64. Contiguous f32, bf16, f16, f64 or i64.
+  // In place: every rank ends with op over all ranks' `tensor`. Avg divides the sum by size() and
+  // takes floating dtypes only; Sum and Max take f32, bf16, f16, f64 and i64.
   WorkHandle all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   // `input` holds size() equal chunks; rank r's `output` gets op over every rank's chunk r.
   // output.numel() × size() == input.numel(), same dtype and device.

@@ -22,6 +22,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps (overrides --epochs)")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "images per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches of --batch-size accumulated per optimizer step")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--eval-batch-size", o.eval_batch_size, "images per evaluation batch")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (nesterov momentum)")
@@ -120,6 +122,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"epochs", std::to_string(o.epochs)},
           {"steps", std::to_string(o.steps)},
           {"batch_size", std::to_string(o.batch_size)},
+          {"grad_accum", std::to_string(o.grad_accum)},
           {"optimizer", o.optimizer},
           {"lr", num(o.lr)},
           {"min_lr", num(o.min_lr)},

@@ -25,6 +25,7 @@ struct RunOptions {
   int64_t epochs = 10;
   int64_t steps = 0;  // > 0 overrides --epochs
   int64_t batch_size = 128;
+  int64_t grad_accum = 1;  // micro-batches of --batch-size per optimizer step
   int64_t eval_batch_size = 500;
   std::string optimizer = "adamw";
   double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999;

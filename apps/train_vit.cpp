@@ -239,7 +239,7 @@ int train(const RunOptions& o) {
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const bool lead = rank == 0;  // writes the metrics and checkpoints, and logs; other ranks log warnings only
   if (!lead) logging::set_level("warn");
-  const int64_t global_batch = o.batch_size * world;
+  const int64_t global_batch = o.batch_size * world * o.grad_accum;  // images per optimizer step
 
   const Datasets datasets = load_datasets(o, config);
   Generator init_generator(o.seed);
@@ -276,7 +276,8 @@ int train(const RunOptions& o) {
   TrainBatches train_batches(train_loader, device);
   data::DataLoader test_loader(datasets.test, {.batch_size = o.eval_batch_size, .shuffle = false, .drop_last = false,
                                                .rank = rank, .world_size = world});
-  const int64_t total_steps = o.steps > 0 ? o.steps : o.epochs * train_loader.batches_per_epoch();
+  const int64_t total_steps =
+      o.steps > 0 ? o.steps : std::max<int64_t>(1, o.epochs * train_loader.batches_per_epoch() / o.grad_accum);
   const int64_t warmup_steps = std::min(o.warmup_steps, total_steps);  // a short run warms up throughout
   const optim::WarmupCosineSchedule schedule(o.lr, warmup_steps, total_steps, std::min(o.min_lr, o.lr));
 
@@ -322,21 +323,34 @@ int train(const RunOptions& o) {
     if (module_tracer && step == trace_first) trace::start(rank);
     const auto step_start = Clock::now();
     const int64_t step_start_us = trace::now_us();
-    const data::Batch batch = train_batches.next();
     const double lr = schedule.lr(step);
     optimizer->set_lr(lr);
 
     const bool log_now = (step + 1) % o.log_every == 0 || step + 1 == total_steps;
     if (fp8_monitor && log_now) fp8_monitor->measure_next_forward();
 
-    Tensor loss;
-    {
-      // FP8 covers the forward only (off unless --precision fp8). Leaving the scope updates the
-      // forward scales; the backward, which runs after it, updates the gradient scales at its end.
-      nn::Fp8Autocast fp8_scope(fp8, fp8_recipe, amax_reducer);
-      loss = criterion(model(batch.images), batch.labels);
+    // --grad-accum micro-batches, each loss scaled by 1/N so the gradients sum to the mean's. Under
+    // DDP all but the last backward skip the all-reduce (no_sync); the last reduces the sum.
+    Tensor loss;  // the step's loss: the mean over its micro-batches
+    data::Batch batch;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      batch = train_batches.next();
+      Tensor micro_loss;
+      {
+        // FP8 covers the forward only (off unless --precision fp8). Leaving the scope updates the
+        // forward scales; the backward, which runs after it, updates the gradient scales at its end.
+        nn::Fp8Autocast fp8_scope(fp8, fp8_recipe, amax_reducer);
+        micro_loss = criterion(model(batch.images), batch.labels);
+      }
+      const Tensor scaled = o.grad_accum > 1 ? micro_loss * (1.0 / static_cast<double>(o.grad_accum)) : micro_loss;
+      if (ddp && micro + 1 < o.grad_accum) {
+        auto no_sync = ddp->no_sync();
+        scaled.backward();
+      } else {
+        scaled.backward();  // with DDP, returns with the gradients averaged over the ranks
+      }
+      loss = micro == 0 ? scaled.detach() : loss + scaled.detach();
     }
-    loss.backward();  // with DDP, returns with the gradients averaged over the ranks
     if (o.clip_grad > 0) optim::clip_grad_norm_(model.parameters(), o.clip_grad);
     optimizer->step();
     optimizer->zero_grad();

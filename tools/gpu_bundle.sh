@@ -22,7 +22,7 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOCTET_CUDA=ON -DOCTET_CUDA_ARCHITECTURES=90 \
   "${launcher[@]}" --log-level=WARNING
 targets=(test_cuda bench_vit train_vit test_core test_kernels test_autograd test_nn test_optim test_models test_data
-         test_apps)
+         test_apps test_gpu_shared_mpi)
 ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}"
 
 stage=$build/stage

@@ -8,8 +8,9 @@
 #
 # Without the bundle it builds with the default preset instead (a GPU machine set up with
 # tools/setup.sh). It prints the GPU and driver, runs every GPU test (test_cuda) and the CPU
-# suites, trains a small ViT in bf16 and in fp8 on the GPU (Fashion-MNIST when present, synthetic
-# images otherwise), then runs bench_vit in bf16 and fp8 next to bench/pytorch_reference.py (eager
+# suites, trains a small ViT on the GPU (Fashion-MNIST when present, synthetic images otherwise) in
+# bf16, in fp8, and with --parallel ddp over NCCL at world size 1 (plus 2 ranks sharing the GPU over
+# MPI when the machine has mpirun), then runs bench_vit in bf16 and fp8 next to bench/pytorch_reference.py (eager
 # and torch.compile) on the same GPU and prints one table: images/s, step ms, TFLOP/s, MFU, peak
 # memory, each run ÷ PyTorch eager, and Octet fp8 ÷ Octet bf16.
 # About 8 minutes on an H100; MODEL, BATCH, STEPS override the benchmark (default
@@ -99,6 +100,20 @@ if ! timeout 180 "$bin/train_vit" --device cuda --precision fp8 "${data[@]}" --s
   failures+=("train_vit fp8")
 fi
 
+stage "train_vit --parallel ddp on one GPU (NCCL, world size 1) with a trace"
+if ! timeout 180 "$bin/train_vit" --parallel ddp --device cuda:0 --precision bf16 "${data[@]}" --steps 100 \
+    --log-every 50 --eval-every 100 --trace "$out/ddp_trace.json" 2>&1 | tee "$out/train_vit_ddp.log"; then
+  failures+=("train_vit ddp")
+fi
+stage "2 ranks sharing the GPU over the MPI backend (test_gpu_shared_mpi)"
+if command -v mpirun > /dev/null; then
+  if ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun --oversubscribe -np 2 \
+      "$bin/test_gpu_shared_mpi" --gtest_brief=1 2>&1 | tail -n 20; then
+    failures+=("test_gpu_shared_mpi")
+  fi
+else
+  echo "skipped: this machine has no mpirun (the NCCL tests in test_cuda ran at world size 1)"
+fi
 # ---- benchmarks: the same GPU, one after the other ---------------------------------------------------
 stage "bench_vit $model, batch $batch, bf16"
 timeout 240 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision bf16 --steps "$steps" \

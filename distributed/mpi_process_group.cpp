@@ -254,9 +254,16 @@ MpiProcessGroup::~MpiProcessGroup() {
 
 namespace {
 
-// The host buffer a collective works on: the tensor itself on the CPU, a host copy of a CUDA tensor
-// (made now, on the caller's stream, so it holds what the caller computed before the call).
-Tensor host_side(const Tensor& t) { return t.is_cuda() ? t.to(Device::cpu()) : t; }
+// The host buffer a collective works on: the tensor itself on the CPU; for a CUDA tensor, pinned
+// host memory (for full-speed copies) holding a copy made now, on the caller's stream, so it holds
+// what the caller computed before the call.
+Tensor host_buffer(const Tensor& t) { return t.is_cuda() ? empty_pinned(t.shape(), t.dtype()) : t; }
+Tensor host_side(const Tensor& t) {
+  if (!t.is_cuda()) return t;
+  Tensor host = host_buffer(t);
+  host.copy_(t);
+  return host;
+}
 
 }  // namespace
 
@@ -299,7 +306,7 @@ WorkHandle MpiProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
 
 WorkHandle MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
   const Tensor host_in = host_side(input);
-  const Tensor host_out = output.is_cuda() ? empty(output.shape(), output.dtype(), Device::cpu()) : output;
+  const Tensor host_out = host_buffer(output);
   const DType d = input.dtype();
   const int world = size();
   const int count = checked_count(output.numel(), "reduce_scatter");
@@ -317,7 +324,7 @@ WorkHandle MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor
 
 WorkHandle MpiProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
   const Tensor host_in = host_side(input);
-  const Tensor host_out = output.is_cuda() ? empty(output.shape(), output.dtype(), Device::cpu()) : output;
+  const Tensor host_out = host_buffer(output);
   const int count = checked_count(input.numel(), "all_gather");
   const MPI_Datatype type = mpi_type(input.dtype());
   auto run = [host_in, host_out, count, type, comm = state_->comm] {

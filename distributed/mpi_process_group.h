@@ -1,8 +1,8 @@
 #pragma once
 // Collectives over MPI (OpenMPI), on CPU tensors, and on CUDA tensors staged through host memory so
 // that several ranks can share one GPU (tests, and GPUs without NCCL). Staging copies the tensor to
-// the host when the collective is issued (which waits for the caller's stream) and back into it on
-// wait(): simple and correct, not fast; NCCL is the GPU path for speed.
+// pinned host memory when the collective is issued (which waits for the caller's stream) and back
+// into it on wait(): simple and correct, not fast; NCCL is the GPU path for speed.
 //
 // Like PyTorch's MPI backend, one communication thread per group runs the collectives, in the
 // order they were issued, with blocking MPI calls on a duplicate of MPI_COMM_WORLD. So a

@@ -95,7 +95,11 @@ void* host_allocate(size_t bytes) {
 void release_host_cache() { host_cache().release(); }
 size_t host_cache_bytes() { return host_cache().bytes(); }
 
-Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) { allocate(); }
+
+void Storage::allocate() {
+  const size_t nbytes = nbytes_;
+  const Device device = device_;
   if (device.is_cpu()) {
     // aligned_alloc wants a size that is a multiple of the alignment, and a non-null block for 0.
     const size_t rounded = (nbytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
@@ -116,7 +120,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
-    : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+    : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)), owned_(false) {}
 
 std::shared_ptr<Storage> Storage::pinned(size_t nbytes) {
   void* data = cuda_memory::allocate_pinned(nbytes);
@@ -125,6 +129,18 @@ std::shared_ptr<Storage> Storage::pinned(size_t nbytes) {
 
 Storage::~Storage() {
   if (deleter_ && data_) deleter_(data_);
+}
+
+void Storage::release() {
+  OCTET_CHECK(owned_, "Storage::release: this storage wraps memory Octet did not allocate; only Octet's own "
+              "storages can be released and reallocated");
+  if (data_ != nullptr) deleter_(data_);
+  data_ = nullptr;
+}
+
+void Storage::reallocate() {
+  OCTET_CHECK(owned_, "Storage::reallocate: this storage wraps memory Octet did not allocate");
+  if (data_ == nullptr) allocate();
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {

@@ -27,11 +27,23 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Frees the bytes but keeps this Storage, so every tensor viewing it stays a valid handle whose
+  // data is absent until reallocate() gives it fresh bytes of the same size (contents undefined).
+  // FSDP frees a gathered unit between forward and backward this way while the autograd graph
+  // still holds views of it, then gathers into the same storage again (PyTorch resizes the storage
+  // to 0 for the same reason). Only for storages Octet allocated.
+  void release();
+  void reallocate();
+  bool allocated() const { return data_ != nullptr; }
+
  private:
+  void allocate();
+
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   std::function<void(void*)> deleter_;
+  bool owned_ = true;  // allocated here (not wrapped), so release/reallocate may manage it
 };
 
 // Host blocks of kHostCacheMinBytes or more are not returned to the C library when their last tensor

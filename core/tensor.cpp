@@ -60,6 +60,9 @@ size_t Tensor::storage_offset() const { return impl_ ? impl_->offset : 0; }
 const std::shared_ptr<Storage>& Tensor::storage() const { return impl_ ? impl_->storage : kNoStorage; }
 void* Tensor::data_ptr() const {
   require_defined("data_ptr");
+  OCTET_CHECK(impl_->storage->allocated() || impl_->storage->nbytes() == 0, "data_ptr: the storage of ",
+              describe(), " has been released (FSDP frees a unit's gathered parameters outside its forward and "
+              "backward); gather it again before reading it");
   return static_cast<char*>(impl_->storage->data()) + impl_->offset;
 }
 

@@ -1,0 +1,455 @@
+#include "distributed/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "autograd/engine.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "core/log.h"
+#include "kernels/elementwise.h"
+#include "kernels/optimizers.h"
+#include "nn/layers.h"
+
+namespace octet::distributed {
+
+ShardingStrategy parse_sharding(const std::string& name) {
+  if (name == "full") return ShardingStrategy::FullShard;
+  if (name == "grad-op") return ShardingStrategy::ShardGradOp;
+  if (name == "none") return ShardingStrategy::NoShard;
+  OCTET_FAIL("unknown sharding strategy '", name, "'; use full, grad-op or none");
+}
+
+namespace {
+
+struct Slot {
+  std::string name;
+  Tensor parameter;  // the module's parameter: a view of the gathered buffer while gathered
+  int64_t offset = 0;
+  bool arrived = false;  // its gradient, in the backward pass under way
+};
+
+}  // namespace
+
+struct FullyShardedDataParallel::State {
+  struct Flat {
+    int unit = 0;
+    int key = 0;
+    std::vector<Slot> slots;
+    int64_t numel = 0, padded = 0, shard_numel = 0;
+    Tensor shard;     // f32 [shard_numel], a leaf: this rank's master weights; .grad its gradient
+    Tensor gathered;  // [padded] compute dtype; its storage is released while the unit is sharded
+    int pending = 0;  // gradients still to arrive in this pass
+    bool reduced = false;
+    Tensor grad_full, grad_shard;  // the reduce-scatter's input and output while it is in flight
+    WorkHandle reduce_work;
+  };
+  struct Unit {
+    std::string name;  // "" for the root
+    std::shared_ptr<nn::Module> module;
+    std::vector<int> flats;
+    bool gathered = false;
+    WorkHandle gather_work;  // a prefetch in flight
+    std::vector<Tensor> gather_inputs;
+  };
+
+  std::shared_ptr<ProcessGroup> group;
+  FsdpOptions options;
+  bool sharded = true;
+  std::vector<Flat> flats;
+  std::vector<Unit> units;  // units[0] is the root
+  std::vector<int> forward_order, recording;  // unit indices in the order their forward ran
+  bool backward_active = false;
+  // Flats are reduced in this order on every rank: the units in reverse (the order backward finishes
+  // them, for a model whose units run in registration order), the root last.
+  std::vector<int> reduce_order;
+  int next_to_reduce = 0;  // reduce_order[0, next_to_reduce) are launched
+  int gathered_now = 0, gathered_max = 0;
+
+  int world() const { return sharded ? group->size() : 1; }
+
+  // ---- gathering ----------------------------------------------------------------------------------
+
+  void start_gather(int u) {
+    Unit& unit = units[u];
+    if (unit.gathered || unit.gather_work) return;
+    unit.gather_inputs.clear();
+    for (int f : unit.flats) {
+      Flat& flat = flats[f];
+      flat.gathered.storage()->reallocate();
+      const Tensor input = flat.shard.detach().to(options.compute_dtype).clone();
+      unit.gather_inputs.push_back(input);
+      if (sharded) {
+        unit.gather_work = group->all_gather(flat.gathered, input);
+      } else {
+        flat.gathered.copy_(input);
+      }
+    }
+    if (!unit.gather_work) unit.gather_work = std::make_shared<CompletedWork>("no_shard copy");
+    if (u != 0) gathered_max = std::max(gathered_max, ++gathered_now);
+  }
+
+  void ensure_gathered(int u) {
+    Unit& unit = units[u];
+    if (unit.gathered) return;
+    start_gather(u);
+    unit.gather_work->wait();  // the group runs collectives in order: every flat's gather is done
+    unit.gather_work.reset();
+    unit.gather_inputs.clear();
+    unit.gathered = true;
+  }
+
+  void release(int u) {
+    Unit& unit = units[u];
+    if (unit.gather_work) {  // a prefetch nobody used: finish it before freeing its buffer
+      unit.gather_work->wait();
+      unit.gather_work.reset();
+      unit.gathered = true;
+    }
+    if (!unit.gathered) return;
+    for (int f : unit.flats) flats[f].gathered.storage()->release();
+    unit.gathered = false;
+    if (u != 0) --gathered_now;
+  }
+
+  // The unit after `u` in `order`, if there is one and the rate limit allows another gather.
+  void prefetch_after(int u, const std::vector<int>& order) {
+    const auto it = std::find(order.begin(), order.end(), u);
+    if (it == order.end() || it + 1 == order.end()) return;
+    const int next = *(it + 1);
+    if (next != 0 && gathered_now >= options.limit_all_gathers) return;
+    start_gather(next);
+  }
+
+  std::vector<int> backward_order() const { return {forward_order.rbegin(), forward_order.rend()}; }
+
+  // ---- forward ------------------------------------------------------------------------------------
+
+  void on_root_forward_start() {
+    // A new step: whatever is still gathered (an evaluation's root, a pass without backward) is
+    // stale once the optimizer has stepped.
+    for (size_t u = 0; u < units.size(); ++u) release(static_cast<int>(u));
+    recording.clear();
+    ensure_gathered(0);
+    recording.push_back(0);
+  }
+
+  void on_unit_forward_start(int u) {
+    ensure_gathered(u);
+    recording.push_back(u);
+    if (options.forward_prefetch && !forward_order.empty()) prefetch_after(u, forward_order);
+  }
+
+  void on_unit_forward_end(int u, const Tensor& output) {
+    const bool training = GradMode::is_enabled() && output.requires_grad();
+    if (!training || options.sharding == ShardingStrategy::FullShard) release(u);
+    if (!training) return;
+    std::weak_ptr<State> weak = self;
+    Tensor(output).register_hook([weak, u](const Tensor&) {
+      if (auto s = weak.lock()) s->on_unit_backward_start(u);
+      return Tensor();
+    });
+  }
+
+  void on_root_forward_end(const Tensor& output) {
+    forward_order = recording;
+    if (!GradMode::is_enabled() || !output.requires_grad()) {
+      for (size_t u = 0; u < units.size(); ++u) release(static_cast<int>(u));
+    }
+  }
+
+  // ---- backward -----------------------------------------------------------------------------------
+
+  void begin_backward() {
+    backward_active = true;
+    next_to_reduce = 0;
+    for (Flat& flat : flats) {
+      flat.pending = static_cast<int>(flat.slots.size());
+      flat.reduced = false;
+      for (Slot& slot : flat.slots) slot.arrived = false;
+    }
+    std::weak_ptr<State> weak = self;
+    autograd::queue_callback([weak] {
+      if (auto s = weak.lock()) s->finish_backward();
+    });
+  }
+
+  void on_unit_backward_start(int u) {
+    if (!backward_active) begin_backward();
+    ensure_gathered(u);
+    if (options.backward_prefetch == BackwardPrefetch::BackwardPre) prefetch_after(u, backward_order());
+  }
+
+  void on_gradient(int f, int s) {
+    if (!backward_active) begin_backward();
+    Flat& flat = flats[f];
+    Slot& slot = flat.slots[s];
+    OCTET_CHECK(!slot.arrived, "FullyShardedDataParallel: the gradient of ", slot.name,
+                " arrived twice in one backward pass");
+    slot.arrived = true;
+    --flat.pending;
+    launch_ready();
+  }
+
+  // Reduce-scatters every flat whose gradients are all in, in flat order (the same on every rank).
+  void launch_ready() {
+    while (next_to_reduce < static_cast<int>(reduce_order.size()) && flats[reduce_order[next_to_reduce]].pending == 0) {
+      launch_reduce(reduce_order[next_to_reduce++]);
+    }
+  }
+
+  void launch_reduce(int f) {
+    Flat& flat = flats[f];
+    flat.grad_full = zeros({flat.padded}, options.reduce_dtype, flat.shard.device());
+    for (Slot& slot : flat.slots) {
+      if (slot.parameter.grad().defined()) {
+        flat.grad_full.narrow(slot.offset, slot.parameter.numel()).copy_(slot.parameter.grad().flatten());
+        slot.parameter.set_grad(Tensor());  // the full gradient is not kept
+      }
+    }
+    flat.grad_shard = empty({flat.shard_numel}, options.reduce_dtype, flat.shard.device());
+    if (sharded) {
+      flat.reduce_work = group->reduce_scatter(flat.grad_shard, flat.grad_full, ReduceOp::Avg);
+    } else {
+      flat.reduce_work = group->all_reduce(flat.grad_full, ReduceOp::Avg);
+      flat.grad_shard = flat.grad_full;
+    }
+    flat.reduced = true;
+    const Unit& unit = units[flat.unit];
+    const bool unit_done = std::all_of(unit.flats.begin(), unit.flats.end(), [&](int g) { return flats[g].reduced; });
+    if (unit_done && flat.unit != 0) {
+      if (options.sharding != ShardingStrategy::NoShard) release(flat.unit);
+      if (options.backward_prefetch == BackwardPrefetch::BackwardPost) prefetch_after(flat.unit, backward_order());
+    }
+  }
+
+  void finish_backward() {
+    if (!backward_active) return;
+    // A parameter this pass did not reach contributes zeros (another rank may have used it).
+    for (Flat& flat : flats) {
+      for (Slot& slot : flat.slots) {
+        if (!slot.arrived) slot.arrived = true, --flat.pending;
+      }
+    }
+    launch_ready();
+    for (Flat& flat : flats) {
+      flat.reduce_work->wait();
+      flat.reduce_work.reset();
+      const Tensor grad = flat.grad_shard.to(DType::f32);
+      if (flat.shard.grad().defined()) {
+        kernels::add_(flat.shard.grad(), grad);
+      } else {
+        flat.shard.set_grad(grad.clone());
+      }
+      flat.grad_full = Tensor();
+      flat.grad_shard = Tensor();
+    }
+    if (options.sharding != ShardingStrategy::NoShard) {
+      for (size_t u = 0; u < units.size(); ++u) release(static_cast<int>(u));
+    }
+    backward_active = false;
+  }
+
+  std::weak_ptr<State> self;
+};
+
+namespace {
+
+bool default_wrap_policy(const std::string&, const nn::Module& module) {
+  return dynamic_cast<const nn::TransformerBlock*>(&module) != nullptr;
+}
+
+}  // namespace
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group, FsdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), state_(std::make_shared<State>()) {
+  OCTET_CHECK(module_ != nullptr && group_ != nullptr, "FullyShardedDataParallel: the module or the process group "
+              "is null; pass both");
+  OCTET_CHECK(options.compute_dtype == DType::f32 || options.compute_dtype == DType::bf16,
+              "FullyShardedDataParallel: compute_dtype ", dtype_name(options.compute_dtype), " is not supported; "
+              "use f32 or bf16");
+  OCTET_CHECK(options.reduce_dtype == DType::f32 || options.reduce_dtype == DType::bf16,
+              "FullyShardedDataParallel: reduce_dtype ", dtype_name(options.reduce_dtype), " is not supported; "
+              "use f32 or bf16");
+  OCTET_CHECK(options.limit_all_gathers >= 1, "FullyShardedDataParallel: limit_all_gathers must be at least 1");
+  if (!options.wrap_policy) options.wrap_policy = default_wrap_policy;
+  State& s = *state_;
+  s.self = state_;
+  s.group = group_;
+  s.options = options;
+  s.sharded = options.sharding != ShardingStrategy::NoShard;
+
+  // Units: the root, then each module the policy picks (not inside another unit), in module order.
+  s.units.push_back({"", module_, {}});
+  for (const auto& [name, child] : module_->named_modules()) {
+    if (name.empty() || !options.wrap_policy(name, *child)) continue;
+    const bool nested = std::any_of(s.units.begin() + 1, s.units.end(),
+                                    [&](const State::Unit& u) { return name.rfind(u.name + ".", 0) == 0; });
+    if (!nested) s.units.push_back({name, child, {}});
+  }
+  auto unit_of = [&](const std::string& param) {
+    for (size_t u = 1; u < s.units.size(); ++u) {
+      if (param.rfind(s.units[u].name + ".", 0) == 0) return static_cast<int>(u);
+    }
+    return 0;
+  };
+
+  // Flat parameters: per unit and key, in parameter registration order.
+  const int world = s.world();
+  std::vector<nn::NamedTensor> params;
+  for (const auto& p : module_->named_parameters()) {
+    OCTET_CHECK(p.second.requires_grad(), "FullyShardedDataParallel: ", p.first, " does not require grad; frozen "
+                "parameters are not supported yet");
+    params.push_back(p);
+  }
+  const Device device = params.empty() ? Device::cpu() : params.front().second.device();
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    std::vector<int> keys;
+    for (const auto& [name, p] : params) {
+      if (unit_of(name) != static_cast<int>(u)) continue;
+      const int key = options.flat_param_key ? options.flat_param_key(name, p) : 0;
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    }
+    for (int key : keys) {
+      State::Flat flat;
+      flat.unit = static_cast<int>(u);
+      flat.key = key;
+      for (const auto& [name, p] : params) {
+        if (unit_of(name) != static_cast<int>(u)) continue;
+        if ((options.flat_param_key ? options.flat_param_key(name, p) : 0) != key) continue;
+        flat.slots.push_back({name, p, flat.numel});
+        flat.numel += p.numel();
+      }
+      flat.padded = (flat.numel + world - 1) / world * world;
+      flat.shard_numel = flat.padded / world;
+      s.units[u].flats.push_back(static_cast<int>(s.flats.size()));
+      s.flats.push_back(std::move(flat));
+    }
+  }
+
+  for (size_t u = s.units.size(); u-- > 0;) {
+    if (u != 0) s.reduce_order.insert(s.reduce_order.end(), s.units[u].flats.begin(), s.units[u].flats.end());
+  }
+  s.reduce_order.insert(s.reduce_order.end(), s.units[0].flats.begin(), s.units[0].flats.end());
+
+  // Every rank starts from rank 0's values: broadcast each flat parameter, keep this rank's shard,
+  // and make the module's parameters views of the (released) gathered buffer.
+  NoGradGuard no_grad;
+  const int rank = s.sharded ? group_->rank() : 0;
+  for (size_t f = 0; f < s.flats.size(); ++f) {
+    State::Flat& flat = s.flats[f];
+    const Tensor full = zeros({flat.padded}, DType::f32, device);
+    for (const Slot& slot : flat.slots) {
+      full.narrow(slot.offset, slot.parameter.numel()).copy_(slot.parameter.detach().flatten());
+    }
+    group_->broadcast(full, 0)->wait();
+    flat.shard = full.narrow(static_cast<int64_t>(rank) * flat.shard_numel, flat.shard_numel).clone();
+    flat.shard.requires_grad_(true);
+    flat.gathered = empty({flat.padded}, options.compute_dtype, device);
+    for (size_t i = 0; i < flat.slots.size(); ++i) {
+      Slot& slot = flat.slots[i];
+      slot.parameter.set_data(flat.gathered.narrow(slot.offset, slot.parameter.numel()).reshape(slot.parameter.shape()));
+      slot.parameter.set_grad(Tensor());
+      std::weak_ptr<State> weak = state_;
+      slot.parameter.register_post_accumulate_grad_hook([weak, f = static_cast<int>(f), i = static_cast<int>(i)](Tensor&) {
+        if (auto st = weak.lock()) st->on_gradient(f, i);
+      });
+    }
+    flat.gathered.storage()->release();
+  }
+
+  // Forward hooks: the root's open and close the step; each other unit gathers before it runs.
+  std::weak_ptr<State> weak = state_;
+  module_->register_forward_pre_hook([weak](nn::Module&, const Tensor&) {
+    if (auto st = weak.lock()) st->on_root_forward_start();
+    return Tensor();
+  });
+  module_->register_forward_hook([weak](nn::Module&, const Tensor&, const Tensor& output) {
+    if (auto st = weak.lock()) st->on_root_forward_end(output);
+    return Tensor();
+  });
+  for (size_t u = 1; u < s.units.size(); ++u) {
+    const int index = static_cast<int>(u);
+    s.units[u].module->register_forward_pre_hook([weak, index](nn::Module&, const Tensor&) {
+      if (auto st = weak.lock()) st->on_unit_forward_start(index);
+      return Tensor();
+    });
+    s.units[u].module->register_forward_hook([weak, index](nn::Module&, const Tensor&, const Tensor& output) {
+      if (auto st = weak.lock()) st->on_unit_forward_end(index, output);
+      return Tensor();
+    });
+  }
+  logging::debug("FullyShardedDataParallel: {} units, {} flat parameters over {} ranks", s.units.size(),
+                 s.flats.size(), group_->size());
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  for (auto& flat : state_->flats) {
+    if (flat.reduce_work) flat.reduce_work->synchronize();
+  }
+  for (auto& unit : state_->units) {
+    if (unit.gather_work) unit.gather_work->synchronize();
+  }
+}
+
+std::vector<Tensor> FullyShardedDataParallel::parameters() const {
+  std::vector<Tensor> out;
+  for (const auto& flat : state_->flats) out.push_back(flat.shard);
+  return out;
+}
+
+std::vector<FullyShardedDataParallel::FlatParameterInfo> FullyShardedDataParallel::flat_parameters() const {
+  std::vector<FlatParameterInfo> out;
+  for (const auto& flat : state_->flats) {
+    FlatParameterInfo info{state_->units[flat.unit].name, flat.key, {}, flat.numel, flat.padded, flat.shard_numel};
+    for (const Slot& slot : flat.slots) info.parameters.push_back(slot.name);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
+  OCTET_CHECK(std::isfinite(max_norm) && max_norm > 0, "FullyShardedDataParallel::clip_grad_norm_: max_norm must "
+              "be finite and > 0, got ", max_norm);
+  std::vector<Tensor> grads;
+  for (const auto& flat : state_->flats) {
+    if (flat.shard.grad().defined()) grads.push_back(flat.shard.grad());
+  }
+  double local = grads.empty() ? 0.0 : kernels::sum_of_squares_multi(grads);
+  if (state_->sharded) {
+    const Tensor total = from_vector<double>({local}, {1}).to(group_->device());
+    group_->all_reduce(total, ReduceOp::Sum)->wait();
+    local = total.item();
+  }
+  const double norm = std::sqrt(local);
+  const double coef = max_norm / (norm + 1e-6);  // optim::clip_grad_norm_'s rule
+  if (std::isfinite(norm) && coef < 1.0) {
+    for (const Tensor& g : grads) kernels::mul_scalar_(g, coef);
+  }
+  return norm;
+}
+
+std::vector<std::pair<std::string, Tensor>> FullyShardedDataParallel::full_parameters() {
+  std::map<std::string, Tensor> by_name;
+  for (const auto& flat : state_->flats) {
+    const Tensor full = empty({flat.padded}, DType::f32, flat.shard.device());
+    if (state_->sharded) {
+      group_->all_gather(full, flat.shard.detach())->wait();
+    } else {
+      full.copy_(flat.shard.detach());
+    }
+    for (const Slot& slot : flat.slots) {
+      by_name[slot.name] = full.narrow(slot.offset, slot.parameter.numel()).reshape(slot.parameter.shape()).clone();
+    }
+  }
+  std::vector<std::pair<std::string, Tensor>> out;  // in the module's registration order
+  for (const auto& p : module_->named_parameters()) out.emplace_back(p.first, by_name.at(p.first));
+  return out;
+}
+
+int FullyShardedDataParallel::units_gathered() const { return state_->gathered_now; }
+int FullyShardedDataParallel::max_units_gathered() const { return state_->gathered_max; }
+
+}  // namespace octet::distributed

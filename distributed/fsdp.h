@@ -1,0 +1,98 @@
+#pragma once
+// FullyShardedDataParallel: each rank keeps 1/N of every parameter (as fp32 master weights), of its
+// gradient and of the optimizer state, and gathers a unit of the model only while that unit computes.
+//
+//   auto group = distributed::init_process_group(device);
+//   distributed::FullyShardedDataParallel fsdp(model, group);      // each TransformerBlock a unit
+//   optim::AdamW optimizer(fsdp.parameters(), lr);                  // the shards this rank owns
+//   loss = criterion(fsdp(x), y); loss.backward();                  // gradients land in the shards
+//   fsdp.clip_grad_norm_(1.0); optimizer.step(); optimizer.zero_grad();
+//
+// Units. The wrap policy picks modules (each nn::TransformerBlock by default); every parameter not
+// inside one belongs to the root unit. A unit's parameters are concatenated into flat parameters
+// (one per flat_param_key, e.g. decayed or not), each padded to a multiple of the world size N.
+// Rank r owns the contiguous fp32 shard r of each flat parameter: a leaf tensor the optimizer steps.
+//
+// A step, for a unit under FULL_SHARD:
+//   forward   pre-hook: all-gather the shards (in compute_dtype) into the unit's gathered buffer,
+//             which the module's parameters view; start the next unit's gather (forward prefetch);
+//             post-hook: free the gathered buffer.
+//   backward  when the gradient of the unit's output arrives: gather it again, and start the next
+//             unit's gather (BackwardPre). When every parameter's gradient is in: reduce-scatter the
+//             flat gradient (average, reduce_dtype) into this rank's shard, adding to its .grad (so
+//             micro-batches accumulate), and free the full gradients and the gathered buffer.
+// SHARD_GRAD_OP keeps the gathered buffer from forward to backward; NO_SHARD keeps everything on
+// every rank and all-reduces gradients, which is DDP. The root unit stays gathered from the start of
+// forward to the end of backward, as in PyTorch; at most limit_all_gathers other units are gathered
+// at once. Freeing releases the storage in place (Storage::release), so views the autograd graph
+// saved stay valid handles and see the data again once it is re-gathered.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/process_group.h"
+#include "nn/module.h"
+
+namespace octet::distributed {
+
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard };
+enum class BackwardPrefetch { BackwardPre, BackwardPost };
+ShardingStrategy parse_sharding(const std::string& name);  // "full", "grad-op", "none"
+
+struct FsdpOptions {
+  ShardingStrategy sharding = ShardingStrategy::FullShard;
+  // Which modules become units (by dotted name and module); default: every nn::TransformerBlock.
+  std::function<bool(const std::string& name, const nn::Module& module)> wrap_policy;
+  // Parameters with different keys go to different flat parameters of their unit, so an optimizer
+  // can treat them differently (weight decay or not). Default: one flat parameter per unit.
+  std::function<int(const std::string& name, const Tensor& parameter)> flat_param_key;
+  DType compute_dtype = DType::f32;  // gathered parameters and compute: f32 or bf16
+  DType reduce_dtype = DType::f32;   // gradients are reduce-scattered in this: f32 or bf16
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::BackwardPre;
+  bool forward_prefetch = true;
+  int limit_all_gathers = 2;  // non-root units gathered at once, at most
+};
+
+class FullyShardedDataParallel {
+ public:
+  FullyShardedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                           FsdpOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  Tensor operator()(const Tensor& input) { return (*module_)(input); }
+  nn::Module& module() { return *module_; }
+
+  // This rank's fp32 shards, one per flat parameter, in flat_parameters() order: the optimizer's.
+  std::vector<Tensor> parameters() const;
+
+  struct FlatParameterInfo {
+    std::string unit;  // "" for the root, else the module's dotted name
+    int key = 0;
+    std::vector<std::string> parameters;  // dotted names, in the flat order
+    int64_t numel = 0, padded_numel = 0, shard_numel = 0;
+  };
+  std::vector<FlatParameterInfo> flat_parameters() const;
+
+  // torch.nn.utils.clip_grad_norm_ over the whole model: the squared norms of every rank's shards
+  // are summed over the ranks, so the result equals the unsharded model's clip.
+  double clip_grad_norm_(double max_norm);
+
+  // Every parameter at full size in f32, by dotted name in the module's registration order,
+  // gathered from all ranks' shards (a collective: every rank must call it).
+  std::vector<std::pair<std::string, Tensor>> full_parameters();
+
+  int units_gathered() const;      // non-root units gathered now
+  int max_units_gathered() const;  // the most at once since construction
+
+  struct State;
+
+ private:
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace octet::distributed

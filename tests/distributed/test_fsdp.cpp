@@ -1,0 +1,148 @@
+// FullyShardedDataParallel against one process: each rank trains on its shard of every batch with
+// 1/N of the parameters, and a reference model in the same process trains on the whole batch. The
+// losses at every step and the parameters after 5 AdamW steps must agree. mpirun launches this at
+// N = 2, 3 (padding) and 4 (tests/distributed/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "autograd/ops.h"
+#include "distributed/fsdp.h"
+#include "models/vit.h"
+#include "optim/optim.h"
+#include "tests/distributed/mpi_main.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+using distributed::FsdpOptions;
+using distributed::FullyShardedDataParallel;
+using distributed::ShardingStrategy;
+using testing::world;
+
+// 12-wide, 3 blocks: parameter counts that 2, 3 and 4 do not all divide.
+models::ViTConfig tiny_vit() { return {"tiny_fsdp", 8, 4, 1, 5, 12, 3, 2, 2.0}; }
+
+std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed) {
+  Generator gen(seed);
+  return std::make_shared<models::VisionTransformer>(tiny_vit(), true, &gen);
+}
+
+std::shared_ptr<distributed::ProcessGroup> group() {
+  return std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {});
+}
+
+struct Batch {
+  Tensor images, labels;
+};
+
+Batch global_batch(int64_t size, int step) {
+  Batch b;
+  b.images = testing::random_tensor({size, 1, 8, 8}, DType::f32, 2000 + step);
+  std::vector<int64_t> labels(size);
+  for (int64_t i = 0; i < size; ++i) labels[i] = (i * 3 + step) % 5;
+  b.labels = from_vector<int64_t>(labels, {size});
+  return b;
+}
+
+double max_relative_difference(const std::vector<std::pair<std::string, Tensor>>& got, nn::Module& reference) {
+  const auto expected = reference.named_parameters();
+  EXPECT_EQ(got.size(), expected.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
+    EXPECT_EQ(got[i].first, expected[i].first);
+    const auto a = got[i].second.to_vector<double>(), b = expected[i].second.to_vector<double>();
+    for (size_t k = 0; k < a.size(); ++k) worst = std::max(worst, std::abs(a[k] - b[k]) / std::max(1.0, std::abs(b[k])));
+  }
+  return worst;
+}
+
+// Trains 5 AdamW steps with clipping under `sharding` and checks losses and parameters against one
+// process on the whole batch.
+void expect_matches_one_process(ShardingStrategy sharding, int micro_batches) {
+  const int n = world().size(), rank = world().rank();
+  const int64_t per_rank = 2, global = per_rank * n;
+  auto reference = make_vit(9);
+  // Ranks other than 0 start elsewhere: wrapping must broadcast rank 0's weights.
+  FullyShardedDataParallel fsdp(make_vit(rank == 0 ? 9 : 50 + rank), group(), FsdpOptions{.sharding = sharding});
+  // lr 1e-3: Adam turns last-bit differences of near-zero gradients into ~lr·ε moves (test_ddp.cpp).
+  optim::AdamW ref_opt(reference->parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
+  optim::AdamW opt(fsdp.parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
+  for (int step = 0; step < 5; ++step) {
+    double ref_loss = 0, loss = 0;
+    for (int m = 0; m < micro_batches; ++m) {
+      const Batch all = global_batch(global, 10 * step + m);
+      const Tensor r = cross_entropy((*reference)(all.images), all.labels) * (1.0 / micro_batches);
+      r.backward();
+      ref_loss += r.item();
+      const Tensor l = cross_entropy(fsdp(all.images.narrow(rank * per_rank, per_rank)),
+                                     all.labels.narrow(rank * per_rank, per_rank)) * (1.0 / micro_batches);
+      l.backward();
+      const Tensor mean = l.detach().clone();
+      world().all_reduce(mean, distributed::ReduceOp::Avg)->wait();
+      loss += mean.item();
+    }
+    const double ref_norm = optim::clip_grad_norm_(reference->parameters(), 0.5);
+    const double norm = fsdp.clip_grad_norm_(0.5);
+    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << step;
+    ref_opt.step(), ref_opt.zero_grad();
+    opt.step(), opt.zero_grad();
+    EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << "step " << step;
+  }
+  EXPECT_LE(max_relative_difference(fsdp.full_parameters(), *reference), 1e-5);
+  // SHARD_GRAD_OP keeps every unit from forward to backward, and NO_SHARD keeps them all.
+  if (sharding == ShardingStrategy::FullShard) EXPECT_LE(fsdp.max_units_gathered(), 2);
+  if (sharding != ShardingStrategy::NoShard) EXPECT_EQ(fsdp.units_gathered(), 0) << "units gathered after backward";
+}
+
+TEST(Fsdp, FullShardMatchesOneProcess) { expect_matches_one_process(ShardingStrategy::FullShard, 1); }
+TEST(Fsdp, ShardGradOpMatchesOneProcess) { expect_matches_one_process(ShardingStrategy::ShardGradOp, 1); }
+TEST(Fsdp, NoShardMatchesOneProcess) { expect_matches_one_process(ShardingStrategy::NoShard, 1); }
+TEST(Fsdp, AccumulationIntoTheGradientShardMatchesOneProcess) {
+  expect_matches_one_process(ShardingStrategy::FullShard, 3);
+}
+
+TEST(Fsdp, ShardsHoldOneNthOfEveryFlatParameterPlusPadding) {
+  const int n = world().size();
+  auto model = make_vit(3);
+  const int64_t total = model->num_parameters();
+  FullyShardedDataParallel fsdp(model, group());
+  const auto flats = fsdp.flat_parameters();
+  ASSERT_EQ(flats.size(), 1 + 3u) << "the root unit and one unit per TransformerBlock";
+  EXPECT_EQ(flats[0].unit, "");
+  EXPECT_EQ(flats[1].unit, "blocks.0");
+  int64_t numel = 0, shard = 0;
+  for (const auto& f : flats) {
+    EXPECT_EQ(f.padded_numel % n, 0);
+    EXPECT_LT(f.padded_numel - f.numel, n);
+    EXPECT_EQ(f.shard_numel * n, f.padded_numel);
+    numel += f.numel, shard += f.shard_numel;
+  }
+  EXPECT_EQ(numel, total);
+  const auto shards = fsdp.parameters();
+  int64_t held = 0;
+  for (const Tensor& s : shards) held += s.numel();
+  EXPECT_EQ(held, shard);
+  EXPECT_LE(held * n - total, static_cast<int64_t>(flats.size()) * (n - 1));
+}
+
+// FULL_SHARD moves, per step: every block unit all-gathered twice (forward, then backward), the
+// root once (it stays gathered through the step), and every flat gradient reduce-scattered once.
+TEST(Fsdp, FullShardCommunicationMatchesTheory) {
+  const int n = world().size(), rank = world().rank();
+  FullyShardedDataParallel fsdp(make_vit(4), group());
+  const Batch all = global_batch(2 * n, 0);
+  world().reset_counters();
+  cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
+  const auto c = world().counters();
+  int64_t root = 0, blocks = 0, padded = 0;
+  for (const auto& f : fsdp.flat_parameters()) (f.unit.empty() ? root : blocks) += f.padded_numel, padded += f.padded_numel;
+  EXPECT_EQ(c.payload_of(distributed::Collective::AllGather), 4 * (root + 2 * blocks));
+  EXPECT_EQ(c.payload_of(distributed::Collective::ReduceScatter), 4 * padded);
+  EXPECT_DOUBLE_EQ(c.bus_bytes(distributed::Collective::AllGather), 4.0 * (root + 2 * blocks) * (n - 1) / n);
+}
+
+}  // namespace
+}  // namespace octet

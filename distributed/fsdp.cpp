@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "autograd/engine.h"
@@ -36,6 +37,7 @@ struct FullyShardedDataParallel::State {
   struct Flat {
     int unit = 0;
     int key = 0;
+    bool trainable = true;
     std::vector<Slot> slots;
     int64_t numel = 0, padded = 0, shard_numel = 0;
     Tensor shard;     // f32 [shard_numel], a leaf: this rank's master weights; .grad its gradient
@@ -66,6 +68,12 @@ struct FullyShardedDataParallel::State {
   std::vector<int> reduce_order;
   int next_to_reduce = 0;  // reduce_order[0, next_to_reduce) are launched
   int gathered_now = 0, gathered_max = 0;
+  int64_t gathered_bytes = 0, peak_gathered_bytes = 0;  // gathered units and gradients in flight
+
+  void count_bytes(int64_t delta) {
+    gathered_bytes += delta;
+    peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
+  }
 
   int world() const { return sharded ? group->size() : 1; }
 
@@ -78,6 +86,7 @@ struct FullyShardedDataParallel::State {
     for (int f : unit.flats) {
       Flat& flat = flats[f];
       flat.gathered.storage()->reallocate();
+      count_bytes(static_cast<int64_t>(flat.gathered.nbytes()));
       const Tensor input = flat.shard.detach().to(options.compute_dtype).clone();
       unit.gather_inputs.push_back(input);
       if (sharded) {
@@ -108,7 +117,10 @@ struct FullyShardedDataParallel::State {
       unit.gathered = true;
     }
     if (!unit.gathered) return;
-    for (int f : unit.flats) flats[f].gathered.storage()->release();
+    for (int f : unit.flats) {
+      flats[f].gathered.storage()->release();
+      count_bytes(-static_cast<int64_t>(flats[f].gathered.nbytes()));
+    }
     unit.gathered = false;
     if (u != 0) --gathered_now;
   }
@@ -165,8 +177,8 @@ struct FullyShardedDataParallel::State {
     backward_active = true;
     next_to_reduce = 0;
     for (Flat& flat : flats) {
-      flat.pending = static_cast<int>(flat.slots.size());
-      flat.reduced = false;
+      flat.pending = flat.trainable ? static_cast<int>(flat.slots.size()) : 0;
+      flat.reduced = !flat.trainable;
       for (Slot& slot : flat.slots) slot.arrived = false;
     }
     std::weak_ptr<State> weak = self;
@@ -209,6 +221,7 @@ struct FullyShardedDataParallel::State {
       }
     }
     flat.grad_shard = empty({flat.shard_numel}, options.reduce_dtype, flat.shard.device());
+    count_bytes(static_cast<int64_t>(flat.grad_full.nbytes()));
     if (sharded) {
       flat.reduce_work = group->reduce_scatter(flat.grad_shard, flat.grad_full, ReduceOp::Avg);
     } else {
@@ -228,12 +241,14 @@ struct FullyShardedDataParallel::State {
     if (!backward_active) return;
     // A parameter this pass did not reach contributes zeros (another rank may have used it).
     for (Flat& flat : flats) {
+      if (!flat.trainable) continue;
       for (Slot& slot : flat.slots) {
         if (!slot.arrived) slot.arrived = true, --flat.pending;
       }
     }
     launch_ready();
     for (Flat& flat : flats) {
+      if (!flat.trainable) continue;
       flat.reduce_work->wait();
       flat.reduce_work.reset();
       const Tensor grad = flat.grad_shard.to(DType::f32);
@@ -242,6 +257,7 @@ struct FullyShardedDataParallel::State {
       } else {
         flat.shard.set_grad(grad.clone());
       }
+      count_bytes(-static_cast<int64_t>(flat.grad_full.nbytes()));
       flat.grad_full = Tensor();
       flat.grad_shard = Tensor();
     }
@@ -298,27 +314,27 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
 
   // Flat parameters: per unit and key, in parameter registration order.
   const int world = s.world();
-  std::vector<nn::NamedTensor> params;
-  for (const auto& p : module_->named_parameters()) {
-    OCTET_CHECK(p.second.requires_grad(), "FullyShardedDataParallel: ", p.first, " does not require grad; frozen "
-                "parameters are not supported yet");
-    params.push_back(p);
-  }
+  const std::vector<nn::NamedTensor> params = module_->named_parameters();
+  // Trainable and frozen parameters never share a flat parameter: a frozen flat gets no gradient.
+  auto key_of = [&](const std::string& name, const Tensor& p) {
+    const int key = options.flat_param_key ? options.flat_param_key(name, p) : 0;
+    return p.requires_grad() ? 2 * key : 2 * key + 1;
+  };
   const Device device = params.empty() ? Device::cpu() : params.front().second.device();
   for (size_t u = 0; u < s.units.size(); ++u) {
     std::vector<int> keys;
     for (const auto& [name, p] : params) {
       if (unit_of(name) != static_cast<int>(u)) continue;
-      const int key = options.flat_param_key ? options.flat_param_key(name, p) : 0;
+      const int key = key_of(name, p);
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     }
     for (int key : keys) {
       State::Flat flat;
       flat.unit = static_cast<int>(u);
-      flat.key = key;
+      flat.key = key / 2;
+      flat.trainable = key % 2 == 0;
       for (const auto& [name, p] : params) {
-        if (unit_of(name) != static_cast<int>(u)) continue;
-        if ((options.flat_param_key ? options.flat_param_key(name, p) : 0) != key) continue;
+        if (unit_of(name) != static_cast<int>(u) || key_of(name, p) != key) continue;
         flat.slots.push_back({name, p, flat.numel});
         flat.numel += p.numel();
       }
@@ -329,10 +345,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     }
   }
 
-  for (size_t u = s.units.size(); u-- > 0;) {
-    if (u != 0) s.reduce_order.insert(s.reduce_order.end(), s.units[u].flats.begin(), s.units[u].flats.end());
+  for (size_t u = s.units.size(); u-- > 0;) {  // the last unit first, the root (units[0]) last
+    for (int f : s.units[u].flats) {
+      if (s.flats[f].trainable) s.reduce_order.push_back(f);
+    }
   }
-  s.reduce_order.insert(s.reduce_order.end(), s.units[0].flats.begin(), s.units[0].flats.end());
 
   // Every rank starts from rank 0's values: broadcast each flat parameter, keep this rank's shard,
   // and make the module's parameters views of the (released) gathered buffer.
@@ -346,12 +363,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     }
     group_->broadcast(full, 0)->wait();
     flat.shard = full.narrow(static_cast<int64_t>(rank) * flat.shard_numel, flat.shard_numel).clone();
-    flat.shard.requires_grad_(true);
+    flat.shard.requires_grad_(flat.trainable);
     flat.gathered = empty({flat.padded}, options.compute_dtype, device);
     for (size_t i = 0; i < flat.slots.size(); ++i) {
       Slot& slot = flat.slots[i];
       slot.parameter.set_data(flat.gathered.narrow(slot.offset, slot.parameter.numel()).reshape(slot.parameter.shape()));
       slot.parameter.set_grad(Tensor());
+      if (!flat.trainable) continue;
       std::weak_ptr<State> weak = state_;
       slot.parameter.register_post_accumulate_grad_hook([weak, f = static_cast<int>(f), i = static_cast<int>(i)](Tensor&) {
         if (auto st = weak.lock()) st->on_gradient(f, i);
@@ -396,15 +414,50 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 
 std::vector<Tensor> FullyShardedDataParallel::parameters() const {
   std::vector<Tensor> out;
+  for (const auto& flat : state_->flats) {
+    if (flat.trainable) out.push_back(flat.shard);
+  }
+  return out;
+}
+
+std::vector<Tensor> FullyShardedDataParallel::all_shards() const {
+  std::vector<Tensor> out;
   for (const auto& flat : state_->flats) out.push_back(flat.shard);
   return out;
+}
+
+FullyShardedDataParallel::MemoryLedger FullyShardedDataParallel::memory_ledger(const optim::Optimizer* optimizer) const {
+  MemoryLedger ledger;
+  for (const auto& flat : state_->flats) {
+    ledger.parameters += static_cast<int64_t>(flat.shard.nbytes());
+    if (flat.shard.grad().defined()) ledger.gradients += static_cast<int64_t>(flat.shard.grad().nbytes());
+  }
+  if (optimizer != nullptr) {
+    // State entries are "state.<g>.<i>.<name>"; count those of our shards' size (per-element state).
+    const auto& groups = optimizer->param_groups();
+    for (const auto& [key, tensor] : optimizer->state_dict()) {
+      int g = 0, i = 0;
+      if (std::sscanf(key.c_str(), "state.%d.%d.", &g, &i) != 2) continue;
+      const Tensor& param = groups.at(static_cast<size_t>(g)).params.at(static_cast<size_t>(i));
+      const bool ours = std::any_of(state_->flats.begin(), state_->flats.end(),
+                                    [&](const State::Flat& f) { return f.shard.is_same(param); });
+      if (ours && tensor.numel() == param.numel()) ledger.optimizer += static_cast<int64_t>(tensor.nbytes());
+    }
+  }
+  ledger.gathered = state_->gathered_bytes;
+  ledger.peak_gathered = state_->peak_gathered_bytes;
+  return ledger;
 }
 
 std::vector<FullyShardedDataParallel::FlatParameterInfo> FullyShardedDataParallel::flat_parameters() const {
   std::vector<FlatParameterInfo> out;
   for (const auto& flat : state_->flats) {
-    FlatParameterInfo info{state_->units[flat.unit].name, flat.key, {}, flat.numel, flat.padded, flat.shard_numel};
-    for (const Slot& slot : flat.slots) info.parameters.push_back(slot.name);
+    FlatParameterInfo info{state_->units[flat.unit].name, flat.key, flat.trainable, {}, {}, flat.numel, flat.padded,
+                           flat.shard_numel};
+    for (const Slot& slot : flat.slots) {
+      info.parameters.push_back(slot.name);
+      info.offsets.push_back(slot.offset);
+    }
     out.push_back(std::move(info));
   }
   return out;
@@ -415,7 +468,7 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
               "be finite and > 0, got ", max_norm);
   std::vector<Tensor> grads;
   for (const auto& flat : state_->flats) {
-    if (flat.shard.grad().defined()) grads.push_back(flat.shard.grad());
+    if (flat.trainable && flat.shard.grad().defined()) grads.push_back(flat.shard.grad());
   }
   double local = grads.empty() ? 0.0 : kernels::sum_of_squares_multi(grads);
   if (state_->sharded) {

@@ -12,6 +12,8 @@
 // inside one belongs to the root unit. A unit's parameters are concatenated into flat parameters
 // (one per flat_param_key, e.g. decayed or not), each padded to a multiple of the world size N.
 // Rank r owns the contiguous fp32 shard r of each flat parameter: a leaf tensor the optimizer steps.
+// Frozen parameters (requires_grad false: a LoRA base) go to flat parameters of their own, which are
+// sharded and gathered like the others but get no gradient and no optimizer state.
 //
 // A step, for a unit under FULL_SHARD:
 //   forward   pre-hook: all-gather the shards (in compute_dtype) into the unit's gathered buffer,
@@ -33,6 +35,7 @@
 
 #include "distributed/process_group.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 
 namespace octet::distributed {
 
@@ -64,14 +67,20 @@ class FullyShardedDataParallel {
 
   Tensor operator()(const Tensor& input) { return (*module_)(input); }
   nn::Module& module() { return *module_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
 
-  // This rank's fp32 shards, one per flat parameter, in flat_parameters() order: the optimizer's.
+  // This rank's fp32 shards of the trainable flat parameters, in flat_parameters() order: give
+  // these to the optimizer.
   std::vector<Tensor> parameters() const;
+  // The shard of every flat parameter, frozen ones included (for checkpoints).
+  std::vector<Tensor> all_shards() const;
 
   struct FlatParameterInfo {
     std::string unit;  // "" for the root, else the module's dotted name
     int key = 0;
+    bool trainable = true;
     std::vector<std::string> parameters;  // dotted names, in the flat order
+    std::vector<int64_t> offsets;         // each parameter's first element in the flat
     int64_t numel = 0, padded_numel = 0, shard_numel = 0;
   };
   std::vector<FlatParameterInfo> flat_parameters() const;
@@ -86,6 +95,16 @@ class FullyShardedDataParallel {
 
   int units_gathered() const;      // non-root units gathered now
   int max_units_gathered() const;  // the most at once since construction
+
+  // What this rank holds, in bytes. parameters: the fp32 shards; gradients: their .grad;
+  // optimizer: the optimizer's per-element state of the shards (AdamW's two moments; scalar step
+  // counters are not counted); gathered: the gathered units' buffers now; peak_gathered: the most
+  // gathered-buffer bytes at once (units plus gradients in flight) since construction.
+  struct MemoryLedger {
+    int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, peak_gathered = 0;
+    int64_t sharded_total() const { return parameters + gradients + optimizer; }
+  };
+  MemoryLedger memory_ledger(const optim::Optimizer* optimizer = nullptr) const;
 
   struct State;
 

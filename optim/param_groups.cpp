@@ -4,9 +4,8 @@
 #include <string_view>
 
 namespace octet::optim {
-namespace {
 
-bool decayed(const std::string& name, const Tensor& param) {
+bool is_weight_decayed(const std::string& name, const Tensor& param) {
   static constexpr std::array<std::string_view, 2> kNoWeightDecay = {"pos_embed", "cls_token"};
   if (param.dim() <= 1) return false;
   for (std::string_view suffix : kNoWeightDecay) {
@@ -15,8 +14,6 @@ bool decayed(const std::string& name, const Tensor& param) {
   return true;
 }
 
-}  // namespace
-
 std::vector<ParamGroup> weight_decay_groups(const std::vector<std::pair<std::string, Tensor>>& named,
                                             double lr, double weight_decay) {
   ParamGroup no_decay{{}, lr, 0.0};
@@ -24,7 +21,7 @@ std::vector<ParamGroup> weight_decay_groups(const std::vector<std::pair<std::str
   for (const auto& [name, param] : named) {
     OCTET_CHECK(param.defined(), "weight_decay_groups: parameter '", name, "' is undefined");
     if (!param.requires_grad()) continue;
-    (decayed(name, param) ? decay : no_decay).params.push_back(param);
+    (is_weight_decayed(name, param) ? decay : no_decay).params.push_back(param);
   }
   std::vector<ParamGroup> groups;
   if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));

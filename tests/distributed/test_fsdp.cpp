@@ -144,5 +144,82 @@ TEST(Fsdp, FullShardCommunicationMatchesTheory) {
   EXPECT_DOUBLE_EQ(c.bus_bytes(distributed::Collective::AllGather), 4.0 * (root + 2 * blocks) * (n - 1) / n);
 }
 
+// Parameters, gradients and AdamW's two moments: 4 + 4 + 8 bytes per element of every shard, that is
+// 16·Ψ/N plus the padding, exactly.
+TEST(Fsdp, LedgerHoldsSixteenBytesPerShardElementWithAdamW) {
+  const int n = world().size(), rank = world().rank();
+  auto model = make_vit(6);
+  const int64_t total = model->num_parameters();
+  FullyShardedDataParallel fsdp(model, group());
+  optim::AdamW opt(fsdp.parameters(), 1e-3);
+  const Batch all = global_batch(2 * n, 0);
+  cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
+  opt.step();
+  int64_t shard = 0, padded = 0, largest_unit = 0;
+  for (const auto& f : fsdp.flat_parameters()) {
+    shard += f.shard_numel, padded += f.padded_numel;
+    if (!f.unit.empty()) largest_unit = std::max(largest_unit, f.padded_numel);
+  }
+  EXPECT_EQ(shard * n, padded);
+  EXPECT_LE(padded - total, static_cast<int64_t>(fsdp.flat_parameters().size()) * (n - 1));
+  const auto ledger = fsdp.memory_ledger(&opt);
+  EXPECT_EQ(ledger.parameters, 4 * shard);
+  EXPECT_EQ(ledger.gradients, 4 * shard);
+  EXPECT_EQ(ledger.optimizer, 8 * shard);
+  EXPECT_EQ(ledger.sharded_total(), 16 * shard);
+  EXPECT_EQ(ledger.gathered, 0);
+  // The peak holds the root, at most two block units and the gradients in flight: never everything
+  // at once (this model's three blocks plus the root would be more).
+  int64_t root = 0;
+  for (const auto& f : fsdp.flat_parameters()) root += f.unit.empty() ? f.padded_numel : 0;
+  EXPECT_GT(ledger.peak_gathered, 4 * root);
+  EXPECT_LE(ledger.peak_gathered, 4 * (root + 2 * largest_unit) * 2);
+}
+
+// Frozen parameters (a LoRA base) are sharded and gathered but get no gradient, no optimizer state
+// and never change; the rest trains as one process would.
+TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {
+  const int n = world().size(), rank = world().rank();
+  auto freeze = [](nn::Module& m) {
+    for (auto& [name, p] : m.named_parameters()) {
+      if (name.find("attn.qkv") != std::string::npos || name.find("mlp.fc1") != std::string::npos) p.requires_grad_(false);
+    }
+  };
+  auto reference = make_vit(12);
+  freeze(*reference);
+  auto model = make_vit(12);
+  freeze(*model);
+  const auto before = model->named_parameters();
+  std::vector<std::pair<std::string, std::vector<double>>> frozen;
+  for (const auto& [name, p] : before) {
+    if (!p.requires_grad()) frozen.emplace_back(name, p.to_vector<double>());
+  }
+  ASSERT_FALSE(frozen.empty());
+  FullyShardedDataParallel fsdp(model, group());
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : reference->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  optim::AdamW ref_opt(trainable, 1e-3);
+  optim::AdamW opt(fsdp.parameters(), 1e-3);
+  for (int step = 0; step < 3; ++step) {
+    const Batch all = global_batch(2 * n, step);
+    cross_entropy((*reference)(all.images), all.labels).backward();
+    ref_opt.step(), ref_opt.zero_grad();
+    cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
+    opt.step(), opt.zero_grad();
+  }
+  const auto full = fsdp.full_parameters();
+  EXPECT_LE(max_relative_difference(full, *reference), 1e-5);
+  for (const auto& [name, values] : frozen) {
+    const auto it = std::find_if(full.begin(), full.end(), [&](const auto& p) { return p.first == name; });
+    ASSERT_NE(it, full.end());
+    EXPECT_EQ(it->second.to_vector<double>(), values) << name << " changed";
+  }
+  for (const auto& f : fsdp.flat_parameters()) {
+    if (!f.trainable) EXPECT_FALSE(f.unit.empty()) << "only the blocks' Linears were frozen";
+  }
+}
+
 }  // namespace
 }  // namespace octet

@@ -1,0 +1,564 @@
+#include "distributed/fsdp_checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "nn/safetensors.h"
+
+namespace octet::distributed {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormatName = "octet-fsdp-checkpoint";
+constexpr const char* kIndexFile = "index.json";
+constexpr const char* kGroupsFile = "optimizer_groups.safetensors";
+
+std::string shard_file_name(int rank, int world) {
+  return "shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
+}
+
+std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+// Runs `body` on every rank, then makes every rank agree on its outcome: when any rank failed, every
+// rank throws: a failed rank its own error, the others the lowest failed rank's message. A rank that
+// threw alone would leave the others waiting in the next collective until the group's timeout ended
+// the job; a rank that only said "another rank failed" would send the user hunting through logs.
+// Costs one all_reduce when all went well, and two broadcasts of the message when not.
+template <class Body>
+void on_every_rank(ProcessGroup& group, const std::string& op, Body&& body) {
+  std::exception_ptr error;
+  try {
+    body();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const Device device = group.device();
+  // Max of -rank finds the lowest failing rank; -size means none failed.
+  const Tensor failed = from_vector<double>({error ? -static_cast<double>(group.rank()) : -group.size()}, {1},
+                                            DType::f64, device);
+  group.all_reduce(failed, ReduceOp::Max)->wait();
+  const int failing = -static_cast<int>(failed.item());
+  if (failing == group.size()) return;
+  std::string message = failing == group.rank() ? error_text(error) : std::string();
+  const Tensor length = from_vector<double>({static_cast<double>(message.size())}, {1}, DType::f64, device);
+  group.broadcast(length, failing)->wait();
+  message.resize(static_cast<size_t>(length.item()));
+  const Tensor bytes = from_vector<uint8_t>(std::vector<uint8_t>(message.begin(), message.end()),
+                                            {static_cast<int64_t>(message.size())}, DType::u8, device);
+  if (!message.empty()) group.broadcast(bytes, failing)->wait();
+  if (error) std::rethrow_exception(error);
+  const std::vector<uint8_t> received = bytes.to_vector<uint8_t>();
+  OCTET_FAIL(op, " failed on rank ", failing, ": ", std::string(received.begin(), received.end()));
+}
+
+// How the flat parameters are laid out over the ranks: NO_SHARD keeps a full replica on every rank,
+// which is one shard of a world of one, held by "rank 0" everywhere.
+struct Layout {
+  int world = 1, rank = 0;
+};
+
+Layout layout_of(const std::vector<FullyShardedDataParallel::FlatParameterInfo>& flats, const ProcessGroup& group) {
+  Layout layout;
+  if (!flats.empty()) layout.world = static_cast<int>(flats.front().padded_numel / flats.front().shard_numel);
+  layout.rank = layout.world == 1 ? 0 : group.rank();
+  return layout;
+}
+
+// Where the optimizer keeps a shard: its group and index, found by tensor identity (the optimizer
+// may group the shards any way it likes).
+struct OptimizerSlot {
+  int group = -1, index = -1;  // -1: the optimizer does not hold this shard
+};
+
+OptimizerSlot find_in_optimizer(const optim::Optimizer& optimizer, const Tensor& shard) {
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      if (groups[g].params[i].is_same(shard)) return {static_cast<int>(g), static_cast<int>(i)};
+    }
+  }
+  return {};
+}
+
+std::string state_prefix(const OptimizerSlot& slot) {
+  return "state." + std::to_string(slot.group) + "." + std::to_string(slot.index) + ".";
+}
+
+// Makes a directory rename durable: the rename is an entry in the parent, which must reach the disk.
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  OCTET_CHECK(fd >= 0, "cannot open directory ", dir.string(), " to flush it to disk");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  OCTET_CHECK(rc == 0, "cannot flush directory ", dir.string(), " to disk");
+}
+
+fs::path normalized(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "run/step-10/" names "run/step-10"
+  return p;
+}
+
+// "<parent>/.<name><tag><job>": a hidden directory beside `dir`, on the same filesystem so that
+// renaming it into place is atomic.
+fs::path sibling(const fs::path& dir, const char* tag, int64_t job) {
+  std::string name = ".";
+  name += dir.filename().string();
+  name += tag;
+  name += std::to_string(job);
+  return dir.parent_path() / name;
+}
+
+}  // namespace
+
+// ---- save -----------------------------------------------------------------------------------------
+
+void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp, const optim::Optimizer* optimizer,
+                          const WriteExtraFiles& write_extra) {
+  const std::string op = "save_fsdp_checkpoint(" + dir + ")";
+  ProcessGroup& group = *fsdp.process_group();
+  const auto flats = fsdp.flat_parameters();
+  const std::vector<Tensor> shards = fsdp.all_shards();
+  const Layout layout = layout_of(flats, group);
+  const int num_flats = static_cast<int>(flats.size());
+
+  // This rank's optimizer state per shard. The state dict's tensors share the optimizer's storage,
+  // which nothing changes before they are written below.
+  const std::map<std::string, Tensor> optimizer_state = optimizer ? optimizer->state_dict() : std::map<std::string, Tensor>{};
+  std::vector<OptimizerSlot> slots(num_flats);
+  std::vector<int64_t> steps(num_flats, 0);
+  std::vector<std::map<std::string, Tensor>> buffers(num_flats);
+  for (int f = 0; f < num_flats && optimizer; ++f) {
+    slots[f] = find_in_optimizer(*optimizer, shards[f]);
+    if (slots[f].group < 0) continue;
+    const std::string prefix = state_prefix(slots[f]);
+    for (auto it = optimizer_state.lower_bound(prefix); it != optimizer_state.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      const std::string name = it->first.substr(prefix.size());
+      if (name == "step") {
+        steps[f] = static_cast<int64_t>(it->second.item());
+        continue;
+      }
+      // Per-element state is what re-sharding knows how to split; SGD and AdamW hold nothing else.
+      OCTET_CHECK(it->second.shape() == shards[f].shape() && it->second.dtype() == DType::f32, op, ": ",
+                  optimizer->name(), " state ", it->first, " is ", it->second.describe(), ", not one f32 value per ",
+                  "element of its shard ", shards[f].describe(), "; only per-element optimizer state can be re-sharded");
+      buffers[f][name] = it->second;
+    }
+  }
+
+  // Rank 0 describes the state of every shard in index.json, so the ranks must agree on it: every
+  // rank steps every shard (FSDP gives each one a gradient) in the same optimizer group. Max of
+  // (v, -v) over the ranks equals (v, -v) everywhere only if every rank holds the same v.
+  {
+    std::vector<double> mine;
+    for (int f = 0; f < num_flats; ++f) mine.push_back(static_cast<double>(steps[f])), mine.push_back(slots[f].group);
+    std::vector<double> both = mine;
+    for (double v : mine) both.push_back(-v);
+    const Tensor reduced = from_vector<double>(both, {static_cast<int64_t>(both.size())}, DType::f64, group.device());
+    group.all_reduce(reduced, ReduceOp::Max)->wait();
+    const std::vector<double> r = reduced.to_vector<double>();
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const int f = static_cast<int>(k / 2);
+      OCTET_CHECK(r[k] == -r[k + mine.size()], op, ": the ranks disagree on the ", k % 2 ? "optimizer group" : "step count",
+                  " of flat parameter ", f, " (unit '", flats[f].unit, "'); build the optimizer the same way on every ",
+                  "rank over fsdp.parameters(), and step it on every rank");
+    }
+  }
+
+  // Every rank writes into the same temporary directory, named after rank 0's process so two jobs
+  // saving to one place never share it.
+  const fs::path final_dir = normalized(dir);
+  const Tensor pid = from_vector<double>({static_cast<double>(::getpid())}, {1}, DType::f64, group.device());
+  group.broadcast(pid, 0)->wait();
+  const int64_t job = static_cast<int64_t>(pid.item());
+  const fs::path tmp_dir = sibling(final_dir, ".tmp-", job);
+  on_every_rank(group, op, [&] {
+    if (group.rank() != 0) return;
+    std::error_code ec;
+    if (!final_dir.parent_path().empty()) fs::create_directories(final_dir.parent_path(), ec);
+    OCTET_CHECK(!ec, op, ": cannot create ", final_dir.parent_path().string(), ": ", ec.message(),
+                "; pass a writable directory");
+    fs::remove_all(tmp_dir, ec);  // a stale one from a job that died with this pid
+    OCTET_CHECK(fs::create_directory(tmp_dir, ec) && !ec, op, ": cannot create ", tmp_dir.string(), ": ",
+                ec.message(), "; pass a writable directory");
+  });
+
+  const auto write_files = [&] {
+    if (layout.world > 1 || group.rank() == 0) {  // NO_SHARD: the replicas are equal, one copy will do
+      nn::StateDict tensors;
+      for (int f = 0; f < num_flats; ++f) {
+        const std::string prefix = "flat." + std::to_string(f) + ".";
+        tensors[prefix + "param"] = shards[f].detach();
+        for (const auto& [name, t] : buffers[f]) tensors[prefix + name] = t;
+      }
+      nn::save_safetensors((tmp_dir / shard_file_name(layout.rank, layout.world)).string(), tensors,
+                           {{"format", kFormatName}, {"rank", std::to_string(layout.rank)},
+                            {"world_size", std::to_string(layout.world)}});
+    }
+    if (group.rank() != 0) return;
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, p] : fsdp.module().named_parameters()) shapes[name] = p.shape();
+    json index = {{"format", kFormatName}, {"format_version", kFormatVersion}, {"world_size", layout.world}};
+    index["optimizer"] = optimizer ? json{{"name", optimizer->name()}, {"groups_file", kGroupsFile}} : json(nullptr);
+    index["shards"] = json::array();
+    for (int k = 0; k < layout.world; ++k) index["shards"].push_back(shard_file_name(k, layout.world));
+    index["flat_parameters"] = json::array();
+    for (int f = 0; f < num_flats; ++f) {
+      const auto& info = flats[f];
+      json flat = {{"unit", info.unit},
+                   {"key", info.key},
+                   {"trainable", info.trainable},
+                   {"numel", info.numel},
+                   {"padded_numel", info.padded_numel},
+                   {"shard_numel", info.shard_numel},
+                   {"optimizer_group", slots[f].group >= 0 ? json(slots[f].group) : json(nullptr)},
+                   {"step", steps[f] > 0 ? json(steps[f]) : json(nullptr)},
+                   {"state", json::array()},
+                   {"parameters", json::array()}};
+      for (const auto& [name, t] : buffers[f]) flat["state"].push_back(name);
+      for (size_t k = 0; k < info.parameters.size(); ++k) {
+        flat["parameters"].push_back(
+            {{"name", info.parameters[k]}, {"offset", info.offsets[k]}, {"shape", shapes.at(info.parameters[k])}});
+      }
+      index["flat_parameters"].push_back(std::move(flat));
+    }
+    if (optimizer) {
+      nn::StateDict group_entries;
+      for (const auto& [key, t] : optimizer_state) {
+        if (key.rfind("param_groups.", 0) == 0) group_entries[key] = t;
+      }
+      nn::save_safetensors((tmp_dir / kGroupsFile).string(), group_entries, {{"format", kFormatName}});
+    }
+    if (write_extra) write_extra(tmp_dir.string());
+    // Last: a directory with index.json was written completely (the rename below is what publishes it).
+    write_file_atomic((tmp_dir / kIndexFile).string(), index.dump(2) + "\n");
+  };
+  try {
+    on_every_rank(group, op, write_files);
+  } catch (const Error&) {
+    if (group.rank() == 0) {
+      std::error_code ignored;
+      fs::remove_all(tmp_dir, ignored);
+    }
+    throw;
+  }
+
+  // Publish: rename() will not replace a non-empty directory, so an older checkpoint of the same
+  // name is moved aside first and removed once the new one is in place.
+  on_every_rank(group, op, [&] {
+    if (group.rank() != 0) return;
+    const fs::path old_dir = sibling(final_dir, ".old-", job);
+    std::error_code ec;
+    const bool replacing = fs::exists(final_dir);
+    if (replacing) {
+      fs::remove_all(old_dir, ec);
+      fs::rename(final_dir, old_dir, ec);
+      OCTET_CHECK(!ec, op, ": cannot move the old checkpoint at ", final_dir.string(), " aside: ", ec.message());
+    }
+    fs::rename(tmp_dir, final_dir, ec);
+    OCTET_CHECK(!ec, op, ": cannot rename ", tmp_dir.string(), " to ", final_dir.string(), ": ", ec.message());
+    sync_directory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+    if (replacing) fs::remove_all(old_dir, ec);
+  });
+}
+
+// ---- load -----------------------------------------------------------------------------------------
+
+namespace {
+
+// A field of index.json, naming the file and the field when it is absent or ill-typed.
+template <class T>
+T field(const json& j, const char* name, const std::string& file, const std::string& where = "") {
+  OCTET_CHECK(j.is_object() && j.contains(name), "FSDP checkpoint ", file, where, " has no \"", name,
+              "\": the file is damaged or not an FSDP checkpoint index; load another checkpoint");
+  try {
+    return j.at(name).get<T>();
+  } catch (const json::exception&) {
+    OCTET_FAIL("FSDP checkpoint ", file, where, ": \"", name, "\" is ", j.at(name).dump(),
+               ", not the expected type; the file is damaged, load another checkpoint");
+  }
+}
+
+struct SavedParameter {
+  std::string name;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+};
+
+struct SavedFlat {
+  std::string unit;
+  int key = 0;
+  bool trainable = true;
+  int64_t numel = 0, padded_numel = 0, shard_numel = 0;
+  int optimizer_group = -1;
+  int64_t step = 0;
+  std::vector<std::string> state;
+  std::vector<SavedParameter> parameters;
+};
+
+struct SavedIndex {
+  int world = 0;
+  std::string optimizer;  // "" when saved without one
+  std::vector<std::string> shards;
+  std::vector<SavedFlat> flats;
+};
+
+SavedIndex read_index(const fs::path& dir) {
+  const std::string file = (dir / kIndexFile).string();
+  OCTET_CHECK(fs::exists(dir), "no FSDP checkpoint at ", dir.string(), ": the directory does not exist; pass a "
+              "directory written by save_fsdp_checkpoint");
+  OCTET_CHECK(fs::exists(file), "no FSDP checkpoint at ", dir.string(), ": it has no ", kIndexFile, " (its save did "
+              "not finish, or it is not an FSDP checkpoint); pass a directory written by save_fsdp_checkpoint");
+  json j;
+  try {
+    j = json::parse(read_file(file));
+  } catch (const json::parse_error& e) {
+    OCTET_FAIL("FSDP checkpoint ", file, " is not valid JSON (", e.what(), "); it is damaged, load another checkpoint");
+  }
+  OCTET_CHECK(field<std::string>(j, "format", file) == kFormatName, "FSDP checkpoint ", file, " is not an ",
+              kFormatName, " index; pass a directory written by save_fsdp_checkpoint");
+  const int version = field<int>(j, "format_version", file);
+  OCTET_CHECK(version == kFormatVersion, "FSDP checkpoint ", file, " has format version ", version,
+              "; this build reads version ", kFormatVersion);
+  SavedIndex index;
+  index.world = field<int>(j, "world_size", file);
+  index.shards = field<std::vector<std::string>>(j, "shards", file);
+  OCTET_CHECK(index.world >= 1 && static_cast<int>(index.shards.size()) == index.world, "FSDP checkpoint ", file,
+              " lists ", index.shards.size(), " shard files for world size ", index.world, "; the file is damaged");
+  if (j.contains("optimizer") && !j["optimizer"].is_null()) {
+    index.optimizer = field<std::string>(j["optimizer"], "name", file, " optimizer");
+  }
+  const json flats = field<json>(j, "flat_parameters", file);
+  OCTET_CHECK(flats.is_array(), "FSDP checkpoint ", file, ": flat_parameters is not a list; the file is damaged");
+  for (size_t f = 0; f < flats.size(); ++f) {
+    const json& jf = flats[f];
+    const std::string where = " flat parameter " + std::to_string(f);
+    SavedFlat flat;
+    flat.unit = field<std::string>(jf, "unit", file, where);
+    flat.key = field<int>(jf, "key", file, where);
+    flat.trainable = field<bool>(jf, "trainable", file, where);
+    flat.numel = field<int64_t>(jf, "numel", file, where);
+    flat.padded_numel = field<int64_t>(jf, "padded_numel", file, where);
+    flat.shard_numel = field<int64_t>(jf, "shard_numel", file, where);
+    flat.optimizer_group = jf.contains("optimizer_group") && !jf["optimizer_group"].is_null()
+                               ? field<int>(jf, "optimizer_group", file, where) : -1;
+    flat.step = jf.contains("step") && !jf["step"].is_null() ? field<int64_t>(jf, "step", file, where) : 0;
+    flat.state = field<std::vector<std::string>>(jf, "state", file, where);
+    OCTET_CHECK(flat.numel >= 0 && flat.shard_numel * index.world == flat.padded_numel &&
+                    flat.numel <= flat.padded_numel && flat.step >= 0,
+                "FSDP checkpoint ", file, where, " has numel ", flat.numel, ", padded_numel ", flat.padded_numel,
+                " and shard_numel ", flat.shard_numel, " at world size ", index.world,
+                ", which do not fit together; the file is damaged");
+    for (const json& jp : field<json>(jf, "parameters", file, where)) {
+      flat.parameters.push_back({field<std::string>(jp, "name", file, where), field<int64_t>(jp, "offset", file, where),
+                                 field<std::vector<int64_t>>(jp, "shape", file, where)});
+    }
+    index.flats.push_back(std::move(flat));
+  }
+  return index;
+}
+
+std::string names_str(const std::vector<std::string>& names) {
+  std::string s = "[";
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s + "]";
+}
+
+// The checkpoint must hold the same flat parameters as the model: same units, keys, parameters in
+// the same order with the same shapes. Sizes alone would let a differently built model load
+// another's bytes into the wrong places.
+void check_same_flats(const SavedIndex& index, const std::vector<FullyShardedDataParallel::FlatParameterInfo>& flats,
+                      nn::Module& module, const std::string& file) {
+  const std::string fix = "; build the model with the same configuration, wrap_policy and flat_param_key as the run "
+                          "that saved the checkpoint";
+  OCTET_CHECK(index.flats.size() == flats.size(), "FSDP checkpoint ", file, " holds ", index.flats.size(),
+              " flat parameters but this model has ", flats.size(), fix);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, p] : module.named_parameters()) shapes[name] = p.shape();
+  for (size_t f = 0; f < flats.size(); ++f) {
+    const SavedFlat& saved = index.flats[f];
+    const auto& mine = flats[f];
+    const std::string which = "flat parameter " + std::to_string(f) + " (unit '" + mine.unit + "', key " +
+                              std::to_string(mine.key) + ")";
+    OCTET_CHECK(saved.unit == mine.unit && saved.key == mine.key && saved.trainable == mine.trainable,
+                "FSDP checkpoint ", file, ": flat parameter ", f, " is of unit '", saved.unit, "', key ", saved.key,
+                saved.trainable ? ", trainable" : ", frozen", " but this model's ", which,
+                mine.trainable ? " is trainable" : " is frozen", fix);
+    std::vector<std::string> saved_names;
+    for (const SavedParameter& p : saved.parameters) saved_names.push_back(p.name);
+    OCTET_CHECK(saved_names == mine.parameters, "FSDP checkpoint ", file, ": ", which, " holds ",
+                names_str(saved_names), " but this model's holds ", names_str(mine.parameters), fix);
+    for (const SavedParameter& p : saved.parameters) {
+      OCTET_CHECK(p.shape == shapes.at(p.name), "FSDP checkpoint ", file, ": ", p.name, " in ", which, " has shape ",
+                  Shape(p.shape), " but this model's is ", Shape(shapes.at(p.name)), fix);
+    }
+    OCTET_CHECK(saved.numel == mine.numel, "FSDP checkpoint ", file, ": ", which, " has ", saved.numel,
+                " elements but this model's has ", mine.numel, fix);
+  }
+}
+
+// A piece of a new shard that one old shard file holds: `length` elements from `source` in the old
+// shard to `target` in the new one.
+struct Piece {
+  int flat = 0;
+  int64_t source = 0, target = 0, length = 0;
+};
+
+}  // namespace
+
+FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp,
+                                        optim::Optimizer* optimizer) {
+  const std::string op = "load_fsdp_checkpoint(" + dir + ")";
+  ProcessGroup& group = *fsdp.process_group();
+  const fs::path path = normalized(dir);
+  const auto flats = fsdp.flat_parameters();
+  const std::vector<Tensor> shards = fsdp.all_shards();
+  const Layout layout = layout_of(flats, group);
+  const int num_flats = static_cast<int>(flats.size());
+
+  // Everything is read and checked on every rank before anything changes, so a damaged file on one
+  // rank leaves every rank's model and optimizer as they were.
+  SavedIndex index;
+  std::vector<Tensor> params(num_flats);
+  std::vector<std::map<std::string, Tensor>> states(num_flats);
+  std::vector<OptimizerSlot> slots(num_flats);
+  std::map<std::string, Tensor> optimizer_state;
+  on_every_rank(group, op, [&] {
+    index = read_index(path);
+    const std::string index_file = (path / kIndexFile).string();
+    check_same_flats(index, flats, fsdp.module(), index_file);
+    if (optimizer) {
+      OCTET_CHECK(!index.optimizer.empty(), op, ": the checkpoint was saved without optimizer state; pass a null "
+                  "optimizer to load the weights alone");
+      OCTET_CHECK(index.optimizer == optimizer->name(), op, ": the checkpoint holds ", index.optimizer,
+                  " state but the optimizer is ", optimizer->name(), "; build the optimizer the run used");
+      const std::string groups_file = (path / kGroupsFile).string();
+      try {
+        optimizer_state = nn::load_safetensors(groups_file).tensors;
+      } catch (const Error& e) {
+        OCTET_FAIL("FSDP checkpoint ", path.string(), " is damaged: ", groups_file, " cannot be read (", e.what(),
+                   "); load another checkpoint");
+      }
+    }
+
+    // What this rank needs: elements [r'·S', (r'+1)·S') ∩ [0, numel) of each flat, which old rank k
+    // holds at [k·S, (k+1)·S).
+    std::map<int, std::vector<Piece>> pieces;  // by old rank
+    for (int f = 0; f < num_flats; ++f) {
+      const SavedFlat& saved = index.flats[f];
+      const int64_t begin = layout.rank * flats[f].shard_numel;
+      const int64_t end = std::min(begin + flats[f].shard_numel, flats[f].numel);
+      for (int64_t at = begin; at < end;) {
+        const int64_t old_rank = at / saved.shard_numel;
+        const int64_t stop = std::min(end, (old_rank + 1) * saved.shard_numel);
+        pieces[static_cast<int>(old_rank)].push_back({f, at - old_rank * saved.shard_numel, at - begin, stop - at});
+        at = stop;
+      }
+      params[f] = zeros({flats[f].shard_numel});  // the padding stays zero
+      if (!optimizer) continue;
+      slots[f] = find_in_optimizer(*optimizer, shards[f]);
+      OCTET_CHECK(slots[f].group == saved.optimizer_group, op, ": flat parameter ", f, " (unit '", flats[f].unit,
+                  "') was in optimizer group ", saved.optimizer_group, " when saved but is in group ", slots[f].group,
+                  " of this optimizer (-1: not held); build the optimizer's groups over fsdp.parameters() as the run did");
+      if (saved.step > 0) {
+        for (const std::string& name : saved.state) states[f][name] = zeros({flats[f].shard_numel});
+      }
+    }
+
+    for (const auto& [old_rank, list] : pieces) {
+      const std::string file = (path / index.shards[old_rank]).string();
+      const std::string damaged = "FSDP checkpoint " + path.string() + " is damaged: shard file " + file + " (rank " +
+                                  std::to_string(old_rank) + " of " + std::to_string(index.world) + ")";
+      OCTET_CHECK(fs::exists(file), damaged, " is missing; load another checkpoint");
+      nn::SafetensorsFile shard_file;
+      try {
+        shard_file = nn::load_safetensors(file);
+      } catch (const Error& e) {
+        OCTET_FAIL(damaged, " cannot be read (", e.what(), "); it was truncated or altered, load another checkpoint");
+      }
+      for (const Piece& piece : list) {
+        const SavedFlat& saved = index.flats[piece.flat];
+        const std::string prefix = "flat." + std::to_string(piece.flat) + ".";
+        const auto copy_piece = [&](const std::string& name, const Tensor& target) {
+          const auto it = shard_file.tensors.find(prefix + name);
+          OCTET_CHECK(it != shard_file.tensors.end(), damaged, " has no ", prefix, name, "; load another checkpoint");
+          OCTET_CHECK(it->second.dtype() == DType::f32 && it->second.shape() == Shape({saved.shard_numel}), damaged,
+                      ": ", prefix, name, " is ", it->second.describe(), ", not f32 [", saved.shard_numel,
+                      "]; load another checkpoint");
+          target.narrow(piece.target, piece.length).copy_(it->second.narrow(piece.source, piece.length));
+        };
+        copy_piece("param", params[piece.flat]);
+        for (const auto& [name, t] : states[piece.flat]) copy_piece(name, t);
+      }
+    }
+
+    for (int f = 0; optimizer && f < num_flats; ++f) {
+      if (slots[f].group < 0 || index.flats[f].step == 0) continue;
+      const std::string prefix = state_prefix(slots[f]);
+      optimizer_state[prefix + "step"] = full(Shape{}, static_cast<double>(index.flats[f].step), DType::i64);
+      for (const auto& [name, t] : states[f]) optimizer_state[prefix + name] = t;
+    }
+  });
+
+  // The optimizer's checks depend only on what every rank shares (the index, the groups file and the
+  // optimizer's layout), so it fails on every rank or on none. It changes nothing when it fails, and
+  // runs before the weights are copied, so a failure leaves everything as it was.
+  if (optimizer) {
+    try {
+      optimizer->load_state_dict(optimizer_state);
+    } catch (const Error& e) {
+      OCTET_FAIL(op, ": the optimizer state does not fit this optimizer (was it saved with other settings?): ",
+                 e.what());
+    }
+  }
+  NoGradGuard no_grad;
+  for (int f = 0; f < num_flats; ++f) {
+    shards[f].detach().copy_(params[f]);
+    Tensor(shards[f]).set_grad(Tensor());  // a gradient from before the load belongs to other weights
+  }
+  return {index.world, num_flats};
+}
+
+// ---- consolidated export --------------------------------------------------------------------------
+
+void export_consolidated(const std::string& path, FullyShardedDataParallel& fsdp) {
+  const std::string op = "export_consolidated(" + path + ")";
+  ProcessGroup& group = *fsdp.process_group();
+  const auto parameters = fsdp.full_parameters();  // a collective: every rank gathers
+  on_every_rank(group, op, [&] {
+    if (group.rank() != 0) return;
+    nn::StateDict tensors(parameters.begin(), parameters.end());
+    // The rest of the state dict is the persistent buffers, replicated on every rank, not sharded:
+    // rank 0's are the model's. The module's parameters are views of released storage here, so
+    // only the buffers are taken from it.
+    for (const auto& [name, t] : fsdp.module().state_dict()) tensors.emplace(name, t);
+    const fs::path parent = fs::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    OCTET_CHECK(!ec, op, ": cannot create ", parent.string(), ": ", ec.message(), "; pass a writable path");
+    nn::save_safetensors(path, tensors, {{"format", "pt"}});
+  });
+}
+
+}  // namespace octet::distributed

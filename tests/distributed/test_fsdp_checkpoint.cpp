@@ -1,0 +1,374 @@
+// Sharded FSDP checkpoints (distributed/fsdp_checkpoint.h), run by mpirun at 4 ranks: a checkpoint
+// saved at N = 4 after 3 AdamW steps must continue, at N = 4, 2 and 1, with the losses of the run
+// that never stopped (bit for bit at the same N, within 1e-5 at another), a consolidated export must
+// load into a single-process model, and damaged checkpoints or mismatched models must give errors
+// that name the problem, on every rank.
+//
+// N = 2 inside a 4-rank job: ranks {0, 1} and {2, 3} each form a 2-rank group over a split MPI
+// communicator (SplitMpiGroup below, blocking and simple: enough for a tiny model). N = 1: every rank
+// loads the checkpoint alone, through a LocalProcessGroup, and trains on the whole batch.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "autograd/ops.h"
+#include "core/atomic_file.h"
+#include "distributed/fsdp_checkpoint.h"
+#include "models/vit.h"
+#include "nn/safetensors.h"
+#include "optim/optim.h"
+#include "tests/distributed/mpi_main.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+namespace fs = std::filesystem;
+using distributed::FsdpOptions;
+using distributed::FullyShardedDataParallel;
+using distributed::ProcessGroup;
+using testing::throws_with;
+using testing::world;
+
+// A process group over a part of MPI_COMM_WORLD: the ranks that pass the same color. Collectives run
+// blocking on the caller's thread (MPI_THREAD_MULTIPLE is on, so this is safe beside the world group's
+// communication thread); there is no overlap, which these tests do not need.
+class SplitMpiGroup : public ProcessGroup {
+ public:
+  // A collective over MPI_COMM_WORLD: every rank calls it.
+  static std::shared_ptr<SplitMpiGroup> split(int color) {
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, color, world().rank(), &comm);
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    return std::shared_ptr<SplitMpiGroup>(new SplitMpiGroup(comm, rank, size));
+  }
+  ~SplitMpiGroup() override { MPI_Comm_free(&comm_); }
+  std::string backend() const override { return "mpi-split"; }
+  Device device() const override { return Device::cpu(); }
+
+ protected:
+  distributed::WorkHandle do_all_reduce(const Tensor& t, distributed::ReduceOp op) override {
+    MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), count(t), type(t), op == distributed::ReduceOp::Max ? MPI_MAX : MPI_SUM,
+                  comm_);
+    if (op == distributed::ReduceOp::Avg) average(t);
+    return done("all_reduce");
+  }
+  distributed::WorkHandle do_reduce_scatter(const Tensor& out, const Tensor& in, distributed::ReduceOp op) override {
+    MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), type(out),
+                             op == distributed::ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_);
+    if (op == distributed::ReduceOp::Avg) average(out);
+    return done("reduce_scatter");
+  }
+  distributed::WorkHandle do_all_gather(const Tensor& out, const Tensor& in) override {
+    MPI_Allgather(in.data_ptr(), count(in), type(in), out.data_ptr(), count(in), type(out), comm_);
+    return done("all_gather");
+  }
+  distributed::WorkHandle do_broadcast(const Tensor& t, int root) override {
+    MPI_Bcast(t.data_ptr(), count(t), type(t), root, comm_);
+    return done("broadcast");
+  }
+  distributed::WorkHandle do_barrier() override {
+    MPI_Barrier(comm_);
+    return done("barrier");
+  }
+
+ private:
+  SplitMpiGroup(MPI_Comm comm, int rank, int size) : ProcessGroup(rank, size, {}), comm_(comm) {}
+  static int count(const Tensor& t) { return static_cast<int>(t.numel()); }
+  static MPI_Datatype type(const Tensor& t) {
+    switch (t.dtype()) {
+      case DType::f32: return MPI_FLOAT;
+      case DType::f64: return MPI_DOUBLE;
+      case DType::i64: return MPI_INT64_T;
+      case DType::u8: return MPI_UINT8_T;
+      default: OCTET_FAIL("SplitMpiGroup: ", t.describe(), " is not f32, f64, i64 or u8");
+    }
+  }
+  void average(const Tensor& t) const {
+    OCTET_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "SplitMpiGroup: Avg of ", t.describe());
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      if (t.dtype() == DType::f32) t.data<float>()[k] /= static_cast<float>(size());
+      else t.data<double>()[k] /= size();
+    }
+  }
+  static distributed::WorkHandle done(const char* what) { return std::make_shared<distributed::CompletedWork>(what); }
+
+  MPI_Comm comm_;
+};
+
+// 12-wide, 3 blocks: flat parameters that 4 and 2 do not all divide, so padding moves on re-sharding.
+models::ViTConfig tiny_vit(int64_t embed_dim = 12) { return {"tiny_fsdp", 8, 4, 1, 5, embed_dim, 3, 2, 2.0}; }
+
+std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed, int64_t embed_dim = 12) {
+  Generator gen(seed);
+  return std::make_shared<models::VisionTransformer>(tiny_vit(embed_dim), true, &gen);
+}
+
+std::shared_ptr<ProcessGroup> world_group() {
+  return std::shared_ptr<ProcessGroup>(&world(), [](auto*) {});
+}
+
+constexpr int64_t kGlobalBatch = 8;
+constexpr int kSaveAfter = 3, kContinueFor = 3;
+
+// Step `step`'s global batch; rank r of an n-rank group trains on its n-th of it.
+std::pair<Tensor, Tensor> batch_of(const ProcessGroup& group, int step) {
+  const Tensor images = testing::random_tensor({kGlobalBatch, 1, 8, 8}, DType::f32, 3000 + step);
+  std::vector<int64_t> labels(kGlobalBatch);
+  for (int64_t i = 0; i < kGlobalBatch; ++i) labels[i] = (i * 3 + step) % 5;
+  const int64_t per_rank = kGlobalBatch / group.size(), begin = group.rank() * per_rank;
+  return {images.narrow(begin, per_rank), from_vector<int64_t>(labels, {kGlobalBatch}).narrow(begin, per_rank)};
+}
+
+// AdamW steps [first, first + count); the mean loss over the group's ranks at each.
+std::vector<double> train(FullyShardedDataParallel& fsdp, optim::Optimizer& optimizer, ProcessGroup& group,
+                          int first, int count) {
+  std::vector<double> losses;
+  for (int step = first; step < first + count; ++step) {
+    const auto [images, labels] = batch_of(group, step);
+    const Tensor loss = cross_entropy(fsdp(images), labels);
+    loss.backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    const Tensor mean = loss.detach().clone();
+    group.all_reduce(mean, distributed::ReduceOp::Avg)->wait();
+    losses.push_back(mean.item());
+  }
+  return losses;
+}
+
+// lr 1e-3 as in test_fsdp.cpp: Adam turns last-bit gradient differences into ~lr·ε moves.
+std::unique_ptr<optim::AdamW> adamw(FullyShardedDataParallel& fsdp, double lr = 1e-3) {
+  return std::make_unique<optim::AdamW>(fsdp.parameters(), lr, 0.9, 0.999, 1e-8, 0.05);
+}
+
+// A directory every rank sees, named after rank 0's process; rank 0 removes it at exit.
+const fs::path& shared_directory() {
+  struct Directory {
+    fs::path path;
+    bool owner = false;  // rank 0; the group is gone when statics are destroyed
+    ~Directory() {
+      std::error_code ignored;
+      if (owner) fs::remove_all(path, ignored);
+    }
+  };
+  static const Directory dir = [] {
+    const Tensor pid = from_vector<double>({static_cast<double>(::getpid())}, {1}, DType::f64);
+    world().broadcast(pid, 0)->wait();
+    Directory d{fs::temp_directory_path() / ("octet_fsdp_checkpoint_" + std::to_string(static_cast<int64_t>(pid.item()))),
+                world().rank() == 0};
+    if (world().rank() == 0) fs::create_directories(d.path);
+    world().barrier()->wait();
+    return d;
+  }();
+  return dir.path;
+}
+
+// The uninterrupted 4-rank run, made once: its checkpoint after kSaveAfter steps and the losses of
+// the kContinueFor steps after it.
+struct Reference {
+  std::string checkpoint;
+  std::vector<double> continued;
+};
+
+const Reference& reference() {
+  static const Reference ref = [] {
+    const int rank = world().rank();
+    // Ranks other than 0 start elsewhere: wrapping broadcasts rank 0's weights.
+    FullyShardedDataParallel fsdp(make_vit(rank == 0 ? 9 : 50 + rank), world_group());
+    auto optimizer = adamw(fsdp);
+    train(fsdp, *optimizer, world(), 0, kSaveAfter);
+    Reference r;
+    r.checkpoint = (shared_directory() / "step-3").string();
+    distributed::save_fsdp_checkpoint(r.checkpoint, fsdp, optimizer.get());
+    r.continued = train(fsdp, *optimizer, world(), kSaveAfter, kContinueFor);
+    return r;
+  }();
+  return ref;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& expected, double rtol) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_NEAR(got[k], expected[k], rtol * std::abs(expected[k])) << "step " << kSaveAfter + k;
+  }
+}
+
+TEST(FsdpCheckpoint, ResumesBitForBitAtTheSameWorldSize) {
+  const Reference& ref = reference();
+  // Other weights and another lr: the load must replace both.
+  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  auto optimizer = adamw(fsdp, 5e-3);
+  const auto info = distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
+  EXPECT_EQ(info.saved_world_size, 4);
+  EXPECT_EQ(optimizer->param_groups()[0].lr, 1e-3);
+  EXPECT_EQ(optimizer->step_count(0, 0), kSaveAfter);
+  EXPECT_EQ(train(fsdp, *optimizer, world(), kSaveAfter, kContinueFor), ref.continued);
+}
+
+TEST(FsdpCheckpoint, ResumesAtTwoRanks) {
+  const Reference& ref = reference();
+  const auto pair = SplitMpiGroup::split(world().rank() / 2);
+  ASSERT_EQ(pair->size(), 2);
+  FullyShardedDataParallel fsdp(make_vit(77), pair);
+  auto optimizer = adamw(fsdp, 5e-3);
+  distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
+  expect_close(train(fsdp, *optimizer, *pair, kSaveAfter, kContinueFor), ref.continued, 1e-5);
+}
+
+TEST(FsdpCheckpoint, ResumesAtOneRank) {
+  const Reference& ref = reference();
+  auto alone = std::make_shared<distributed::LocalProcessGroup>();
+  FullyShardedDataParallel fsdp(make_vit(77), alone);
+  auto optimizer = adamw(fsdp, 5e-3);
+  distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
+  expect_close(train(fsdp, *optimizer, *alone, kSaveAfter, kContinueFor), ref.continued, 1e-5);
+}
+
+TEST(FsdpCheckpoint, ConsolidatedExportLoadsIntoOneProcessModel) {
+  const Reference& ref = reference();
+  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, nullptr);
+  const std::string path = (shared_directory() / "export" / "model.safetensors").string();
+  distributed::export_consolidated(path, fsdp);
+  const auto gathered = fsdp.full_parameters();
+
+  models::VisionTransformer single(tiny_vit(), /*initialize=*/false);
+  single.load_state_dict(nn::load_safetensors(path).tensors, /*strict=*/true);
+  const auto loaded = single.named_parameters();
+  ASSERT_EQ(loaded.size(), gathered.size());
+  for (size_t k = 0; k < loaded.size(); ++k) {
+    EXPECT_EQ(loaded[k].first, gathered[k].first);
+    EXPECT_EQ(loaded[k].second.to_vector<float>(), gathered[k].second.to_vector<float>()) << loaded[k].first;
+  }
+  // The single-process model computes the loss the sharded run computed at that step.
+  const auto [images, labels] = batch_of(distributed::LocalProcessGroup(), kSaveAfter);
+  EXPECT_NEAR(cross_entropy(single(images), labels).item(), ref.continued[0], 1e-5 * ref.continued[0]);
+}
+
+TEST(FsdpCheckpoint, SavingAgainReplacesTheCheckpointAndLeavesNoTemporaries) {
+  const fs::path dir = shared_directory() / "resaved";
+  FullyShardedDataParallel fsdp(make_vit(5), world_group());
+  auto optimizer = adamw(fsdp);
+  distributed::save_fsdp_checkpoint(dir.string(), fsdp, nullptr);  // weights only, step 0
+  train(fsdp, *optimizer, world(), 0, 1);
+  distributed::save_fsdp_checkpoint(dir.string() + "/", fsdp, optimizer.get(), [](const std::string& staging) {
+    write_file_atomic(staging + "/trainer.json", "{\"step\": 1}\n");
+  });
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(shared_directory())) names.push_back(entry.path().filename().string());
+  for (const std::string& name : names) {
+    EXPECT_EQ(name.find(".tmp-"), std::string::npos) << name;
+    EXPECT_EQ(name.find(".old-"), std::string::npos) << name;
+  }
+  EXPECT_TRUE(fs::exists(dir / "trainer.json"));
+  EXPECT_TRUE(fs::exists(dir / "shard-3-of-4.safetensors"));
+  FullyShardedDataParallel loaded(make_vit(6), world_group());
+  auto loaded_optimizer = adamw(loaded);
+  distributed::load_fsdp_checkpoint(dir.string(), loaded, loaded_optimizer.get());
+  EXPECT_EQ(loaded_optimizer->step_count(0, 0), 1) << "the second save replaced the first";
+  EXPECT_EQ(loaded.parameters()[0].to_vector<float>(), fsdp.parameters()[0].to_vector<float>());
+}
+
+std::shared_ptr<models::VisionTransformer> freeze_first_block(std::shared_ptr<models::VisionTransformer> model) {
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (name.rfind("blocks.0.", 0) == 0) Tensor(p).requires_grad_(false);
+  }
+  return model;
+}
+
+// Frozen parameters (a LoRA base) have flat parameters of their own, with no optimizer state: they
+// are saved and re-sharded like the others, and a model that freezes differently is refused.
+TEST(FsdpCheckpoint, FrozenFlatParametersAreSavedAndReshardedWithoutOptimizerState) {
+  FullyShardedDataParallel fsdp(freeze_first_block(make_vit(11)), world_group());
+  auto optimizer = adamw(fsdp);
+  train(fsdp, *optimizer, world(), 0, 1);
+  const std::string dir = (shared_directory() / "frozen").string();
+  distributed::save_fsdp_checkpoint(dir, fsdp, optimizer.get());
+  const auto expected = fsdp.full_parameters();
+
+  auto alone = std::make_shared<distributed::LocalProcessGroup>();
+  FullyShardedDataParallel single(freeze_first_block(make_vit(12)), alone);
+  auto single_optimizer = adamw(single);
+  distributed::load_fsdp_checkpoint(dir, single, single_optimizer.get());
+  EXPECT_EQ(single_optimizer->step_count(0, 0), 1);
+  const auto got = single.full_parameters();
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].second.to_vector<float>(), expected[k].second.to_vector<float>()) << got[k].first;
+  }
+  FullyShardedDataParallel unfrozen(make_vit(12), alone);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir, unfrozen, nullptr); },
+                          {"unit 'blocks.0'", "frozen", "is trainable"}));
+}
+
+// A copy of the reference checkpoint that rank 0 damages with `damage`; every rank sees it after.
+fs::path damaged_copy(const std::string& name, const std::function<void(const fs::path&)>& damage) {
+  const fs::path dir = shared_directory() / name;
+  if (world().rank() == 0) {
+    fs::copy(reference().checkpoint, dir, fs::copy_options::recursive);
+    damage(dir);
+  }
+  world().barrier()->wait();
+  return dir;
+}
+
+TEST(FsdpCheckpoint, ATruncatedShardIsAClearErrorOnEveryRankAndChangesNothing) {
+  const fs::path dir = damaged_copy("truncated", [](const fs::path& d) {
+    const fs::path shard = d / "shard-2-of-4.safetensors";
+    fs::resize_file(shard, fs::file_size(shard) / 2);
+  });
+  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  auto optimizer = adamw(fsdp);
+  const auto before = fsdp.parameters()[1].to_vector<float>();
+  // At N = 4 only rank 2 reads that file; every rank reports its error.
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir.string(), fsdp, optimizer.get()); },
+                          {"shard-2-of-4.safetensors", "damaged", "load another checkpoint"}));
+  EXPECT_EQ(fsdp.parameters()[1].to_vector<float>(), before) << "a failed load changed the weights";
+  EXPECT_EQ(optimizer->step_count(0, 1), 0);
+  // At N = 1 every rank reads every file.
+  auto alone = std::make_shared<distributed::LocalProcessGroup>();
+  FullyShardedDataParallel single(make_vit(77), alone);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir.string(), single, nullptr); },
+                          {"shard-2-of-4.safetensors", "truncated"}));
+}
+
+TEST(FsdpCheckpoint, AMissingShardOrIndexIsAClearError) {
+  const fs::path no_shard = damaged_copy("no_shard", [](const fs::path& d) { fs::remove(d / "shard-1-of-4.safetensors"); });
+  const fs::path no_index = damaged_copy("no_index", [](const fs::path& d) { fs::remove(d / "index.json"); });
+  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  auto optimizer = adamw(fsdp);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(no_shard.string(), fsdp, optimizer.get()); },
+                          {"shard-1-of-4.safetensors", "is missing"}));
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(no_index.string(), fsdp, optimizer.get()); },
+                          {"index.json", "no FSDP checkpoint"}));
+}
+
+TEST(FsdpCheckpoint, AModelWithOtherFlatParametersIsAClearError) {
+  const Reference& ref = reference();
+  // Decayed and undecayed parameters in separate flats: more flat parameters than were saved.
+  FsdpOptions split_keys;
+  split_keys.flat_param_key = [](const std::string&, const Tensor& p) { return p.dim() <= 1 ? 1 : 0; };
+  FullyShardedDataParallel split(make_vit(77), world_group(), split_keys);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, split, nullptr); },
+                          {"flat parameters but this model has", "flat_param_key"}));
+  // Same flats and names, other widths: the first differing parameter is named.
+  FullyShardedDataParallel wider(make_vit(77, 16), world_group());
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, wider, nullptr); },
+                          {"in flat parameter 0", "has shape", "same configuration"}));
+  // Another optimizer.
+  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  optim::SGD sgd(fsdp.parameters(), 0.1, 0.9);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, &sgd); },
+                          {"AdamW", "SGD"}));
+}
+
+}  // namespace
+}  // namespace octet

@@ -137,6 +137,7 @@ fs::path sibling(const fs::path& dir, const char* tag, int64_t job) {
 void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp, const optim::Optimizer* optimizer,
                           const WriteExtraFiles& write_extra) {
   const std::string op = "save_fsdp_checkpoint(" + dir + ")";
+  OCTET_CHECK(!normalized(dir).empty(), op, ": the directory name is empty; pass the checkpoint's directory");
   ProcessGroup& group = *fsdp.process_group();
   const auto flats = fsdp.flat_parameters();
   const std::vector<Tensor> shards = fsdp.all_shards();
@@ -409,7 +410,10 @@ void check_same_flats(const SavedIndex& index, const std::vector<FullyShardedDat
     for (const SavedParameter& p : saved.parameters) saved_names.push_back(p.name);
     OCTET_CHECK(saved_names == mine.parameters, "FSDP checkpoint ", file, ": ", which, " holds ",
                 names_str(saved_names), " but this model's holds ", names_str(mine.parameters), fix);
-    for (const SavedParameter& p : saved.parameters) {
+    for (size_t k = 0; k < saved.parameters.size(); ++k) {
+      const SavedParameter& p = saved.parameters[k];
+      OCTET_CHECK(p.offset == mine.offsets[k], "FSDP checkpoint ", file, ": ", p.name, " starts at element ", p.offset,
+                  " of ", which, " but at ", mine.offsets[k], " in this model's", fix);
       OCTET_CHECK(p.shape == shapes.at(p.name), "FSDP checkpoint ", file, ": ", p.name, " in ", which, " has shape ",
                   Shape(p.shape), " but this model's is ", Shape(shapes.at(p.name)), fix);
     }

@@ -111,7 +111,9 @@ std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed, int64_t embed
   return std::make_shared<models::VisionTransformer>(tiny_vit(embed_dim), true, &gen);
 }
 
+// The tests split the world into pairs and name shard files of 4 ranks: mpirun -np 4.
 std::shared_ptr<ProcessGroup> world_group() {
+  OCTET_CHECK(world().size() == 4, "test_fsdp_checkpoint runs at 4 ranks, not ", world().size(), "; mpirun -np 4");
   return std::shared_ptr<ProcessGroup>(&world(), [](auto*) {});
 }
 
@@ -275,6 +277,32 @@ TEST(FsdpCheckpoint, SavingAgainReplacesTheCheckpointAndLeavesNoTemporaries) {
   distributed::load_fsdp_checkpoint(dir.string(), loaded, loaded_optimizer.get());
   EXPECT_EQ(loaded_optimizer->step_count(0, 0), 1) << "the second save replaced the first";
   EXPECT_EQ(loaded.parameters()[0].to_vector<float>(), fsdp.parameters()[0].to_vector<float>());
+}
+
+// NO_SHARD keeps a full replica per rank, saved once as a world of one: it loads a sharded
+// checkpoint, and its own checkpoint loads into a sharded model.
+TEST(FsdpCheckpoint, NoShardLoadsShardedCheckpointsAndWritesOnesThatShardedModelsLoad) {
+  const Reference& ref = reference();
+  FsdpOptions no_shard;
+  no_shard.sharding = distributed::ShardingStrategy::NoShard;
+  FullyShardedDataParallel replicated(make_vit(77), world_group(), no_shard);
+  auto optimizer = adamw(replicated, 5e-3);
+  distributed::load_fsdp_checkpoint(ref.checkpoint, replicated, optimizer.get());
+  expect_close(train(replicated, *optimizer, world(), kSaveAfter, kContinueFor), ref.continued, 1e-5);
+
+  const std::string dir = (shared_directory() / "no_shard_saved").string();
+  distributed::save_fsdp_checkpoint(dir, replicated, optimizer.get());
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "shard-0-of-1.safetensors"));
+  FullyShardedDataParallel sharded(make_vit(78), world_group());
+  auto sharded_optimizer = adamw(sharded);
+  const auto info = distributed::load_fsdp_checkpoint(dir, sharded, sharded_optimizer.get());
+  EXPECT_EQ(info.saved_world_size, 1);
+  EXPECT_EQ(sharded_optimizer->step_count(0, 2), kSaveAfter + kContinueFor);
+  const auto expected = replicated.full_parameters(), got = sharded.full_parameters();
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].second.to_vector<float>(), expected[k].second.to_vector<float>()) << got[k].first;
+  }
 }
 
 std::shared_ptr<models::VisionTransformer> freeze_first_block(std::shared_ptr<models::VisionTransformer> model) {

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>  // renameat2
+
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -252,12 +254,11 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
       nn::save_safetensors((tmp_dir / kGroupsFile).string(), group_entries, {{"format", kFormatName}});
     }
     if (write_extra) write_extra(tmp_dir.string());
-    // Last: a directory with index.json was written completely (the rename below is what publishes it).
     write_file_atomic((tmp_dir / kIndexFile).string(), index.dump(2) + "\n");
   };
   try {
     on_every_rank(group, op, write_files);
-  } catch (const Error&) {
+  } catch (...) {
     if (group.rank() == 0) {
       std::error_code ignored;
       fs::remove_all(tmp_dir, ignored);
@@ -265,22 +266,34 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
     throw;
   }
 
-  // Publish: rename() will not replace a non-empty directory, so an older checkpoint of the same
-  // name is moved aside first and removed once the new one is in place.
+  // Publish. rename() will not replace a non-empty directory, so an older checkpoint of the same name
+  // is swapped out in one atomic exchange (renameat2 RENAME_EXCHANGE, which Linux's local filesystems
+  // support) and removed after; elsewhere it is moved aside first, and a crash between the two
+  // renames leaves it at .<name>.old-<job>.
   on_every_rank(group, op, [&] {
     if (group.rank() != 0) return;
-    const fs::path old_dir = sibling(final_dir, ".old-", job);
+    const fs::path parent = final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path();
     std::error_code ec;
-    const bool replacing = fs::exists(final_dir);
-    if (replacing) {
+    if (fs::exists(final_dir)) {
+      if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+        sync_directory(parent);
+        fs::remove_all(tmp_dir, ec);  // now the old checkpoint
+        return;
+      }
+      const fs::path old_dir = sibling(final_dir, ".old-", job);
       fs::remove_all(old_dir, ec);
       fs::rename(final_dir, old_dir, ec);
       OCTET_CHECK(!ec, op, ": cannot move the old checkpoint at ", final_dir.string(), " aside: ", ec.message());
+      fs::rename(tmp_dir, final_dir, ec);
+      OCTET_CHECK(!ec, op, ": cannot rename ", tmp_dir.string(), " to ", final_dir.string(), ": ", ec.message(),
+                  "; the previous checkpoint is at ", old_dir.string());
+      sync_directory(parent);
+      fs::remove_all(old_dir, ec);
+      return;
     }
     fs::rename(tmp_dir, final_dir, ec);
     OCTET_CHECK(!ec, op, ": cannot rename ", tmp_dir.string(), " to ", final_dir.string(), ": ", ec.message());
-    sync_directory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
-    if (replacing) fs::remove_all(old_dir, ec);
+    sync_directory(parent);
   });
 }
 

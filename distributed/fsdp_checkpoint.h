@@ -32,10 +32,10 @@
 // padding, and rebuilds its optimizer state the same way. Padding never carries information (its
 // gradient is zero, so AdamW keeps it at zero), so nothing is lost between world sizes.
 //
-// Atomic: every rank writes into "<dir>.tmp-<pid of rank 0>", the ranks agree that every write
-// succeeded, and only then rank 0 renames the directory into place (an older checkpoint of the same
-// name is moved aside first and removed after). A crash mid-save leaves the previous checkpoint at
-// `dir` intact and at most a stale temporary directory beside it. Every rank must see the same
+// Atomic: every rank writes into ".<name>.tmp-<pid of rank 0>" beside `dir`, the ranks agree that
+// every write succeeded, and only then rank 0 renames the directory into place (exchanging it with an
+// older checkpoint of the same name in one atomic step, which is then removed). A crash mid-save
+// leaves the previous checkpoint at `dir` intact and at most a stale temporary directory beside it. Every rank must see the same
 // filesystem at `dir` (one node, or a shared filesystem across nodes).
 //
 // Every function here is a collective over fsdp.process_group(): call it on every rank, in the same

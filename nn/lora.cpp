@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 #include <sstream>
 
 #include "autograd/ops.h"
-#include "core/grad_mode.h"
 #include "nn/init.h"
 
 namespace octet::nn {
@@ -46,6 +44,55 @@ void check_suffixes_match(const std::vector<NamedTensor>& params, const std::vec
   }
 }
 
+void check_options(const Linear& base, const LoRAOptions& options, const std::string& who) {
+  const int64_t max_rank = std::min(base.in_features, base.out_features);
+  OCTET_CHECK(options.rank >= 1 && options.rank <= max_rank, who, ": rank ", options.rank,
+              " is out of range for Linear(", base.in_features, " -> ", base.out_features,
+              "); it must be at least 1 and at most min(in, out) = ", max_rank,
+              " (a larger rank adds parameters, not expressiveness)");
+  OCTET_CHECK(options.alpha > 0 && std::isfinite(options.alpha), who, ": alpha must be positive and finite, got ",
+              options.alpha, "; the update is scaled by alpha / rank (PEFT's default alpha is 8, 16 is common)");
+  OCTET_CHECK(options.dropout >= 0 && options.dropout < 1, who, ": dropout must be in [0, 1), got ", options.dropout);
+}
+
+// The adapter of `base`: A uniform in ±1/sqrt(in) (PyTorch's Linear default, kaiming_uniform_ with
+// a = sqrt(5)), drawn in f64 and rounded once, B zero; both in base's dtype, on base's device.
+struct Adapter {
+  std::shared_ptr<Linear> lora_A, lora_B;
+  std::shared_ptr<Dropout> lora_dropout;
+};
+
+Adapter make_adapter(const Linear& base, const LoRAOptions& options) {
+  Adapter adapter;
+  {
+    SkipInitGuard skip_init;  // A is drawn from options.generator below and B zeroed: defaults would be drawn in vain
+    adapter.lora_A = std::make_shared<Linear>(base.in_features, options.rank, false);
+    adapter.lora_B = std::make_shared<Linear>(options.rank, base.out_features, false);
+  }
+  adapter.lora_dropout = std::make_shared<Dropout>(options.dropout, options.generator);
+  Generator& gen = options.generator != nullptr ? *options.generator : default_generator();
+  const double bound = 1.0 / std::sqrt(static_cast<double>(base.in_features));
+  uniform_(adapter.lora_A->weight, -bound, bound, gen);
+  zeros_(adapter.lora_B->weight);
+  for (const auto& linear : {adapter.lora_A, adapter.lora_B}) {
+    linear->fp8_allowed = false;
+    linear->to(base.weight.device());
+    linear->to(base.weight.dtype());
+  }
+  return adapter;
+}
+
+void freeze(const Linear& base) {
+  Tensor(base.weight).requires_grad_(false);
+  if (base.bias.defined()) Tensor(base.bias).requires_grad_(false);
+}
+
+// (alpha / r)·lora_B(lora_A(lora_dropout(x))). The scale goes on the r-wide intermediate rather than
+// the out-wide result: r multiplies per row, not out.
+Tensor low_rank_update(Linear& lora_A, Linear& lora_B, Dropout& lora_dropout, double scaling, const Tensor& x) {
+  return lora_B(lora_A(lora_dropout(x)) * scaling);
+}
+
 }  // namespace
 
 LoRALinear::LoRALinear(std::shared_ptr<Linear> base, const LoRAOptions& options)
@@ -54,40 +101,17 @@ LoRALinear::LoRALinear(std::shared_ptr<Linear> base, const LoRAOptions& options)
       alpha(options.alpha),
       scaling(options.alpha / static_cast<double>(options.rank)) {
   OCTET_CHECK(base != nullptr, "LoRALinear: the base Linear is null; pass the constructed Linear to adapt");
-  OCTET_CHECK(rank >= 1 && rank <= std::min(base->in_features, base->out_features), "LoRALinear: rank ", rank,
-              " is out of range for Linear(", base->in_features, " -> ", base->out_features,
-              "); it must be at least 1 and at most min(in, out) = ",
-              std::min(base->in_features, base->out_features), " (a larger rank adds parameters, not expressiveness)");
-  OCTET_CHECK(alpha > 0 && std::isfinite(alpha), "LoRALinear: alpha must be positive and finite, got ", alpha,
-              "; the update is scaled by alpha / rank (PEFT's default alpha is 8, 16 is common)");
-  OCTET_CHECK(options.dropout >= 0 && options.dropout < 1, "LoRALinear: dropout must be in [0, 1), got ",
-              options.dropout);
-  Generator& gen = options.generator != nullptr ? *options.generator : default_generator();
+  check_options(*base, options, "LoRALinear");
+  Adapter adapter = make_adapter(*base, options);
+  freeze(*base);
   base_layer = register_module("base_layer", std::move(base));
-  {
-    SkipInitGuard skip_init;  // A is initialised below from `gen`, B is zeroed: the defaults would be drawn in vain
-    lora_A = register_module("lora_A", std::make_shared<Linear>(base_layer->in_features, rank, false));
-    lora_B = register_module("lora_B", std::make_shared<Linear>(rank, base_layer->out_features, false));
-  }
-  lora_dropout = register_module("lora_dropout", std::make_shared<Dropout>(options.dropout, options.generator));
-  lora_A->fp8_allowed = false;
-  lora_B->fp8_allowed = false;
-  // A with PyTorch's Linear default, kaiming_uniform_(a = sqrt(5)): uniform in ±1/sqrt(in), drawn in
-  // f64 and rounded once; B zero, so the update starts at exactly zero.
-  const double bound = 1.0 / std::sqrt(static_cast<double>(base_layer->in_features));
-  uniform_(lora_A->weight, -bound, bound, gen);
-  zeros_(lora_B->weight);
-  for (const auto& adapter : {lora_A, lora_B}) {
-    adapter->to(base_layer->weight.device());
-    adapter->to(base_layer->weight.dtype());
-  }
-  base_layer->weight.requires_grad_(false);
-  if (base_layer->bias.defined()) base_layer->bias.requires_grad_(false);
+  lora_A = register_module("lora_A", std::move(adapter.lora_A));
+  lora_B = register_module("lora_B", std::move(adapter.lora_B));
+  lora_dropout = register_module("lora_dropout", std::move(adapter.lora_dropout));
 }
 
 Tensor LoRALinear::forward(const Tensor& x) {
-  // The scale goes on the r-wide intermediate rather than the out-wide result: r multiplies, not out.
-  return (*base_layer)(x) + (*lora_B)((*lora_A)((*lora_dropout)(x)) * scaling);
+  return (*base_layer)(x) + low_rank_update(*lora_A, *lora_B, *lora_dropout, scaling, x);
 }
 
 bool is_lora_parameter_name(const std::string& name) {
@@ -114,7 +138,7 @@ StateDict lora_state_dict(const Module& root, const std::vector<std::string>& ex
   }
   OCTET_CHECK(has_adapter, "lora_state_dict: ", root.name(),
               " holds no LoRA adapter (no parameter named *.lora_A.weight or *.lora_B.weight); adapt it first "
-              "(apply_lora, or LoRALinear layers)");
+              "(LoRALinear layers)");
   return out;
 }
 

@@ -13,17 +13,10 @@
 // and a Dropout "lora_dropout" (no parameters). PEFT saves "base_model.model.<path>.lora_A.weight";
 // ours is "<path>.lora_A.weight".
 //
-// A Linear is adapted one of two ways:
-//  - LoRALinear wraps it. Children: base_layer (the frozen Linear: PEFT's name for the wrapped layer,
-//    so a LoRALinear's state dict reads as a PEFT LoRA layer's), lora_A, lora_B, lora_dropout. For a
-//    model written with LoRA in mind: register a LoRALinear where the Linear would go and call it.
-//  - apply_lora adapts the Linears of a model already built, in place. Models call their Linears
-//    through typed handles (MultiheadAttention::qkv, Mlp::fc1, ...), so swapping a registered child
-//    for a wrapper would change the names but not what forward() calls. apply_lora therefore leaves
-//    each Linear where it is, registers lora_A, lora_B and lora_dropout as its children, and adds the
-//    low-rank term in a forward hook. The base weights keep their names (timm's
-//    "blocks.0.attn.qkv.weight"), so a pretrained checkpoint loads into the adapted model as it is,
-//    and the adapters are "blocks.0.attn.qkv.lora_A.weight".
+// LoRALinear wraps a Linear. Its children are base_layer (the frozen Linear: PEFT's name for the
+// wrapped layer, so a LoRALinear's state dict reads as a PEFT LoRA layer's), lora_A, lora_B and
+// lora_dropout. For a model written with LoRA in mind: register a LoRALinear where the Linear would go
+// and call it.
 //
 // The adapter takes its base weight's dtype and device when it is made. The adapters are Linears
 // with fp8_allowed off: at rank r their GEMMs are too thin for FP8 to pay, and LoRA keeps the update

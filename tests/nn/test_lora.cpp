@@ -179,7 +179,7 @@ TEST(LoRALinear, ErrorsNameTheProblem) {
   EXPECT_TRUE(throws_with([&] { LoRALinear(base, {.rank = 2, .dropout = 1}); }, {"dropout", "[0, 1)"}));
   EXPECT_TRUE(throws_with([&] { LoRALinear(nullptr, {.rank = 2}); }, {"base Linear is null"}));
   EXPECT_TRUE(base->weight.requires_grad()) << "a rejected wrap leaves the base as it was";
-  EXPECT_TRUE(throws_with([&] { lora_state_dict(*base); }, {"lora_state_dict", "no LoRA adapter", "apply_lora"}));
+  EXPECT_TRUE(throws_with([&] { lora_state_dict(*base); }, {"lora_state_dict", "no LoRA adapter", "adapt it first"}));
 }
 
 TEST(LoRAStateDict, HoldsOnlyTheAdaptersAndNamedExtras) {

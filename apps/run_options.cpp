@@ -66,8 +66,14 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--resume", o.resume, "continue from a checkpoint folder (or a --checkpoint-dir: its latest)");
   app.add_option("--parallel", o.parallel,
-                 "none, or ddp: data parallel over the ranks mpirun starts (--batch-size is per rank)")
-      ->check(CLI::IsMember({"none", "ddp"}))->capture_default_str();
+                 "none; ddp (data parallel over the ranks mpirun starts); or fsdp (sharded parameters, gradients "
+                 "and optimizer state). --batch-size is per rank")
+      ->check(CLI::IsMember({"none", "ddp", "fsdp"}))->capture_default_str();
+  app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2) or none (DDP)")
+      ->check(CLI::IsMember({"full", "grad-op", "none"}))->capture_default_str();
+  app.add_option("--fsdp-prefetch", o.fsdp_prefetch, "with --parallel fsdp: gather the next unit of backward "
+                 "when a unit's backward starts (pre) or after its gradients are reduced (post)")
+      ->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
   app.add_option("--dist-backend", o.dist_backend, "auto (nccl on GPUs, mpi on the CPU), nccl or mpi (several "
                  "ranks may share a GPU over mpi)")
       ->check(CLI::IsMember({"auto", "nccl", "mpi"}))->capture_default_str();
@@ -88,7 +94,7 @@ void check_run_options(RunOptions& o) {
   const distributed::LaunchInfo launch = distributed::launch_info();
   o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;
   OCTET_CHECK(o.world_size == 1 || o.parallel != "none", "mpirun started ", o.world_size, " ranks but --parallel is "
-              "none, so each would train alone on the same data; pass --parallel ddp");
+              "none, so each would train alone on the same data; pass --parallel ddp or fsdp");
   // One GPU per rank: the local rank's.
   if (o.device == "auto") o.device = cuda::is_available() ? fmt::format("cuda:{}", launch.local_rank) : "cpu";
   Device device;
@@ -106,6 +112,9 @@ void check_run_options(RunOptions& o) {
                 cuda::device_count(), " CUDA device(s); pick one of cuda:0..cuda:", cuda::device_count() - 1);
   }
   o.device = device.str();  // "cpu" or "cuda:N", as checkpoints record it
+  OCTET_CHECK(o.parallel != "fsdp" || (o.checkpoint_dir.empty() && o.resume.empty()),
+              "--parallel fsdp cannot write or resume checkpoints in this build (sharded checkpoints are not "
+              "wired into train_vit yet); drop --checkpoint-dir/--resume, or use --parallel ddp");
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
               "--checkpoint-every needs --checkpoint-dir DIR to say where checkpoints go");
   // The ranks on a node share its cores: more threads than cores makes OpenMP teams spin against
@@ -137,6 +146,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"seed", std::to_string(o.seed)},
           {"threads", std::to_string(o.threads)},
           {"parallel", o.parallel},
+          {"sharding", o.parallel == "fsdp" ? o.sharding : "-"},
           {"world_size", std::to_string(o.world_size)},
           {"reduce_dtype", o.reduce_dtype}};
   if (o.precision == "fp8") {

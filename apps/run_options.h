@@ -42,7 +42,9 @@ struct RunOptions {
   int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint-dir is set)
 
   // Data parallelism (mpirun -np N train_vit --parallel ddp): --batch-size is per rank.
-  std::string parallel = "none";     // or "ddp"
+  std::string parallel = "none";     // "ddp" or "fsdp"
+  std::string sharding = "full";     // FSDP: full (ZeRO-3), grad-op (ZeRO-2) or none
+  std::string fsdp_prefetch = "pre";  // FSDP backward prefetch: pre or post
   std::string dist_backend = "auto";  // nccl on a GPU, mpi on the CPU
   double bucket_cap_mb = 25;
   std::string reduce_dtype = "f32";  // or "bf16": the dtype DDP all-reduces gradients in

@@ -27,7 +27,7 @@
 #include "core/random.h"
 #include "data/device_prefetcher.h"
 #include "data/loader.h"
-#include "distributed/ddp.h"
+#include "apps/parallel.h"
 #include "distributed/launch.h"
 #include "kernels/elementwise.h"
 #include "kernels/optimizers.h"
@@ -181,17 +181,25 @@ struct EvalResult {
 // Under --precision fp8 this runs outside any Fp8Autocast scope, as a plain bf16 forward: evaluation
 // then never touches the FP8 scaling state (amax histories, scales), so how often a run evaluates
 // cannot change its training.
-// Under data parallelism each rank evaluates its share of the test set (a rank's last batch may be
-// empty) and the counts are summed over the ranks.
+// Under data parallelism each rank evaluates its share of the test set and the counts are summed
+// over the ranks. A rank's last batch may be empty; under FSDP every forward gathers parameters
+// collectively, so such a rank still runs one (on a single blank image) and counts nothing.
 EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, Device device,
-                    distributed::ProcessGroup* group) {
+                    distributed::ProcessGroup* group, bool forward_every_batch) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, seen = 0;
   double loss_sum = 0;
   for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
     const data::Batch batch = loader.next();
-    if (batch.labels.numel() == 0) continue;
+    if (batch.labels.numel() == 0) {
+      if (forward_every_batch) {
+        Shape blank = batch.images.shape();
+        blank[0] = 1;
+        model(zeros(blank, DType::f32, device));
+      }
+      continue;
+    }
     const Tensor logits = model(batch.images.to(device));
     const int64_t n = batch.labels.numel();
     loss_sum += cross_entropy(logits, batch.labels.to(device)).item() * static_cast<double>(n);
@@ -213,8 +221,8 @@ EvalResult evaluate(models::VisionTransformer& model, data::DataLoader& loader, 
   return {static_cast<double>(correct) / static_cast<double>(seen), loss_sum / static_cast<double>(seen)};
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const RunOptions& o, const models::VisionTransformer& model) {
-  auto groups = optim::weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay);
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunOptions& o, const ParallelModel& parallel) {
+  auto groups = parallel.param_groups(o.lr, o.weight_decay);
   if (o.optimizer == "sgd") return std::make_unique<optim::SGD>(groups, o.lr, o.momentum, 0.0, /*nesterov=*/true);
   return std::make_unique<optim::AdamW>(groups, o.lr, o.beta1, o.beta2, 1e-8, o.weight_decay);
 }
@@ -235,7 +243,7 @@ int train(const RunOptions& o) {
 
   // Data parallelism: one process group for the job; --batch-size images per rank per step.
   std::shared_ptr<distributed::ProcessGroup> group;
-  if (o.parallel == "ddp") group = distributed::init_process_group(device, distributed::parse_backend(o.dist_backend));
+  if (o.parallel != "none") group = distributed::init_process_group(device, distributed::parse_backend(o.dist_backend));
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const bool lead = rank == 0;  // writes the metrics and checkpoints, and logs; other ranks log warnings only
   if (!lead) logging::set_level("warn");
@@ -245,24 +253,16 @@ int train(const RunOptions& o) {
   Generator init_generator(o.seed);
   auto model_ptr = std::make_shared<models::VisionTransformer>(config, /*initialize=*/true, &init_generator);
   models::VisionTransformer& model = *model_ptr;
-  // bf16: the parameters become bf16 (so activations, GEMMs and attention are bf16 throughout) and
-  // the optimizer trains them through f32 master copies made from these values on its first step.
-  // fp8 is the same bf16 model whose blocks' Linears run their GEMMs in FP8 inside the step's
-  // Fp8Autocast scope below.
+  // bf16 and fp8 train bf16 weights (ParallelModel says how); fp8 is the bf16 model whose blocks'
+  // Linears run their GEMMs in FP8 inside the step's Fp8Autocast scope below.
   const bool fp8 = o.precision == "fp8";
-  if (o.precision == "bf16" || fp8) model.to(DType::bf16);
   model.to(device);
   // The default generator draws dropout and drop-path masks: each rank its own stream (rank 0's is
   // a single process's), so ranks do not drop the same rows of their shards.
   manual_seed(o.seed + 1 + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
-  std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (group) {
-    ddp = std::make_unique<distributed::DistributedDataParallel>(
-        model_ptr, group,
-        distributed::DdpOptions{.bucket_cap_mb = o.bucket_cap_mb, .reduce_dtype = dtype_from_name(o.reduce_dtype)});
-  }
+  ParallelModel parallel(o, model_ptr, group);
   const nn::AmaxReducer amax_reducer = group ? distributed::fp8_amax_reducer(group) : nullptr;
-  auto optimizer = make_optimizer(o, model);
+  auto optimizer = make_optimizer(o, parallel);
   const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(o.fp8);
   std::unique_ptr<Fp8LayerMonitor> fp8_monitor;
   if (fp8) fp8_monitor = std::make_unique<Fp8LayerMonitor>(fp8_log_linear(model, o.fp8_log_layer), o.fp8_log_layer);
@@ -301,9 +301,11 @@ int train(const RunOptions& o) {
                 config.name, model.num_parameters(), flops_per_image / 1e6, total_steps, global_batch, o.precision,
                 fp8 ? " (" + fp8_recipe.describe() + ")" : "",
                 device.is_cuda() ? device.str() : fmt::format("the CPU ({} thread(s))", o.threads));
-  if (ddp) {
-    logging::info("data parallel over {} ranks ({} backend): {} images per rank per step, gradients in {} buckets "
-                  "all-reduced in {}", world, group->backend(), o.batch_size, ddp->buckets().size(), o.reduce_dtype);
+  if (group) logging::info("{}; {} images per rank per step", parallel.describe(), o.batch_size);
+  if (parallel.has_ledger()) {
+    const json ledger = parallel.ledger(*optimizer);
+    logging::info("memory ledger (rank 0, at the start): {} parameter shard bytes; gradients and AdamW state follow "
+                  "at the first step", ledger["parameters_bytes"].get<int64_t>());
   }
   if (device.is_cuda()) logging::info("{} memory after setup: {}", device.str(), memory_summary(device));
   metrics.write({{"event", "start"}, {"model", config.name}, {"parameters", model.num_parameters()},
@@ -315,6 +317,7 @@ int train(const RunOptions& o) {
   if (!o.trace.empty()) module_tracer = std::make_unique<nn::ModuleTracer>(model, /*max_depth=*/2);
   const int64_t trace_first = step + 1 < total_steps ? step + 1 : step, trace_end = trace_first + o.trace_steps;
 
+  const int64_t first_step = step;
   const auto run_start = Clock::now();
   double window_seconds = 0, window_loss = 0;
   int64_t window_steps = 0;
@@ -343,16 +346,14 @@ int train(const RunOptions& o) {
         micro_loss = criterion(model(batch.images), batch.labels);
       }
       const Tensor scaled = o.grad_accum > 1 ? micro_loss * (1.0 / static_cast<double>(o.grad_accum)) : micro_loss;
-      if (ddp && micro + 1 < o.grad_accum) {
-        auto no_sync = ddp->no_sync();
-        scaled.backward();
-      } else {
-        scaled.backward();  // with DDP, returns with the gradients averaged over the ranks
-      }
+      parallel.backward(scaled, micro + 1 == o.grad_accum);
       loss = micro == 0 ? scaled.detach() : loss + scaled.detach();
     }
-    if (o.clip_grad > 0) optim::clip_grad_norm_(model.parameters(), o.clip_grad);
+    if (o.clip_grad > 0) parallel.clip_grad_norm_(o.clip_grad);
     optimizer->step();
+    // The ledger is read before zero_grad frees the gradient shards: the step's high-water mark.
+    const bool ledger_now = parallel.has_ledger() && (step == first_step || log_now);
+    const json ledger = ledger_now ? parallel.ledger(*optimizer) : json();
     optimizer->zero_grad();
     ++step;
 
@@ -382,6 +383,17 @@ int train(const RunOptions& o) {
                   {"images_per_sec", images_per_sec}, {"step_ms", 1e3 * step_seconds}};
     if (device.is_cuda()) event["memory"] = memory_json(device);
     if (fp8_monitor && log_now) event["fp8"] = fp8_monitor->numbers();
+    if (ledger_now) {
+      event["memory_ledger"] = ledger;
+      if (step == first_step + 1) {
+        const json& l = ledger;
+        logging::info("memory ledger (rank 0, bytes): parameters {} + gradients {} + optimizer {} = {} sharded; "
+                      "gathered units and gradients in flight peaked at {} ({} units at once)",
+                      l["parameters_bytes"].get<int64_t>(), l["gradients_bytes"].get<int64_t>(),
+                      l["optimizer_bytes"].get<int64_t>(), l["sharded_total_bytes"].get<int64_t>(),
+                      l["peak_gathered_bytes"].get<int64_t>(), l["max_units_gathered"].get<int>());
+      }
+    }
     metrics.write(event);
     window_seconds += step_seconds, window_loss += loss_value, ++window_steps;
     if (log_now) {
@@ -406,7 +418,7 @@ int train(const RunOptions& o) {
     const bool end_of_epoch = train_batches.state().batch == 0;
     const bool eval_now = o.eval_every > 0 ? step % o.eval_every == 0 : end_of_epoch;
     if (eval_now || step == total_steps) {
-      const EvalResult r = evaluate(model, test_loader, device, group.get());
+      const EvalResult r = evaluate(model, test_loader, device, group.get(), /*forward_every_batch=*/parallel.fsdp() != nullptr);
       logging::info("eval at step {}: test accuracy {:.2f}%, test loss {:.4f} ({:.0f} s elapsed)", step,
                     100 * r.accuracy, r.loss, seconds_since(run_start));
       metrics.write({{"event", "eval"}, {"step", step}, {"epoch", batch.epoch}, {"accuracy", r.accuracy},

@@ -1,0 +1,48 @@
+#pragma once
+// How train_vit spreads its model over the ranks (--parallel none|ddp|fsdp), behind the few calls
+// its step makes: the parameters the optimizer steps, the backward of a micro-batch, the global
+// gradient clip, and what to log.
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/run_options.h"
+#include "distributed/ddp.h"
+#include "distributed/fsdp.h"
+#include "models/vit.h"
+#include "optim/optimizer.h"
+
+namespace octet {
+
+class ParallelModel {
+ public:
+  // `model` is on its device in f32. --precision bf16/fp8 makes it bf16 here (DDP, none), or makes
+  // bf16 the dtype FSDP gathers its f32 shards in. `group` is null for --parallel none.
+  ParallelModel(const RunOptions& o, std::shared_ptr<models::VisionTransformer> model,
+                std::shared_ptr<distributed::ProcessGroup> group);
+
+  // What the optimizer steps, split into timm's weight-decay groups: the model's parameters, or
+  // under FSDP this rank's shards (decayed and not-decayed parameters are in separate flats).
+  std::vector<optim::ParamGroup> param_groups(double lr, double weight_decay) const;
+  // Backward of one micro-batch's loss; under DDP only the last micro-batch of a step all-reduces.
+  void backward(const Tensor& loss, bool last_micro_batch);
+  // The global gradient-norm clip (over every rank's shards under FSDP).
+  double clip_grad_norm_(double max_norm);
+
+  std::string describe() const;  // one log line
+  // Under FSDP: this rank's memory ledger, logged and written to the metrics.
+  bool has_ledger() const { return fsdp_ != nullptr; }
+  nlohmann::json ledger(const optim::Optimizer& optimizer) const;
+
+  distributed::FullyShardedDataParallel* fsdp() { return fsdp_.get(); }
+
+ private:
+  const RunOptions& o_;
+  std::shared_ptr<models::VisionTransformer> model_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
+  std::unique_ptr<distributed::DistributedDataParallel> ddp_;
+  std::unique_ptr<distributed::FullyShardedDataParallel> fsdp_;
+};
+
+}  // namespace octet

@@ -114,6 +114,55 @@ Tensor LoRALinear::forward(const Tensor& x) {
   return (*base_layer)(x) + low_rank_update(*lora_A, *lora_B, *lora_dropout, scaling, x);
 }
 
+LoRAFilter lora_targets(std::vector<std::string> names) {
+  return [names = std::move(names)](const std::string& name, const Linear&) {
+    const std::string last = name.substr(name.rfind('.') + 1);  // npos + 1 == 0: the whole name
+    return std::find(names.begin(), names.end(), last) != names.end();
+  };
+}
+
+std::vector<std::string> apply_lora(Module& root, const LoRAOptions& options, const LoRAFilter& filter,
+                                    const std::vector<std::string>& trainable_suffixes) {
+  OCTET_CHECK(filter != nullptr, "apply_lora: the filter is empty; pass one, e.g. lora_targets({\"qkv\", \"fc1\"})");
+  check_suffixes_match(root.named_parameters(), trainable_suffixes, "apply_lora");
+  // Pick every target and check it before changing anything, so an error leaves the model as it was.
+  std::vector<std::pair<std::string, std::shared_ptr<Linear>>> targets;
+  std::vector<std::string> linear_names;
+  for (const auto& [name, module] : root.named_modules()) {
+    auto linear = std::dynamic_pointer_cast<Linear>(module);
+    const std::string last = name.substr(name.rfind('.') + 1);
+    if (linear == nullptr || last == "lora_A" || last == "lora_B") continue;  // adapters are never adapted
+    linear_names.push_back(name.empty() ? "(the root)" : name);
+    if (!filter(name, *linear)) continue;
+    const std::string who = "apply_lora: '" + name + "'";
+    for (const auto& [child_name, child] : linear->named_children()) {
+      OCTET_CHECK(child_name != "lora_A", who, " has a LoRA adapter already; apply_lora once per model, or "
+                  "narrow the filter");
+    }
+    check_options(*linear, options, who);
+    targets.emplace_back(name, linear);
+  }
+  OCTET_CHECK(!targets.empty(), "apply_lora: the filter picked no Linear of ", root.name(), "; its Linears are [",
+              list_names(linear_names, 12), "]");
+
+  const double scaling = options.alpha / static_cast<double>(options.rank);
+  std::vector<std::string> adapted;
+  for (auto& [name, linear] : targets) {
+    Adapter adapter = make_adapter(*linear, options);
+    linear->register_module("lora_A", adapter.lora_A);
+    linear->register_module("lora_B", adapter.lora_B);
+    linear->register_module("lora_dropout", adapter.lora_dropout);
+    // The Linear owns its adapter; the hook holds the adapter, never the Linear, so nothing cycles.
+    linear->register_forward_hook(
+        [adapter, scaling](Module&, const Tensor& input, const Tensor& output) {
+          return output + low_rank_update(*adapter.lora_A, *adapter.lora_B, *adapter.lora_dropout, scaling, input);
+        });
+    adapted.push_back(name);
+  }
+  mark_only_lora_as_trainable(root, trainable_suffixes);
+  return adapted;
+}
+
 bool is_lora_parameter_name(const std::string& name) {
   return ends_with_at_boundary(name, "lora_A.weight") || ends_with_at_boundary(name, "lora_B.weight");
 }
@@ -138,7 +187,7 @@ StateDict lora_state_dict(const Module& root, const std::vector<std::string>& ex
   }
   OCTET_CHECK(has_adapter, "lora_state_dict: ", root.name(),
               " holds no LoRA adapter (no parameter named *.lora_A.weight or *.lora_B.weight); adapt it first "
-              "(LoRALinear layers)");
+              "(apply_lora, or LoRALinear layers)");
   return out;
 }
 

@@ -13,10 +13,17 @@
 // and a Dropout "lora_dropout" (no parameters). PEFT saves "base_model.model.<path>.lora_A.weight";
 // ours is "<path>.lora_A.weight".
 //
-// LoRALinear wraps a Linear. Its children are base_layer (the frozen Linear: PEFT's name for the
-// wrapped layer, so a LoRALinear's state dict reads as a PEFT LoRA layer's), lora_A, lora_B and
-// lora_dropout. For a model written with LoRA in mind: register a LoRALinear where the Linear would go
-// and call it.
+// A Linear is adapted one of two ways:
+//  - LoRALinear wraps it. Children: base_layer (the frozen Linear: PEFT's name for the wrapped layer,
+//    so a LoRALinear's state dict reads as a PEFT LoRA layer's), lora_A, lora_B, lora_dropout. For a
+//    model written with LoRA in mind: register a LoRALinear where the Linear would go and call it.
+//  - apply_lora adapts the Linears of a model already built, in place. Models call their Linears
+//    through typed handles (MultiheadAttention::qkv, Mlp::fc1, ...), so swapping a registered child
+//    for a wrapper would change the names but not what forward() calls. apply_lora therefore leaves
+//    each Linear where it is, registers lora_A, lora_B and lora_dropout as its children, and adds the
+//    low-rank term in a forward hook. The base weights keep their names (timm's
+//    "blocks.0.attn.qkv.weight"), so a pretrained checkpoint loads into the adapted model as it is,
+//    and the adapters are "blocks.0.attn.qkv.lora_A.weight".
 //
 // The adapter takes its base weight's dtype and device when it is made. The adapters are Linears
 // with fp8_allowed off: at rank r their GEMMs are too thin for FP8 to pay, and LoRA keeps the update
@@ -56,6 +63,24 @@ class LoRALinear : public Module {
   std::shared_ptr<Linear> lora_B;  // weight [out, rank]
   std::shared_ptr<Dropout> lora_dropout;
 };
+
+// Which Linears apply_lora adapts: called with each Linear's dotted name ("" for a root Linear).
+using LoRAFilter = std::function<bool(const std::string& name, const Linear& linear)>;
+// Picks the Linears whose last name segment is one of `names` (PEFT's target_modules):
+// lora_targets({"qkv", "proj", "fc1", "fc2"}) picks every ViT block's attention and MLP Linears
+// (patch_embed.proj is a convolution, not a Linear, and is never offered).
+LoRAFilter lora_targets(std::vector<std::string> names);
+
+// Adapts, in place, every Linear of `root` the filter picks (the adapters' own Linears are never
+// offered), then freezes everything but the adapters and the parameters `trainable_suffixes` names
+// (mark_only_lora_as_trainable): `apply_lora(vit, {.rank = 8}, lora_targets({"qkv", "proj", "fc1",
+// "fc2"}), {"head.weight", "head.bias"})` trains the adapters and the classifier. Returns the adapted
+// Linears' dotted names in module order. Everything is checked before anything changes: the options
+// against each picked Linear's sizes, that the filter picks something, that no picked Linear is
+// adapted already, and that every suffix names a parameter. Adapt before wrapping the model in
+// DDP/FSDP or building its optimizer, which take the parameters as they are when they are built.
+std::vector<std::string> apply_lora(Module& root, const LoRAOptions& options, const LoRAFilter& filter,
+                                    const std::vector<std::string>& trainable_suffixes = {});
 
 // True for the names of adapter weights: "lora_A.weight" or "lora_B.weight", alone or after a '.'.
 bool is_lora_parameter_name(const std::string& name);

@@ -56,6 +56,14 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules();
   int64_t num_parameters() const;
   const std::string& name() const { return name_; }  // the type name, e.g. "Linear"
+  // Adds a child module under `name` (no '.', not taken). Public, as PyTorch's register_module and
+  // add_module are, so that code outside a module can extend it: apply_lora (nn/lora.h) hangs adapters
+  // under the Linears of a model already built.
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
 
   // ---- mode, placement, gradients ------------------------------------------------------------------
   void train(bool on = true);  // this module and every descendant
@@ -95,11 +103,6 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor& register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
   // Non-persistent buffers are left out of state_dict().
   Tensor& register_buffer(const std::string& name, Tensor value, bool persistent = true);
-  template <class M>
-  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    add_child(name, module);
-    return module;
-  }
 
  private:
   struct Buffer {

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
+#include "models/vit.h"
 #include "nn/lora.h"
+#include "nn/safetensors.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tests/testing.h"
@@ -238,6 +241,154 @@ TEST(LoRA, MarkOnlyLoraAsTrainable) {
   EXPECT_TRUE(lora.lora_A->weight.requires_grad() && lora.lora_B->weight.requires_grad());
   EXPECT_TRUE(throws_with([&] { mark_only_lora_as_trainable(lora, {"head.weight"}); },
                           {"mark_only_lora_as_trainable", "'head.weight'", "base_layer.weight"}));
+}
+
+// ---- apply_lora on a Vision Transformer ----------------------------------------------------------
+
+// img 8, patch 4, 1 channel, 5 classes, dim 16, depth 2, heads 2, MLP hidden 32.
+models::ViTConfig tiny_vit() { return {"t", 8, 4, 1, 5, 16, 2, 2, 2.0}; }
+const std::vector<std::string> kBlockLinears = {"qkv", "proj", "fc1", "fc2"};
+const std::vector<std::string> kHead = {"head.weight", "head.bias"};
+
+int64_t trainable_count(const Module& m) {
+  int64_t n = 0;
+  for (const Tensor& p : trainable(m)) n += p.numel();
+  return n;
+}
+
+TEST(ApplyLoRA, WrapsExactlyTheChosenLinearsOfAViT) {
+  Generator gen(41), lora_gen(43);
+  models::VisionTransformer vit(tiny_vit(), true, &gen);
+  const Tensor images = random_tensor({3, 1, 8, 8}, DType::f32, 42);
+  const std::vector<float> before = values(vit(images));
+  const size_t base_parameters = vit.parameters().size();
+
+  const std::vector<std::string> adapted =
+      apply_lora(vit, {.rank = 2, .alpha = 4, .generator = &lora_gen}, lora_targets(kBlockLinears), kHead);
+  EXPECT_EQ(adapted, (std::vector<std::string>{"blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc1",
+                                                "blocks.0.mlp.fc2", "blocks.1.attn.qkv", "blocks.1.attn.proj",
+                                                "blocks.1.mlp.fc1", "blocks.1.mlp.fc2"}));
+  EXPECT_EQ(values(vit(images)), before) << "B = 0: the adapted model starts exactly where the base is";
+
+  // The adapters sit under their Linears with PEFT's names; the base weights keep timm's.
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : vit.named_parameters()) shapes[name] = p.shape();
+  EXPECT_EQ(vit.parameters().size(), base_parameters + 2 * adapted.size());
+  EXPECT_EQ(shapes.at("blocks.0.attn.qkv.weight"), (Shape{48, 16}));
+  EXPECT_EQ(shapes.at("blocks.0.attn.qkv.lora_A.weight"), (Shape{2, 16}));
+  EXPECT_EQ(shapes.at("blocks.0.attn.qkv.lora_B.weight"), (Shape{48, 2}));
+  EXPECT_EQ(shapes.at("blocks.1.mlp.fc1.lora_B.weight"), (Shape{32, 2}));
+  EXPECT_EQ(shapes.at("blocks.1.mlp.fc2.lora_A.weight"), (Shape{2, 32}));
+  EXPECT_FALSE(shapes.contains("head.lora_A.weight"));
+
+  // Trainable: the adapters and the head, nothing else; r·(in + out) per adapted Linear.
+  for (const auto& [name, p] : vit.named_parameters()) {
+    const bool should_train = is_lora_parameter_name(name) || name == "head.weight" || name == "head.bias";
+    EXPECT_EQ(p.requires_grad(), should_train) << name;
+  }
+  const int64_t D = 16, hidden = 32, r = 2, depth = 2, classes = 5;
+  const int64_t per_block = r * ((D + 3 * D) + (D + D) + (D + hidden) + (hidden + D));
+  EXPECT_EQ(trainable_count(vit), depth * per_block + classes * D + classes);
+  EXPECT_EQ(trainable_count(vit), 853);
+
+  // The adapters are part of the model: Module::to converts them with the rest.
+  vit.to(DType::f64);
+  EXPECT_EQ(vit(images).dtype(), DType::f64);
+  for (const auto& [name, p] : vit.named_parameters()) EXPECT_EQ(p.dtype(), DType::f64) << name;
+}
+
+TEST(ApplyLoRA, OnlyTheChosenLinearsAndNoHead) {
+  models::VisionTransformer vit(tiny_vit());
+  EXPECT_EQ(apply_lora(vit, {.rank = 1}, lora_targets({"qkv"})),
+            (std::vector<std::string>{"blocks.0.attn.qkv", "blocks.1.attn.qkv"}));
+  EXPECT_EQ(trainable_count(vit), 2 * 1 * (16 + 48));
+  EXPECT_FALSE(vit.head->weight.requires_grad());
+  // A filter by full name and type, as PEFT's regex targets.
+  models::VisionTransformer other(tiny_vit());
+  EXPECT_EQ(apply_lora(other, {.rank = 4},
+                       [](const std::string& name, const Linear& l) {
+                         return name.starts_with("blocks.1.") && l.out_features == 32;
+                       }),
+            (std::vector<std::string>{"blocks.1.mlp.fc1"}));
+}
+
+TEST(ApplyLoRA, TrainingMovesOnlyTheAdaptersAndTheHead) {
+  Generator gen(51), lora_gen(52);
+  models::VisionTransformer vit(tiny_vit(), true, &gen);
+  apply_lora(vit, {.rank = 2, .alpha = 4, .generator = &lora_gen}, lora_targets(kBlockLinears), kHead);
+  std::map<std::string, std::vector<float>> start;
+  for (const auto& [name, p] : vit.named_parameters()) start[name] = values(p);
+
+  const Tensor images = random_tensor({8, 1, 8, 8}, DType::f32, 53);
+  const Tensor labels = from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2}, {8}, DType::i64);
+  optim::AdamW optimizer(trainable(vit), 1e-2);
+  double first = 0, last = 0;
+  for (int step = 0; step < 15; ++step) {
+    optimizer.zero_grad();
+    const Tensor loss = cross_entropy(vit(images), labels);
+    (step == 0 ? first : last) = loss.item();
+    loss.backward();
+    optimizer.step();
+  }
+  EXPECT_LT(last, 0.5 * first) << "first " << first << ", last " << last;
+  for (const auto& [name, p] : vit.named_parameters()) {
+    if (p.requires_grad()) {
+      EXPECT_NE(values(p), start[name]) << name << " trains";
+    } else {
+      EXPECT_EQ(values(p), start[name]) << name << " is frozen: bit-for-bit unchanged";
+      EXPECT_FALSE(p.grad().defined()) << name << " gets no gradient";
+    }
+  }
+}
+
+TEST(ApplyLoRA, AdapterFileRoundTrip) {
+  Generator gen(61), lora_gen(62);
+  models::VisionTransformer trained(tiny_vit(), true, &gen);
+  apply_lora(trained, {.rank = 2, .generator = &lora_gen}, lora_targets(kBlockLinears), kHead);
+  uint64_t seed = 63;
+  for (const Tensor& p : trainable(trained)) p.copy_(random_tensor(p.shape(), DType::f32, seed++, 0.1));
+
+  const StateDict adapters = lora_state_dict(trained, kHead);
+  EXPECT_EQ(adapters.size(), 8u * 2 + 2);
+  EXPECT_TRUE(adapters.contains("blocks.1.mlp.fc2.lora_B.weight"));
+  EXPECT_TRUE(adapters.contains("head.bias"));
+  EXPECT_FALSE(adapters.contains("blocks.1.mlp.fc2.weight"));
+  const std::string path = (std::filesystem::temp_directory_path() / "octet_test_lora_adapters.safetensors").string();
+  save_safetensors(path, adapters);
+
+  // The same base (same seed), adapted afresh, then the adapter file loaded: the same model.
+  Generator gen_again(61);
+  models::VisionTransformer restored(tiny_vit(), true, &gen_again);
+  apply_lora(restored, {.rank = 2}, lora_targets(kBlockLinears), kHead);
+  const Tensor images = random_tensor({2, 1, 8, 8}, DType::f32, 64);
+  EXPECT_NE(values(restored(images)), values(trained(images)));
+  load_lora_state_dict(restored, load_safetensors(path).tensors, kHead);
+  std::filesystem::remove(path);
+  EXPECT_EQ(values(restored(images)), values(trained(images)));
+
+  EXPECT_TRUE(throws_with([&] { load_lora_state_dict(restored, adapters); },
+                          {"unexpected keys [head.bias, head.weight]", "extra suffixes"}))
+      << "saved with the head, loaded without naming it";
+}
+
+TEST(ApplyLoRA, ErrorsNameTheProblemAndChangeNothing) {
+  models::VisionTransformer vit(tiny_vit());
+  const size_t count = vit.parameters().size();
+  EXPECT_TRUE(throws_with([&] { apply_lora(vit, {.rank = 17}, lora_targets(kBlockLinears)); },
+                          {"apply_lora: 'blocks.0.attn.qkv'", "rank 17", "min(in, out) = 16"}));
+  EXPECT_TRUE(throws_with([&] { apply_lora(vit, {.rank = 0}, lora_targets(kBlockLinears)); }, {"rank 0"}));
+  EXPECT_TRUE(throws_with([&] { apply_lora(vit, {.rank = 2, .alpha = -2}, lora_targets(kBlockLinears)); },
+                          {"alpha", "got -2"}));
+  EXPECT_TRUE(throws_with([&] { apply_lora(vit, {.rank = 2}, lora_targets({"q_proj"})); },
+                          {"picked no Linear", "blocks.0.attn.qkv", "head"}));
+  EXPECT_TRUE(throws_with([&] { apply_lora(vit, {.rank = 2}, lora_targets(kBlockLinears), {"head.weights"}); },
+                          {"'head.weights'", "head.weight"}));
+  EXPECT_EQ(vit.parameters().size(), count) << "a rejected call adds nothing";
+  for (const Tensor& p : vit.parameters()) EXPECT_TRUE(p.requires_grad()) << "and freezes nothing";
+
+  apply_lora(vit, {.rank = 2}, lora_targets({"fc1"}));
+  EXPECT_TRUE(throws_with([&] { apply_lora(vit, {.rank = 2}, lora_targets({"fc1"})); },
+                          {"'blocks.0.mlp.fc1' has a LoRA adapter already"}));
 }
 
 }  // namespace

@@ -61,6 +61,11 @@ double ParallelModel::clip_grad_norm_(double max_norm) {
   return optim::clip_grad_norm_(model_->parameters(), max_norm);
 }
 
+std::vector<std::pair<std::string, Tensor>> ParallelModel::full_parameters() {
+  if (fsdp_) return fsdp_->full_parameters();
+  return model_->named_parameters();
+}
+
 std::string ParallelModel::describe() const {
   if (ddp_) {
     return fmt::format("data parallel over {} ranks ({} backend): gradients in {} buckets all-reduced in {}",

@@ -30,6 +30,10 @@ class ParallelModel {
   // The global gradient-norm clip (over every rank's shards under FSDP).
   double clip_grad_norm_(double max_norm);
 
+  // Every parameter at full size by name: the model's own, or gathered from the shards under FSDP
+  // (a collective there: every rank calls it).
+  std::vector<std::pair<std::string, Tensor>> full_parameters();
+
   std::string describe() const;  // one log line
   // Under FSDP: this rank's memory ledger, logged and written to the metrics.
   bool has_ledger() const { return fsdp_ != nullptr; }

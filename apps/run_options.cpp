@@ -81,6 +81,13 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--reduce-dtype", o.reduce_dtype, "dtype DDP all-reduces gradients in: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  app.add_option("--lora-rank", o.lora_rank, "LoRA: adapters of this rank on every block's qkv, proj, fc1 and fc2; "
+                 "only they and the head train (0 = off)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--lora-alpha", o.lora_alpha, "LoRA scale numerator: the update is (alpha / rank)·B·A")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lora-save", o.lora_save, "with --lora-rank: write the adapters and the head alone to this "
+                 "safetensors file at the end");
   app.add_option("--trace", o.trace, "write a Chrome trace (open it in ui.perfetto.dev) of --trace-steps steps to "
                  "this file; with several ranks, one file per rank: trace.json -> trace.rank0.json, ...");
   app.add_option("--trace-steps", o.trace_steps, "steps the trace records, after one untraced warm-up step")
@@ -115,6 +122,8 @@ void check_run_options(RunOptions& o) {
   OCTET_CHECK(o.parallel != "fsdp" || (o.checkpoint_dir.empty() && o.resume.empty()),
               "--parallel fsdp cannot write or resume checkpoints in this build (sharded checkpoints are not "
               "wired into train_vit yet); drop --checkpoint-dir/--resume, or use --parallel ddp");
+  OCTET_CHECK(o.lora_rank > 0 || o.lora_save.empty(), "--lora-save needs --lora-rank R: there are no adapters "
+              "to save without it");
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
               "--checkpoint-every needs --checkpoint-dir DIR to say where checkpoints go");
   // The ranks on a node share its cores: more threads than cores makes OpenMP teams spin against
@@ -148,7 +157,8 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"parallel", o.parallel},
           {"sharding", o.parallel == "fsdp" ? o.sharding : "-"},
           {"world_size", std::to_string(o.world_size)},
-          {"reduce_dtype", o.reduce_dtype}};
+          {"reduce_dtype", o.reduce_dtype},
+          {"lora_rank", std::to_string(o.lora_rank)}};
   if (o.precision == "fp8") {
     flags["fp8_recipe"] = o.fp8.recipe;
     flags["fp8_margin"] = std::to_string(o.fp8.margin);

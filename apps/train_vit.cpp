@@ -37,7 +37,9 @@
 #include "nn/fp8.h"
 #include "core/trace.h"
 #include "nn/layers.h"
+#include "nn/lora.h"
 #include "nn/module_trace.h"
+#include "nn/safetensors.h"
 #include "optim/optim.h"
 
 using namespace octet;
@@ -257,6 +259,17 @@ int train(const RunOptions& o) {
   // Linears run their GEMMs in FP8 inside the step's Fp8Autocast scope below.
   const bool fp8 = o.precision == "fp8";
   model.to(device);
+  // LoRA: adapters on the blocks' Linears, everything else frozen but the head (before any wrapper
+  // or optimizer takes the parameters).
+  if (o.lora_rank > 0) {
+    Generator lora_generator(o.seed + 2);
+    const auto adapted = nn::apply_lora(model, {.rank = o.lora_rank, .alpha = o.lora_alpha, .generator = &lora_generator},
+                                        nn::lora_targets({"qkv", "proj", "fc1", "fc2"}), {"head.weight", "head.bias"});
+    int64_t trainable = 0;
+    for (const Tensor& p : model.parameters()) trainable += p.requires_grad() ? p.numel() : 0;
+    logging::info("LoRA rank {} (alpha {}) on {} Linears: {} of {} parameters train", o.lora_rank, o.lora_alpha,
+                  adapted.size(), trainable, model.num_parameters());
+  }
   // The default generator draws dropout and drop-path masks: each rank its own stream (rank 0's is
   // a single process's), so ranks do not drop the same rows of their shards.
   manual_seed(o.seed + 1 + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
@@ -433,6 +446,18 @@ int train(const RunOptions& o) {
           {.step = step, .loader = train_batches.state(), .rng_seed = rng.seed(), .rng_offset = rng.offset(),
            .run = run_flags(o)});
       logging::info("checkpoint written to {}", where);
+    }
+  }
+  if (!o.lora_save.empty()) {
+    // The adapters and the head alone, under their full names (gathered from the shards under FSDP).
+    nn::StateDict adapters;
+    for (auto& [name, tensor] : parallel.full_parameters()) {
+      if (nn::is_lora_parameter_name(name) || name == "head.weight" || name == "head.bias") adapters[name] = tensor;
+    }
+    if (lead) {
+      nn::save_safetensors(o.lora_save, adapters, {{"lora_rank", std::to_string(o.lora_rank)},
+                                                   {"lora_alpha", std::to_string(o.lora_alpha)}});
+      logging::info("LoRA adapters and head ({} tensors) written to {}", adapters.size(), o.lora_save);
     }
   }
   metrics.write({{"event", "end"}, {"step", step}, {"elapsed_s", seconds_since(run_start)}});

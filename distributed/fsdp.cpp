@@ -63,6 +63,7 @@ struct FullyShardedDataParallel::State {
   std::vector<Unit> units;  // units[0] is the root
   std::vector<int> forward_order, recording;  // unit indices in the order their forward ran
   bool backward_active = false;
+  int backward_current = -1;  // the unit whose backward started last
   // Flats are reduced in this order on every rank: the units in reverse (the order backward finishes
   // them, for a model whose units run in registration order), the root last.
   std::vector<int> reduce_order;
@@ -136,6 +137,11 @@ struct FullyShardedDataParallel::State {
 
   std::vector<int> backward_order() const { return {forward_order.rbegin(), forward_order.rend()}; }
 
+  // In backward: the unit after the one whose backward started last, if the rate limit allows.
+  void prefetch_next_in_backward() {
+    if (backward_current >= 0) prefetch_after(backward_current, backward_order());
+  }
+
   // ---- forward ------------------------------------------------------------------------------------
 
   void on_root_forward_start() {
@@ -147,9 +153,20 @@ struct FullyShardedDataParallel::State {
     recording.push_back(0);
   }
 
-  void on_unit_forward_start(int u) {
+  void on_unit_forward_start(int u, const Tensor& input) {
     ensure_gathered(u);
     recording.push_back(u);
+    // The gradient of the unit's input is complete once every node of the unit's backward has run:
+    // only then may its gathered parameters go (a frozen weight's node can run after every trainable
+    // gradient of the unit is in). Without such a hook (the input needs no gradient) the unit goes
+    // at the end of backward.
+    if (GradMode::is_enabled() && input.requires_grad()) {
+      std::weak_ptr<State> weak = self;
+      Tensor(input).register_hook([weak, u](const Tensor&) {
+        if (auto s = weak.lock()) s->on_unit_backward_end(u);
+        return Tensor();
+      });
+    }
     if (options.forward_prefetch && !forward_order.empty()) prefetch_after(u, forward_order);
   }
 
@@ -175,6 +192,7 @@ struct FullyShardedDataParallel::State {
 
   void begin_backward() {
     backward_active = true;
+    backward_current = -1;
     next_to_reduce = 0;
     for (Flat& flat : flats) {
       flat.pending = flat.trainable ? static_cast<int>(flat.slots.size()) : 0;
@@ -189,8 +207,14 @@ struct FullyShardedDataParallel::State {
 
   void on_unit_backward_start(int u) {
     if (!backward_active) begin_backward();
+    backward_current = u;
     ensure_gathered(u);
-    if (options.backward_prefetch == BackwardPrefetch::BackwardPre) prefetch_after(u, backward_order());
+    if (options.backward_prefetch == BackwardPrefetch::BackwardPre) prefetch_next_in_backward();
+  }
+
+  void on_unit_backward_end(int u) {
+    if (options.sharding != ShardingStrategy::NoShard) release(u);
+    if (options.backward_prefetch == BackwardPrefetch::BackwardPre) prefetch_next_in_backward();
   }
 
   void on_gradient(int f, int s) {
@@ -231,10 +255,7 @@ struct FullyShardedDataParallel::State {
     flat.reduced = true;
     const Unit& unit = units[flat.unit];
     const bool unit_done = std::all_of(unit.flats.begin(), unit.flats.end(), [&](int g) { return flats[g].reduced; });
-    if (unit_done && flat.unit != 0) {
-      if (options.sharding != ShardingStrategy::NoShard) release(flat.unit);
-      if (options.backward_prefetch == BackwardPrefetch::BackwardPost) prefetch_after(flat.unit, backward_order());
-    }
+    if (unit_done && options.backward_prefetch == BackwardPrefetch::BackwardPost) prefetch_next_in_backward();
   }
 
   void finish_backward() {
@@ -390,8 +411,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   });
   for (size_t u = 1; u < s.units.size(); ++u) {
     const int index = static_cast<int>(u);
-    s.units[u].module->register_forward_pre_hook([weak, index](nn::Module&, const Tensor&) {
-      if (auto st = weak.lock()) st->on_unit_forward_start(index);
+    s.units[u].module->register_forward_pre_hook([weak, index](nn::Module&, const Tensor& input) {
+      if (auto st = weak.lock()) st->on_unit_forward_start(index, input);
       return Tensor();
     });
     s.units[u].module->register_forward_hook([weak, index](nn::Module&, const Tensor&, const Tensor& output) {

@@ -22,7 +22,9 @@
 //   backward  when the gradient of the unit's output arrives: gather it again, and start the next
 //             unit's gather (BackwardPre). When every parameter's gradient is in: reduce-scatter the
 //             flat gradient (average, reduce_dtype) into this rank's shard, adding to its .grad (so
-//             micro-batches accumulate), and free the full gradients and the gathered buffer.
+//             micro-batches accumulate), and free the full gradients (BackwardPost prefetches here).
+//             When the gradient of the unit's input is complete, every node of its backward has run:
+//             free the gathered buffer.
 // SHARD_GRAD_OP keeps the gathered buffer from forward to backward; NO_SHARD keeps everything on
 // every rank and all-reduces gradients, which is DDP. The root unit stays gathered from the start of
 // forward to the end of backward, as in PyTorch; at most limit_all_gathers other units are gathered

@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "distributed/fsdp_checkpoint.h"
 #include "nn/fp8.h"
 #include "nn/safetensors.h"
 
@@ -110,8 +111,9 @@ std::string resolve_checkpoint(const std::string& path) {
   return dir.string();
 }
 
-TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {
-  const fs::path dir = resolve_checkpoint(path);
+namespace {
+
+TrainerState read_trainer_state(const fs::path& dir) {
   const std::string trainer_file = (dir / "trainer.json").string();
   json j;
   try {
@@ -120,7 +122,28 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::
     OCTET_FAIL("checkpoint ", trainer_file, " is not valid JSON (", e.what(),
                "); it is corrupt or truncated, pass another --resume");
   }
-  TrainerState state = from_json(j, trainer_file);
+  return from_json(j, trainer_file);
+}
+
+// Without fp8.safetensors (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh.
+void load_fp8_state_if_saved(const fs::path& dir, nn::Module& model) {
+  const std::string fp8_file = (dir / "fp8.safetensors").string();
+  if (!fs::exists(fp8_file)) return;
+  const nn::SafetensorsFile fp8_state = nn::load_safetensors(fp8_file);
+  try {
+    nn::load_fp8_state_dict(model, fp8_state.tensors);
+  } catch (const Error& e) {
+    OCTET_FAIL(fp8_file, " does not fit this model's FP8 layers (was it written with another --model?): ", e.what());
+  }
+}
+
+}  // namespace
+
+TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {
+  const fs::path dir = resolve_checkpoint(path);
+  OCTET_CHECK(!fs::exists(dir / "index.json"), dir.string(), " holds FSDP shards (index.json), not one model file; "
+              "resume it with --parallel fsdp, at any number of ranks");
+  TrainerState state = read_trainer_state(dir);
   const std::string model_file = (dir / "model.safetensors").string();
   const std::string optimizer_file = (dir / "optimizer.safetensors").string();
   nn::SafetensorsFile weights = nn::load_safetensors(model_file);
@@ -135,16 +158,40 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::
   } catch (const Error& e) {
     OCTET_FAIL(optimizer_file, " does not fit this optimizer (was it written with another --optimizer?): ", e.what());
   }
-  // Without it (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh.
-  const std::string fp8_file = (dir / "fp8.safetensors").string();
-  if (fs::exists(fp8_file)) {
-    const nn::SafetensorsFile fp8_state = nn::load_safetensors(fp8_file);
-    try {
-      nn::load_fp8_state_dict(model, fp8_state.tensors);
-    } catch (const Error& e) {
-      OCTET_FAIL(fp8_file, " does not fit this model's FP8 layers (was it written with another --model?): ", e.what());
-    }
+  load_fp8_state_if_saved(dir, model);
+  return state;
+}
+
+std::string save_sharded_checkpoint(const std::string& root, distributed::FullyShardedDataParallel& fsdp,
+                                    const optim::Optimizer& optimizer, nn::Module& model, const TrainerState& state) {
+  const bool lead = fsdp.process_group()->rank() == 0;
+  if (lead) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    OCTET_CHECK(!ec, "cannot create checkpoint directory ", root, ": ", ec.message(),
+                "; pass a writable --checkpoint-dir");
   }
+  fsdp.process_group()->barrier()->wait();  // the root exists before any rank writes under it
+  const std::string name = step_name(state.step);
+  const fs::path final_dir = fs::path(root) / name;
+  distributed::save_fsdp_checkpoint(final_dir.string(), fsdp, &optimizer, [&](const std::string& staging) {
+    const std::map<std::string, Tensor> fp8_state = nn::fp8_state_dict(model);
+    if (!fp8_state.empty()) nn::save_safetensors((fs::path(staging) / "fp8.safetensors").string(), fp8_state);
+    write_file_atomic((fs::path(staging) / "trainer.json").string(), to_json(state).dump(2) + "\n");
+  });
+  if (lead) write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+  fsdp.process_group()->barrier()->wait();  // `latest` is in place before any rank goes on
+  return final_dir.string();
+}
+
+TrainerState load_sharded_checkpoint(const std::string& path, distributed::FullyShardedDataParallel& fsdp,
+                                     optim::Optimizer& optimizer, nn::Module& model) {
+  const fs::path dir = resolve_checkpoint(path);
+  OCTET_CHECK(fs::exists(dir / "index.json"), dir.string(), " is a single-process or DDP checkpoint (no index.json of "
+              "FSDP shards); resume it without --parallel fsdp, or with --parallel ddp");
+  TrainerState state = read_trainer_state(dir);
+  distributed::load_fsdp_checkpoint(dir.string(), fsdp, &optimizer);
+  load_fp8_state_if_saved(dir, model);
   return state;
 }
 

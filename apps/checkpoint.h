@@ -16,6 +16,7 @@
 #include <string>
 
 #include "data/loader.h"
+#include "distributed/fsdp.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
@@ -38,6 +39,15 @@ std::string save_checkpoint(const std::string& root, nn::Module& model, const op
 // and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt or
 // mismatched file is an error that names it.
 TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer);
+
+// Under FSDP (a collective: every rank calls it). <root>/step-<step>/ holds every rank's shards and
+// index.json (distributed/fsdp_checkpoint.h) instead of model.safetensors and optimizer.safetensors,
+// plus trainer.json and fp8.safetensors from rank 0; `latest` is updated after. Loading works at any
+// world size: the shards are re-sharded.
+std::string save_sharded_checkpoint(const std::string& root, distributed::FullyShardedDataParallel& fsdp,
+                                    const optim::Optimizer& optimizer, nn::Module& model, const TrainerState& state);
+TrainerState load_sharded_checkpoint(const std::string& path, distributed::FullyShardedDataParallel& fsdp,
+                                     optim::Optimizer& optimizer, nn::Module& model);
 
 // The checkpoint directory `path` refers to (see load_checkpoint).
 std::string resolve_checkpoint(const std::string& path);

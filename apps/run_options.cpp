@@ -119,9 +119,6 @@ void check_run_options(RunOptions& o) {
                 cuda::device_count(), " CUDA device(s); pick one of cuda:0..cuda:", cuda::device_count() - 1);
   }
   o.device = device.str();  // "cpu" or "cuda:N", as checkpoints record it
-  OCTET_CHECK(o.parallel != "fsdp" || (o.checkpoint_dir.empty() && o.resume.empty()),
-              "--parallel fsdp cannot write or resume checkpoints in this build (sharded checkpoints are not "
-              "wired into train_vit yet); drop --checkpoint-dir/--resume, or use --parallel ddp");
   OCTET_CHECK(o.lora_rank > 0 || o.lora_save.empty(), "--lora-save needs --lora-rank R: there are no adapters "
               "to save without it");
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),

@@ -296,7 +296,9 @@ int train(const RunOptions& o) {
 
   int64_t step = 0;
   if (!o.resume.empty()) {
-    const apps::TrainerState state = apps::load_checkpoint(o.resume, model, *optimizer);
+    const apps::TrainerState state =
+        parallel.fsdp() ? apps::load_sharded_checkpoint(o.resume, *parallel.fsdp(), *optimizer, model)
+                        : apps::load_checkpoint(o.resume, model, *optimizer);
     warn_about_changed_flags(state.run, run_flags(o));
     step = state.step;
     train_batches.set_state(state.loader);
@@ -438,13 +440,15 @@ int train(const RunOptions& o) {
                      {"loss", r.loss}, {"elapsed_s", seconds_since(run_start)}});
     }
     const bool checkpoint_now = o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : step == total_steps;
-    // The ranks hold the same model and optimizer state: rank 0 writes them.
-    if (lead && !o.checkpoint_dir.empty() && (checkpoint_now || step == total_steps)) {
+    // Under FSDP every rank writes its shards; otherwise the ranks hold the same model and optimizer
+    // state, and rank 0 writes them.
+    if (!o.checkpoint_dir.empty() && (checkpoint_now || step == total_steps) && (lead || parallel.fsdp())) {
       const Generator& rng = default_generator();
-      const std::string where = apps::save_checkpoint(
-          o.checkpoint_dir, model, *optimizer,
-          {.step = step, .loader = train_batches.state(), .rng_seed = rng.seed(), .rng_offset = rng.offset(),
-           .run = run_flags(o)});
+      const apps::TrainerState state{.step = step, .loader = train_batches.state(), .rng_seed = rng.seed(),
+                                     .rng_offset = rng.offset(), .run = run_flags(o)};
+      const std::string where =
+          parallel.fsdp() ? apps::save_sharded_checkpoint(o.checkpoint_dir, *parallel.fsdp(), *optimizer, model, state)
+                          : apps::save_checkpoint(o.checkpoint_dir, model, *optimizer, state);
       logging::info("checkpoint written to {}", where);
     }
   }

@@ -390,7 +390,7 @@ int train(const RunOptions& o) {
         trace::stop();
         const std::string path = trace_path(o.trace, rank, world);
         trace::write(path);
-        logging::info("trace of steps {}..{} written to {}{}", trace_first, step, path,
+        logging::info("trace of steps {}..{} written to {}{}", trace_first + 1, step, path,
                       world > 1 ? " (one file per rank)" : "");
       }
     }

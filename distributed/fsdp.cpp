@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/optimizers.h"
 #include "nn/layers.h"
@@ -46,6 +47,7 @@ struct FullyShardedDataParallel::State {
     bool reduced = false;
     Tensor grad_full, grad_shard;  // the reduce-scatter's input and output while it is in flight
     WorkHandle reduce_work;
+    int64_t reduce_start_us = 0;  // for the trace
   };
   struct Unit {
     std::string name;  // "" for the root
@@ -54,6 +56,8 @@ struct FullyShardedDataParallel::State {
     bool gathered = false;
     WorkHandle gather_work;  // a prefetch in flight
     std::vector<Tensor> gather_inputs;
+    int64_t gather_start_us = 0;  // for the trace
+    std::string label() const { return name.empty() ? "root" : name; }
   };
 
   std::shared_ptr<ProcessGroup> group;
@@ -83,6 +87,7 @@ struct FullyShardedDataParallel::State {
   void start_gather(int u) {
     Unit& unit = units[u];
     if (unit.gathered || unit.gather_work) return;
+    unit.gather_start_us = trace::now_us();
     unit.gather_inputs.clear();
     for (int f : unit.flats) {
       Flat& flat = flats[f];
@@ -108,6 +113,8 @@ struct FullyShardedDataParallel::State {
     unit.gather_work.reset();
     unit.gather_inputs.clear();
     unit.gathered = true;
+    // From issue (a prefetch: earlier) to the moment the unit was needed and ready.
+    if (trace::enabled()) trace::complete("gather " + unit.label(), "fsdp", "fsdp", unit.gather_start_us, trace::now_us());
   }
 
   void release(int u) {
@@ -118,6 +125,10 @@ struct FullyShardedDataParallel::State {
       unit.gathered = true;
     }
     if (!unit.gathered) return;
+    if (trace::enabled()) {
+      const int64_t now = trace::now_us();
+      trace::complete("free " + unit.label(), "fsdp", "fsdp", now, now + 1);
+    }
     for (int f : unit.flats) {
       flats[f].gathered.storage()->release();
       count_bytes(-static_cast<int64_t>(flats[f].gathered.nbytes()));
@@ -245,6 +256,7 @@ struct FullyShardedDataParallel::State {
       }
     }
     flat.grad_shard = empty({flat.shard_numel}, options.reduce_dtype, flat.shard.device());
+    flat.reduce_start_us = trace::now_us();
     count_bytes(static_cast<int64_t>(flat.grad_full.nbytes()));
     if (sharded) {
       flat.reduce_work = group->reduce_scatter(flat.grad_shard, flat.grad_full, ReduceOp::Avg);
@@ -272,6 +284,10 @@ struct FullyShardedDataParallel::State {
       if (!flat.trainable) continue;
       flat.reduce_work->wait();
       flat.reduce_work.reset();
+      if (trace::enabled()) {
+        trace::complete("reduce_scatter " + units[flat.unit].label(), "fsdp", "fsdp", flat.reduce_start_us,
+                        trace::now_us());
+      }
       const Tensor grad = flat.grad_shard.to(DType::f32);
       if (flat.shard.grad().defined()) {
         kernels::add_(flat.shard.grad(), grad);

@@ -86,6 +86,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--lora-alpha", o.lora_alpha, "LoRA scale numerator: the update is (alpha / rank)·B·A")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--save-model", o.save_model, "write the trained weights to this safetensors file at the end, under "
+                 "timm's names (gathered from the shards under FSDP), loadable by one process or timm");
   app.add_option("--lora-save", o.lora_save, "with --lora-rank: write the adapters and the head alone to this "
                  "safetensors file at the end");
   app.add_option("--trace", o.trace, "write a Chrome trace (open it in ui.perfetto.dev) of --trace-steps steps to "

@@ -50,6 +50,7 @@ struct RunOptions {
   std::string reduce_dtype = "f32";  // or "bf16": the dtype DDP all-reduces gradients in
   int64_t lora_rank = 0;             // > 0: LoRA adapters on the blocks' Linears; only they and the head train
   double lora_alpha = 16;
+  std::string save_model;            // the trained weights, one safetensors file with timm's names, at the end
   std::string lora_save;             // write the adapters and head alone to this safetensors file at the end
   std::string trace;                 // Chrome trace file; ".rank<r>" goes before the extension
   int64_t trace_steps = 3;           // steps recorded, after a first untraced one

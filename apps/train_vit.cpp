@@ -28,6 +28,7 @@
 #include "data/device_prefetcher.h"
 #include "data/loader.h"
 #include "apps/parallel.h"
+#include "distributed/fsdp_checkpoint.h"
 #include "distributed/launch.h"
 #include "kernels/elementwise.h"
 #include "kernels/optimizers.h"
@@ -451,6 +452,14 @@ int train(const RunOptions& o) {
                           : apps::save_checkpoint(o.checkpoint_dir, model, *optimizer, state);
       logging::info("checkpoint written to {}", where);
     }
+  }
+  if (!o.save_model.empty()) {
+    if (parallel.fsdp()) {
+      distributed::export_consolidated(o.save_model, *parallel.fsdp());  // gathers; rank 0 writes
+    } else if (lead) {
+      nn::save_safetensors(o.save_model, model.state_dict(), {{"format", "pt"}});
+    }
+    logging::info("model weights written to {}", o.save_model);
   }
   if (!o.lora_save.empty()) {
     // The adapters and the head alone, under their full names (gathered from the shards under FSDP).

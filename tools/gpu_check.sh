@@ -105,11 +105,21 @@ if ! timeout 180 "$bin/train_vit" --parallel ddp --device cuda:0 --precision bf1
     --log-every 50 --eval-every 100 --trace "$out/ddp_trace.json" 2>&1 | tee "$out/train_vit_ddp.log"; then
   failures+=("train_vit ddp")
 fi
+stage "train_vit --parallel fsdp on one GPU (NCCL, world size 1), bf16 gathers"
+if ! timeout 180 "$bin/train_vit" --parallel fsdp --device cuda:0 --precision bf16 "${data[@]}" --steps 100 \
+    --log-every 50 --eval-every 100 --trace "$out/fsdp_trace.json" 2>&1 | tee "$out/train_vit_fsdp.log"; then
+  failures+=("train_vit fsdp")
+fi
 stage "2 ranks sharing the GPU over the MPI backend (test_gpu_shared_mpi)"
 if command -v mpirun > /dev/null; then
   if ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun --oversubscribe -np 2 \
       "$bin/test_gpu_shared_mpi" --gtest_brief=1 2>&1 | tail -n 20; then
     failures+=("test_gpu_shared_mpi")
+  fi
+  if ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 180 mpirun --oversubscribe -np 2 \
+      "$bin/train_vit" --parallel fsdp --dist-backend mpi --device cuda:0 --precision bf16 "${data[@]}" --steps 50 \
+      --log-every 25 --eval-every 50 2>&1 | tail -n 8; then
+    failures+=("train_vit fsdp, 2 ranks sharing the GPU")
   fi
 else
   echo "skipped: this machine has no mpirun (the NCCL tests in test_cuda ran at world size 1)"

@@ -164,14 +164,8 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::
 
 std::string save_sharded_checkpoint(const std::string& root, distributed::FullyShardedDataParallel& fsdp,
                                     const optim::Optimizer& optimizer, nn::Module& model, const TrainerState& state) {
+  // save_fsdp_checkpoint creates the folders and reports a failure on every rank.
   const bool lead = fsdp.process_group()->rank() == 0;
-  if (lead) {
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    OCTET_CHECK(!ec, "cannot create checkpoint directory ", root, ": ", ec.message(),
-                "; pass a writable --checkpoint-dir");
-  }
-  fsdp.process_group()->barrier()->wait();  // the root exists before any rank writes under it
   const std::string name = step_name(state.step);
   const fs::path final_dir = fs::path(root) / name;
   distributed::save_fsdp_checkpoint(final_dir.string(), fsdp, &optimizer, [&](const std::string& staging) {

@@ -3,6 +3,8 @@
 
     python3 tools/fsdp_figures.py --trace t.rank0.json --metrics m.jsonl [--log train.log]
                                   [--trace t.rank1.json ...] [--step N] [--width 100]
+    python3 tools/fsdp_figures.py --step-times a.jsonl b.jsonl ...   (step times of untraced runs)
+    python3 tools/fsdp_figures.py --index ckpt/step-N/index.json      (the flat parameters of a checkpoint)
 
 Reads the per-rank Chrome trace that `train_vit --trace` writes (tracks "compute", "comm", "fsdp")
 and the `--metrics` JSON Lines file, and prints markdown:
@@ -13,8 +15,8 @@ and the `--metrics` JSON Lines file, and prints markdown:
   (c) how many units were gathered at each moment, and the gathered bytes (units plus gradients in
       flight), rebuilt from the events and set against the ledger;
   (d) the memory ledger of that step and the 16·Ψ/N check;
-  (f) the bytes the step's collectives moved, against FULL_SHARD's theory;
-  (e) with more than one --trace: the same step on every rank, in one line each.
+  (e) the bytes the step's collectives moved, against the sharding strategy's theory;
+  (f) with more than one --trace: the same step on every rank, in one line each.
 
 The first --trace is the rank drawn in detail. Python 3 standard library only.
 """
@@ -366,6 +368,11 @@ def gathered_figure(step, ledger):
             peak, peak_at = level, t
     q = "" if exact_all else "≈"
     out.append("")
+    if not any(step.carried[id(g)] for g in step.gathers):
+        out.append("The gathers ran no collective (NO_SHARD copies each unit from the rank's full copy), so the "
+                   "trace cannot rebuild the gathered bytes" + (f"; the ledger's peak_gathered_bytes: "
+                                                                f"**{ledger['peak_gathered_bytes']:,} B**." if ledger else "."))
+        return "\n".join(out)
     out.append(f"Gathered bytes rebuilt from the trace (gathered units from issue to free, full flat gradients "
                f"from reduce-scatter launch to the end-of-backward wait): peak **{q}{peak:,} B** at "
                f"{fmt_ms(step.ms(peak_at))} ms ({step.pass_of(peak_at)}), of which the root's gathered "
@@ -424,11 +431,11 @@ def ledger_figure(ledger, step_no, start, log, world):
     return "\n".join(out)
 
 
-# ---- (f) communication volume -------------------------------------------------------------------
+# ---- (e) communication volume -------------------------------------------------------------------
 
 
 def volume_figure(step, world, log, sharding):
-    out = ["| collective | calls | payload (B) | sent and received per rank, (N−1)/N × payload (B) |", "|---|---:|---:|---:|"]
+    out = ["| collective | calls | payload (B) | sent per rank by a ring algorithm (B) |", "|---|---:|---:|---:|"]
     kinds = {}
     for c in step.comm:
         kind = c.name.split(" ")[0].split("(")[0]
@@ -437,7 +444,9 @@ def volume_figure(step, world, log, sharding):
         kinds[kind] = (n + 1, total + (b or 0), ex and exact)
     for kind, (n, total, exact) in kinds.items():
         q = "" if exact else "≈"
-        share = f"{q}{total * (world - 1) / world:,.0f}" if kind in ("all_gather", "reduce_scatter") else "—"
+        factor = {"all_gather": (world - 1) / world, "reduce_scatter": (world - 1) / world,
+                  "all_reduce": 2 * (world - 1) / world}.get(kind)
+        share = f"{q}{total * factor:,.0f}" if factor is not None else "—"
         out.append(f"| {kind} | {n} | {q}{total:,} | {share} |")
     padded = (log or {}).get("padded")
     root = [g for g in step.gathers if unit_of(g.name) == "root"]
@@ -457,13 +466,14 @@ def volume_figure(step, world, log, sharding):
                    f"{DTYPE_BYTES.get(log.get('reduce_dtype'), b)} × {padded:,} = "
                    f"{DTYPE_BYTES.get(log.get('reduce_dtype'), b) * padded:,} B (fewer with frozen flats).")
         psi = log.get("parameters")
-        if psi:
+        scattered = kinds.get("reduce_scatter", (0, 0, True))[1]
+        if psi and abs(scattered - DTYPE_BYTES.get(log.get("reduce_dtype"), b) * padded) < 16 * len(step.launches):
             out.append(f"DDP moves, for the same model, one all-reduce of the gradients: 2 × (N−1)/N × 4 × Ψ = "
-                       f"{2 * (world - 1) / world * 4 * psi:,.0f} B sent and received per rank.")
+                       f"{2 * (world - 1) / world * 4 * psi:,.0f} B sent per rank.")
     return "\n".join(out)
 
 
-# ---- (e) every rank -----------------------------------------------------------------------------
+# ---- (f) every rank -----------------------------------------------------------------------------
 
 
 def rank_line(path, step_name, multiple):
@@ -491,17 +501,54 @@ def rank_line(path, step_name, multiple):
             f"{fmt_ms(avg(blocks_b))} | {fmt_ms(comm_busy / 1000.0)} | {max(n for _, n in gathered_counts(step))} |")
 
 
+# ---- (g) the flat parameters --------------------------------------------------------------------
+
+
+def flats_figure(index_path):
+    """The flat parameters as a sharded checkpoint's index.json lists them."""
+    index = json.load(open(index_path))
+    out = [f"{len(index['flat_parameters'])} flat parameters, checkpoint written at N = {index['world_size']} "
+           f"({index['optimizer']['name'] if index.get('optimizer') else 'no optimizer'}):", "",
+           "| flat | unit | key | trainable | parameters | numel | padded | padding | shard per rank |",
+           "|---:|---|---:|---|---|---:|---:|---:|---:|"]
+    for f, flat in enumerate(index["flat_parameters"]):
+        names = [p["name"] for p in flat["parameters"]]
+        listed = ", ".join(names) if len(names) <= 3 else f"{len(names)}: {names[0]} … {names[-1]}"
+        out.append(f"| {f} | {flat['unit'] or 'root'} | {flat['key']} | {'yes' if flat['trainable'] else 'no (frozen)'} | "
+                   f"{listed} | {flat['numel']:,} | {flat['padded_numel']:,} | {flat['padded_numel'] - flat['numel']} | "
+                   f"{flat['shard_numel']:,} |")
+    total = sum(f["numel"] for f in index["flat_parameters"])
+    padded = sum(f["padded_numel"] for f in index["flat_parameters"])
+    out.append(f"| | | | | all | {total:,} | {padded:,} | {padded - total} | {padded // index['world_size']:,} |")
+    return "\n".join(out)
+
+
 # ---- main ---------------------------------------------------------------------------------------
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", action="append", required=True, help="a rank's trace file (repeat for more ranks; the first is drawn)")
-    ap.add_argument("--metrics", required=True, help="train_vit --metrics JSON Lines file")
+    ap.add_argument("--trace", action="append", help="a rank's trace file (repeat for more ranks; the first is drawn)")
+    ap.add_argument("--metrics", help="train_vit --metrics JSON Lines file")
     ap.add_argument("--log", help="train_vit's log (for Ψ, the flat parameters and the padding)")
     ap.add_argument("--step", type=int, help="the traced step to draw (default: the first in the trace)")
     ap.add_argument("--width", type=int, default=100, help="timeline columns")
+    ap.add_argument("--step-times", nargs="+", metavar="METRICS",
+                    help="instead: the median and the fastest step time of each metrics file (steps after the 2nd)")
+    ap.add_argument("--index", metavar="INDEX_JSON", help="instead: the flat parameters of a sharded checkpoint")
     args = ap.parse_args()
+    if args.index:
+        print(flats_figure(args.index))
+        return
+    if args.step_times:
+        print("| metrics | steps | median step (ms) | fastest step (ms) |\n|---|---:|---:|---:|")
+        for path in args.step_times:
+            times = sorted(m["step_ms"] for m in read_metrics(path) if m.get("event") == "step" and m["step"] > 2)
+            median = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
+            print(f"| {path} | {len(times)} | {median:.1f} | {times[0]:.1f} |")
+        return
+    if not args.trace or not args.metrics:
+        ap.error("--trace and --metrics are required (or --step-times)")
 
     metrics = read_metrics(args.metrics)
     start = next((m for m in metrics if m.get("event") == "start"), {})
@@ -509,7 +556,9 @@ def main():
     world = int(start.get("flags", {}).get("world_size", 0)) or (log or {}).get("world") or 1
     gather_bytes = DTYPE_BYTES.get((log or {}).get("gather_dtype"), 2)
     reduce_bytes = DTYPE_BYTES.get((log or {}).get("reduce_dtype"), 2)
-    multiple = world * min(gather_bytes, reduce_bytes)  # a flat's bytes are a multiple of this
+    flags = start.get("flags", {})
+    shards = 1 if flags.get("sharding") == "none" else world  # NO_SHARD pads nothing
+    multiple = shards * min(gather_bytes, reduce_bytes)  # a flat's bytes are a multiple of this
     step_name = f"step {args.step}" if args.step else None
 
     spans = read_trace(args.trace[0])
@@ -519,7 +568,6 @@ def main():
     chosen = [m for m in steps if m.get("step") == step_no] or steps[-1:]
     ledger = chosen[0]["memory_ledger"] if chosen else None
 
-    flags = start.get("flags", {})
     print(f"<!-- generated by tools/fsdp_figures.py from {', '.join(args.trace)}, {args.metrics}"
           + (f", {args.log}" if args.log else "") + " -->")
     print(f"Run: `{flags.get('model', '?')}`, {world} ranks, --sharding {flags.get('sharding', '?')}, "
@@ -547,10 +595,10 @@ def main():
     if ledger:
         print("\n### (d) Memory ledger\n")
         print(ledger_figure(ledger, chosen[0]["step"], start, log, world))
-    print("\n### (f) Communication in the step\n")
+    print("\n### (e) Communication in the step\n")
     print(volume_figure(step, world, log, flags.get("sharding")))
     if len(args.trace) > 1:
-        print(f"\n### (e) {step.span.name} on every rank\n")
+        print(f"\n### (f) {step.span.name} on every rank\n")
         print("| trace | step (ms) | forward (ms) | forward outside module spans (ms) | forward per block (ms) | "
               "backward (ms) | backward per block (ms) | comm track busy (ms) | max units gathered |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -5,6 +5,7 @@
                                   [--trace t.rank1.json ...] [--step N] [--width 100]
     python3 tools/fsdp_figures.py --step-times a.jsonl b.jsonl ...   (step times of untraced runs)
     python3 tools/fsdp_figures.py --index ckpt/step-N/index.json      (the flat parameters of a checkpoint)
+    python3 tools/fsdp_figures.py --compare full=runs/full grad-op=runs/grad-op ...   (runs side by side)
 
 Reads the per-rank Chrome trace that `train_vit --trace` writes (tracks "compute", "comm", "fsdp")
 and the `--metrics` JSON Lines file, and prints markdown:
@@ -523,6 +524,52 @@ def flats_figure(index_path):
     return "\n".join(out)
 
 
+# ---- (h) strategies side by side ----------------------------------------------------------------
+
+
+def compare_figure(runs):
+    """One column per run directory (t.rank0.json, m.jsonl, train.log, as train_vit writes them)."""
+    cols = []
+    for label, folder in runs:
+        metrics = read_metrics(f"{folder}/m.jsonl")
+        start = next((m for m in metrics if m.get("event") == "start"), {})
+        flags = start.get("flags", {})
+        log = read_log(f"{folder}/train.log")
+        world = int(flags.get("world_size", 1))
+        shards = 1 if flags.get("sharding") == "none" else world
+        multiple = shards * min(DTYPE_BYTES.get(log.get("gather_dtype"), 2), DTYPE_BYTES.get(log.get("reduce_dtype"), 2))
+        step = Step(read_trace(f"{folder}/t.rank0.json"), None, multiple)
+        step_no = int(step.span.name.split(" ")[1])
+        ledger = next(m["memory_ledger"] for m in metrics if m.get("event") == "step" and m.get("step") == step_no)
+        sums = {}
+        for c in step.comm:
+            kind = c.name.split(" ")[0].split("(")[0]
+            b, exact = size_bytes(c.name, multiple)
+            n, total, ex = sums.get(kind, (0, 0, True))
+            sums[kind] = (n + 1, total + b, ex and exact)
+
+        def moved(kind, factor):
+            n, total, exact = sums.get(kind, (0, 0, True))
+            q = "" if exact else "≈"
+            return f"{q}{total:,} in {n}; {q}{total * factor(world):,.0f} sent" if n else "—"
+
+        ring = lambda n: (n - 1) / n
+        factors = {"all_gather": ring(world), "reduce_scatter": ring(world), "all_reduce": 2 * ring(world)}
+        sent = sum(total * factors.get(kind, 0) for kind, (_, total, _) in sums.items())
+        approx = "" if all(ex for _, _, ex in sums.values()) else "≈"
+        cols.append([label, f"{flags.get('sharding')}, {world} ranks", f"{ledger['sharded_total_bytes']:,}",
+                     f"{ledger['gathered_bytes']:,}", f"{ledger['peak_gathered_bytes']:,}",
+                     str(ledger["max_units_gathered"]), moved("all_gather", ring), moved("reduce_scatter", ring),
+                     moved("all_reduce", lambda n: 2 * ring(n)), f"{approx}{sent:,.0f}", f"{step.span.dur / 1000.0:.2f}"])
+    rows = ["run", "--sharding, ranks", "sharded total (B)", "gathered after the step (B)", "peak gathered (B)",
+            "most units gathered", "all-gather: payload (B) in calls; sent per rank", "reduce-scatter: the same",
+            "all-reduce: the same", "every collective: sent per rank (B)", "traced step, rank 0 (ms)"]
+    out = ["| | " + " | ".join(c[0] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for i, name in enumerate(rows[1:], 1):
+        out.append(f"| {name} | " + " | ".join(c[i] for c in cols) + " |")
+    return "\n".join(out)
+
+
 # ---- main ---------------------------------------------------------------------------------------
 
 
@@ -536,7 +583,12 @@ def main():
     ap.add_argument("--step-times", nargs="+", metavar="METRICS",
                     help="instead: the median and the fastest step time of each metrics file (steps after the 2nd)")
     ap.add_argument("--index", metavar="INDEX_JSON", help="instead: the flat parameters of a sharded checkpoint")
+    ap.add_argument("--compare", nargs="+", metavar="LABEL=DIR",
+                    help="instead: runs side by side, each DIR holding t.rank0.json, m.jsonl and train.log")
     args = ap.parse_args()
+    if args.compare:
+        print(compare_figure([tuple(a.split("=", 1)) for a in args.compare]))
+        return
     if args.index:
         print(flats_figure(args.index))
         return

@@ -468,6 +468,7 @@ def volume_figure(step, world, log, sharding):
                    f"{DTYPE_BYTES.get(log.get('reduce_dtype'), b) * padded:,} B (fewer with frozen flats).")
         psi = log.get("parameters")
         scattered = kinds.get("reduce_scatter", (0, 0, True))[1]
+        out.append("")
         if psi and abs(scattered - DTYPE_BYTES.get(log.get("reduce_dtype"), b) * padded) < 16 * len(step.launches):
             out.append(f"DDP moves, for the same model, one all-reduce of the gradients: 2 × (N−1)/N × 4 × Ψ = "
                        f"{2 * (world - 1) / world * 4 * psi:,.0f} B sent per rank.")

@@ -109,12 +109,17 @@ struct FullyShardedDataParallel::State {
     Unit& unit = units[u];
     if (unit.gathered) return;
     start_gather(u);
+    const int64_t wait_start = trace::now_us();
     unit.gather_work->wait();  // the group runs collectives in order: every flat's gather is done
     unit.gather_work.reset();
     unit.gather_inputs.clear();
     unit.gathered = true;
-    // From issue (a prefetch: earlier) to the moment the unit was needed and ready.
-    if (trace::enabled()) trace::complete("gather " + unit.label(), "fsdp", "fsdp", unit.gather_start_us, trace::now_us());
+    if (trace::enabled()) {
+      const int64_t now = trace::now_us();
+      // From issue (a prefetch: earlier) to ready, and the part of it compute waited for.
+      trace::complete("gather " + unit.label(), "fsdp", "fsdp", unit.gather_start_us, now);
+      trace::complete("wait " + unit.label(), "fsdp", "fsdp wait", wait_start, now);
+    }
   }
 
   void release(int u) {
@@ -243,6 +248,46 @@ struct FullyShardedDataParallel::State {
   void launch_ready() {
     while (next_to_reduce < static_cast<int>(reduce_order.size()) && flats[reduce_order[next_to_reduce]].pending == 0) {
       launch_reduce(reduce_order[next_to_reduce++]);
+      collect_reduces();
+    }
+  }
+
+  // Adds a finished reduce-scatter's result to the gradient shard and frees the full gradient.
+  void finish_reduce(Flat& flat) {
+    flat.reduce_work->wait();
+    flat.reduce_work.reset();
+    if (trace::enabled()) {
+      trace::complete("reduce_scatter " + units[flat.unit].label(), "fsdp", "fsdp", flat.reduce_start_us,
+                      trace::now_us());
+    }
+    const Tensor grad = flat.grad_shard.to(DType::f32);
+    if (flat.shard.grad().defined()) {
+      kernels::add_(flat.shard.grad(), grad);
+    } else {
+      flat.shard.set_grad(grad.clone());
+    }
+    count_bytes(-static_cast<int64_t>(flat.grad_full.nbytes()));
+    flat.grad_full = Tensor();
+    flat.grad_shard = Tensor();
+  }
+
+  // Collects the reduce-scatters that have finished, and waits for the oldest while more than
+  // limit_all_gathers are in flight: otherwise every unit's full gradient would stay until the end
+  // of backward, and gradient memory would grow with the model instead of with one unit.
+  void collect_reduces() {
+    int in_flight = 0;
+    for (int i = 0; i < next_to_reduce; ++i) {
+      Flat& flat = flats[reduce_order[i]];
+      if (!flat.reduce_work) continue;
+      if (flat.reduce_work->is_completed()) {
+        finish_reduce(flat);
+      } else {
+        ++in_flight;
+      }
+    }
+    for (int i = 0; i < next_to_reduce && in_flight > options.limit_all_gathers; ++i) {
+      Flat& flat = flats[reduce_order[i]];
+      if (flat.reduce_work) finish_reduce(flat), --in_flight;
     }
   }
 
@@ -280,23 +325,8 @@ struct FullyShardedDataParallel::State {
       }
     }
     launch_ready();
-    for (Flat& flat : flats) {
-      if (!flat.trainable) continue;
-      flat.reduce_work->wait();
-      flat.reduce_work.reset();
-      if (trace::enabled()) {
-        trace::complete("reduce_scatter " + units[flat.unit].label(), "fsdp", "fsdp", flat.reduce_start_us,
-                        trace::now_us());
-      }
-      const Tensor grad = flat.grad_shard.to(DType::f32);
-      if (flat.shard.grad().defined()) {
-        kernels::add_(flat.shard.grad(), grad);
-      } else {
-        flat.shard.set_grad(grad.clone());
-      }
-      count_bytes(-static_cast<int64_t>(flat.grad_full.nbytes()));
-      flat.grad_full = Tensor();
-      flat.grad_shard = Tensor();
+    for (int f : reduce_order) {
+      if (flats[f].reduce_work) finish_reduce(flats[f]);
     }
     if (options.sharding != ShardingStrategy::NoShard) {
       for (size_t u = 0; u < units.size(); ++u) release(static_cast<int>(u));

@@ -56,7 +56,7 @@ struct FsdpOptions {
   DType reduce_dtype = DType::f32;   // gradients are reduce-scattered in this: f32 or bf16
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BackwardPre;
   bool forward_prefetch = true;
-  int limit_all_gathers = 2;  // non-root units gathered at once, at most
+  int limit_all_gathers = 2;  // non-root units gathered at once, and reduce-scatters in flight, at most
 };
 
 class FullyShardedDataParallel {

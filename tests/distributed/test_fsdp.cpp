@@ -234,6 +234,32 @@ TEST(Fsdp, LedgerHoldsSixteenBytesPerShardElementWithAdamW) {
   EXPECT_LE(ledger.peak_gathered, 4 * (root + 2 * largest_unit) * 2);
 }
 
+// Gathered memory is bounded by a few units, not by the depth: the root, at most two gathered block
+// units, and at most two reduce-scatters in flight (plus the one just launched) with their full
+// gradients, then the root's gradient at the end. Six blocks, so holding every block's full gradient
+// until the end of backward (as an earlier version did) would exceed the bound.
+TEST(Fsdp, GatheredMemoryStaysWithinAFewUnitsWhateverTheDepth) {
+  const int n = world().size(), rank = world().rank();
+  Generator gen(15);
+  auto model = std::make_shared<models::VisionTransformer>(models::ViTConfig{"deep_fsdp", 8, 4, 1, 5, 12, 6, 2, 2.0},
+                                                           true, &gen);
+  FullyShardedDataParallel fsdp(model, group());
+  const Batch all = global_batch(2 * n, 0);
+  cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
+  int64_t root = 0, unit = 0;
+  for (const auto& f : fsdp.flat_parameters()) {
+    if (f.unit.empty()) {
+      root += f.padded_numel;
+    } else {
+      unit = std::max(unit, f.padded_numel);
+    }
+  }
+  ASSERT_GT(3 * unit, root) << "the model is too small for the bound to tell";
+  const auto ledger = fsdp.memory_ledger();
+  EXPECT_LE(ledger.peak_gathered, 4 * (2 * root + 5 * unit));
+  EXPECT_EQ(ledger.gathered, 0);
+}
+
 // Frozen parameters (a LoRA base) are sharded and gathered but get no gradient, no optimizer state
 // and never change; the rest trains as one process would.
 TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {

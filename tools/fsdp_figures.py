@@ -7,11 +7,12 @@
     python3 tools/fsdp_figures.py --index ckpt/step-N/index.json      (the flat parameters of a checkpoint)
     python3 tools/fsdp_figures.py --compare full=runs/full grad-op=runs/grad-op ...   (runs side by side)
 
-Reads the per-rank Chrome trace that `train_vit --trace` writes (tracks "compute", "comm", "fsdp")
-and the `--metrics` JSON Lines file, and prints markdown:
+Reads the per-rank Chrome trace that `train_vit --trace` writes (tracks "compute", "comm", "fsdp",
+"fsdp wait") and the `--metrics` JSON Lines file, and prints markdown:
 
   (a) one step's FSDP events per unit in time order, with the collectives that carried them on the
-      "comm" track and what the "compute" track was running at that moment;
+      "comm" track, how long compute waited for each gather ("fsdp wait") and what the "compute"
+      track was running at that moment; then the waits summed per pass;
   (b) an ASCII timeline of the step, one row per track;
   (c) how many units were gathered at each moment, and the gathered bytes (units plus gradients in
       flight), rebuilt from the events and set against the ledger;
@@ -25,8 +26,6 @@ import argparse
 import json
 import re
 import sys
-
-# ---- reading ------------------------------------------------------------------------------------
 
 
 class Span:
@@ -70,8 +69,6 @@ def read_log(path):
 
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2}
-
-# ---- one step -----------------------------------------------------------------------------------
 
 
 def unit_of(name):
@@ -124,6 +121,8 @@ class Step:
         self.compute = [s for s in inside if s.track == "compute" and s.name.split(" ")[0] in ("forward", "backward")]
         self.comm = [s for s in inside if s.track == "comm"]
         self.fsdp = [s for s in inside if s.track == "fsdp"]
+        # "wait <unit>": the part of a gather that the thread needing the unit spent blocked on it.
+        self.waits = [s for s in inside if s.track == "fsdp wait"]
         self.multiple = multiple
         self._match()
 
@@ -165,6 +164,12 @@ class Step:
             if id(s) in self.scatter_of:
                 self.comm_unit[id(self.scatter_of[id(s)])] = unit_of(s.name)
 
+    def wait_of(self, gather):
+        """The wait span that ends with the gather (both end when the unit is ready), or None."""
+        unit = unit_of(gather.name)
+        found = [w for w in self.waits if unit_of(w.name) == unit and abs(w.end - gather.end) <= 1]
+        return found[0] if found else None
+
     def bytes_of(self, collectives):
         total, exact = 0, True
         for c in collectives:
@@ -187,9 +192,6 @@ class Step:
         return "between"
 
 
-# ---- (a) the events -----------------------------------------------------------------------------
-
-
 def fmt_ms(x):
     return f"{x:.2f}"
 
@@ -206,12 +208,13 @@ def events_table(step):
         else:
             transfer, slack = "—", "—"
         doing = step.computing(g.start)
+        wait = step.wait_of(g)
         rows.append((g.start, "gather (issue → ready)", unit_of(g.name), fmt_ms(step.ms(g.start)), fmt_ms(g.dur / 1000.0),
                      f"{len(carried)} all_gather, {b if exact else '≈' + str(b)} B: {transfer}", slack,
-                     doing.name if doing else "—"))
+                     doing.name if doing else "—", fmt_ms(wait.dur / 1000.0) if wait else "—"))
     for f in step.frees:
         doing = step.computing(f.start)
-        rows.append((f.start, "free", unit_of(f.name), fmt_ms(step.ms(f.start)), "", "", "", doing.name if doing else "—"))
+        rows.append((f.start, "free", unit_of(f.name), fmt_ms(step.ms(f.start)), "", "", "", doing.name if doing else "—", ""))
     # Reduce-scatters: one row per unit (its flats are launched together).
     by_unit = []
     for s in step.launches:
@@ -226,8 +229,8 @@ def events_table(step):
         transfer = (f"{len(scatters)} reduce_scatter, {b if exact else '≈' + str(b)} B: "
                     f"{fmt_ms(step.ms(scatters[0].start))}–{fmt_ms(step.ms(scatters[-1].end))}") if scatters else "—"
         doing = step.computing(start)
-        rows.append((start, "reduce-scatter (launch → waited)", unit, fmt_ms(step.ms(start)), fmt_ms((end - start) / 1000.0),
-                     transfer, "", doing.name if doing else "—"))
+        rows.append((start, "reduce-scatter (launch → collected)", unit, fmt_ms(step.ms(start)), fmt_ms((end - start) / 1000.0),
+                     transfer, "", doing.name if doing else "—", ""))
     # The other collectives of the step (gradient-norm clipping, the logged loss).
     fsdp_carried = set(step.comm_unit)
     for c in step.comm:
@@ -235,16 +238,66 @@ def events_table(step):
             continue
         doing = step.computing(c.start)
         rows.append((c.start, "other collective", "—", fmt_ms(step.ms(c.start)), fmt_ms(c.dur / 1000.0), c.name, "",
-                     doing.name if doing else "— (" + step.pass_of(c.start) + " backward)"))
+                     doing.name if doing else "— (" + step.pass_of(c.start) + " backward)", ""))
     rows.sort(key=lambda r: r[0])
-    out = ["| # | start (ms) | event | unit | duration (ms) | on the comm track (ms) | ready − transfer end (ms) | compute track at the start |",
-           "|---:|---:|---|---|---:|---|---:|---|"]
+    out = ["| # | start (ms) | event | unit | duration (ms) | on the comm track (ms) | ready − transfer end (ms) | "
+           "compute waited (ms) | compute track at the start |",
+           "|---:|---:|---|---|---:|---|---:|---:|---|"]
     for i, r in enumerate(rows, 1):
-        out.append(f"| {i} | {r[3]} | {r[1]} | {r[2]} | {r[4]} | {r[5]} | {r[6]} | {r[7]} |")
+        out.append(f"| {i} | {r[3]} | {r[1]} | {r[2]} | {r[4]} | {r[5]} | {r[6]} | {r[8]} | {r[7]} |")
     return "\n".join(out)
 
 
-# ---- (b) the timeline ---------------------------------------------------------------------------
+def waits_by_pass(step):
+    """{pass: (total µs, [(unit, µs)])} of the waits for gathers, by the pass they fell in."""
+    out = {}
+    for w in step.waits:
+        where = step.pass_of(w.start)
+        where = "forward" if where == "before" else where  # the root's gather, in the pre-hook of forward
+        total, each = out.get(where, (0, []))
+        out[where] = (total + w.dur, each + [(unit_of(w.name), w.dur)])
+    return out
+
+
+def reduce_waits(step):
+    """[(start, end, units)]: where backward waited for reduce-scatters, which the trace does not mark.
+    FSDP collects them (result into the shard, full gradient freed) only in the call after each launch
+    and at the end of backward, where each "reduce_scatter" span ends (3c05345 on). A collection in
+    [launch i, launch i+1) whose transfer still ran at launch i was waited for from launch i."""
+    launches = sorted((s for s in step.launches if id(s) in step.scatter_of), key=lambda s: s.start)
+    out = []
+    for i, launch in enumerate(launches):  # after the last launch, the end of backward collects them all
+        last = i + 1 == len(launches)
+        until = float("inf") if last else launches[i + 1].start
+        waited = [s for s in launches if (last or s.start < launch.start) and launch.start <= s.end < until
+                  and step.scatter_of[id(s)].end > launch.start]
+        if waited:
+            out.append((launch.start, max(s.end for s in waited), sorted({unit_of(s.name) for s in waited})))
+    return out
+
+
+def waits_summary(step):
+    if not step.waits:
+        return "The trace has no \"fsdp wait\" track (a binary older than 3c05345): the waits are not recorded."
+    passes = [s for s in step.compute if s.name in ("forward VisionTransformer", "backward VisionTransformer")]
+    lines = []
+    for where, (total, each) in waits_by_pass(step).items():
+        span = [s for s in passes if s.name.startswith(where)]
+        of = f" of the {fmt_ms(span[0].dur / 1000.0)} ms {where} pass" if span else ""
+        longest = max(each, key=lambda e: e[1])
+        lines.append(f"{where}: {fmt_ms(total / 1000.0)} ms in {len(each)} wait(s){of}, the longest "
+                     f"{fmt_ms(longest[1] / 1000.0)} ms for {longest[0]}")
+    text = "Compute waited for gathers (the \"fsdp wait\" track): " + "; ".join(lines) + "."
+    waits = reduce_waits(step)
+    if waits:
+        total = sum(e - s for s, e, _ in waits)
+        longest = max(waits, key=lambda w: w[1] - w[0])
+        text += (f"\n\nBackward also waited for reduce-scatters (rebuilt from the \"reduce_scatter\" spans, which end "
+                 f"when FSDP collects the result: the rate limit on gradients in flight, and the end of backward): "
+                 f"{fmt_ms(total / 1000.0)} ms in {len(waits)} wait(s), the longest "
+                 f"{fmt_ms((longest[1] - longest[0]) / 1000.0)} ms ({fmt_ms(step.ms(longest[0]))}–"
+                 f"{fmt_ms(step.ms(longest[1]))} ms, for {', '.join(longest[2])}).")
+    return text
 
 
 def timeline(step, width):
@@ -263,15 +316,17 @@ def timeline(step, width):
                 if overlap > best[i]:
                     best[i], row[i] = overlap, char_of(s)
         return "".join(row)
-
     top = [s for s in step.compute if s.name.endswith("VisionTransformer")]
     modules = [s for s in step.compute if not s.name.endswith("VisionTransformer")]
     passes = paint(top, lambda s: "F" if s.name.startswith("forward") else "B", ["o"] * width)
     inside = paint(top, lambda s: "·")  # inside a pass but in no module span: waiting on FSDP (or glue)
     compute = paint(modules, lambda s: unit_char(unit_of(s.name)), list(inside))
     gathers = paint(step.gathers, lambda s: unit_char(unit_of(s.name)))
+    waits = paint(step.waits, lambda s: unit_char(unit_of(s.name)))
+    rs_waits = paint([Span("wait " + units[0], "", start, end - start) for start, end, units in reduce_waits(step)],
+                     lambda s: unit_char(unit_of(s.name)))
     frees = paint(step.frees, lambda s: unit_char(unit_of(s.name)))
-    # A launch is a moment; the fsdp span runs on to the end-of-backward wait. Mark the launch only.
+    # A launch is a moment; the fsdp span runs on until FSDP collects the result. Mark the launch only.
     launches = paint([Span(s.name, s.track, s.start, 1) for s in step.launches], lambda s: unit_char(unit_of(s.name)))
     ag = paint([c for c in step.comm if c.name.startswith("all_gather")], lambda c: unit_char(step.comm_unit.get(id(c), "?")))
     rs = paint([c for c in step.comm if c.name.startswith("reduce_scatter")],
@@ -283,18 +338,15 @@ def timeline(step, width):
         lo, hi = t0 + i * cell, t0 + (i + 1) * cell
         at_start = [n for t, n in counts if t <= lo][-1:] or [0]
         count.append(str(max(at_start + [n for t, n in counts if lo < t < hi])))
-    rows = [("pass", passes), ("compute", compute), ("fsdp gather", gathers), ("fsdp free", frees),
-            ("fsdp rs launch", launches), ("comm all_gather", ag), ("comm reduce_scat", rs), ("comm other", other),
-            ("units gathered", "".join(count))]
+    rows = [("pass", passes), ("compute", compute), ("fsdp gather", gathers), ("fsdp wait", waits), ("fsdp free", frees),
+            ("fsdp rs launch", launches), ("fsdp rs wait", rs_waits), ("comm all_gather", ag), ("comm reduce_scat", rs),
+            ("comm other", other), ("units gathered", "".join(count))]
     label = max(len(r[0]) for r in rows)
     scale = f"{'':{label}} |0 ms{'':{width - 4 - len(fmt_ms((t1 - t0) / 1000.0)) - 3}}{fmt_ms((t1 - t0) / 1000.0)} ms|"
     out = ["```", f"{step.span.name}: {fmt_ms((t1 - t0) / 1000.0)} ms, {width} columns of {cell / 1000.0:.2f} ms", scale]
     out += [f"{name:{label}} |{row}|" for name, row in rows]
     out += ["```"]
     return "\n".join(out)
-
-
-# ---- (c) units and bytes gathered ---------------------------------------------------------------
 
 
 def gathered_counts(step):
@@ -340,8 +392,7 @@ def gathered_figure(step, ledger):
     out.append(f"Most non-root units gathered at once in this step (from the trace): **{most}**"
                + (f"; the ledger's max_units_gathered (since the start of the run): **{ledger['max_units_gathered']}**."
                   if ledger else "."))
-
-    # Bytes: a unit's buffers from issue to free, a flat's full gradient from launch to the wait.
+    # Bytes: a unit's buffers from issue to free, a flat's full gradient from launch to its collection.
     deltas, exact_all = [], True
     root_bytes = 0
     for g in step.gathers:
@@ -360,7 +411,7 @@ def gathered_figure(step, ledger):
         b, exact = size_bytes(c.name, step.multiple)
         exact_all = exact_all and exact
         deltas.append((s.start, b, "launch " + unit_of(s.name)))
-        deltas.append((s.end, -b, "waited " + unit_of(s.name)))
+        deltas.append((s.end, -b, "collected " + unit_of(s.name)))
     deltas.sort(key=lambda d: (d[0], d[1]))
     level, peak, peak_at = 0, 0, step.t0
     for t, b, _ in deltas:
@@ -375,7 +426,8 @@ def gathered_figure(step, ledger):
                                                                 f"**{ledger['peak_gathered_bytes']:,} B**." if ledger else "."))
         return "\n".join(out)
     out.append(f"Gathered bytes rebuilt from the trace (gathered units from issue to free, full flat gradients "
-               f"from reduce-scatter launch to the end-of-backward wait): peak **{q}{peak:,} B** at "
+               f"from reduce-scatter launch to the moment FSDP collected the result and freed them): "
+               f"peak **{q}{peak:,} B** at "
                f"{fmt_ms(step.ms(peak_at))} ms ({step.pass_of(peak_at)}), of which the root's gathered "
                f"buffers are {q}{root_bytes:,} B" + (f"; the ledger's peak_gathered_bytes: **{ledger['peak_gathered_bytes']:,} B**."
                                                      if ledger else "."))
@@ -384,11 +436,8 @@ def gathered_figure(step, ledger):
         b = sum(size_bytes(step.scatter_of[id(s)].name, step.multiple)[0] for s in in_flight if id(s) in step.scatter_of)
         units = len({unit_of(s.name) for s in in_flight})
         out.append(f"At that moment {len(in_flight)} full flat gradient(s) ({q}{b:,} B) of {units} unit(s) are held "
-                   f"for reduce-scatters not yet waited for.")
+                   f"for reduce-scatters not yet collected.")
     return "\n".join(out)
-
-
-# ---- (d) the ledger -----------------------------------------------------------------------------
 
 
 def ledger_figure(ledger, step_no, start, log, world):
@@ -432,9 +481,6 @@ def ledger_figure(ledger, step_no, start, log, world):
     return "\n".join(out)
 
 
-# ---- (e) communication volume -------------------------------------------------------------------
-
-
 def volume_figure(step, world, log, sharding):
     out = ["| collective | calls | payload (B) | sent per rank by a ring algorithm (B) |", "|---|---:|---:|---:|"]
     kinds = {}
@@ -475,17 +521,15 @@ def volume_figure(step, world, log, sharding):
     return "\n".join(out)
 
 
-# ---- (f) every rank -----------------------------------------------------------------------------
-
-
 def rank_line(path, step_name, multiple):
     step = Step(read_trace(path), step_name, multiple)
     fwd = [s for s in step.compute if s.name == "forward VisionTransformer"]
     bwd = [s for s in step.compute if s.name == "backward VisionTransformer"]
     blocks_f = [s for s in step.compute if s.name.startswith("forward blocks.")]
     blocks_b = [s for s in step.compute if s.name.startswith("backward blocks.")]
-    # In forward, time inside the pass but in no module span is time spent in FSDP's hooks, waiting
-    # for a gather (the wait in backward lies inside the previous module's backward span).
+    # In forward, time inside the pass but in no module span is mostly FSDP's hooks waiting for a
+    # gather; the "fsdp wait" track measures those waits directly, in backward too (there they lie
+    # inside the previous module's backward span).
     f_idle = 0
     if fwd:
         children = sorted((s for s in step.compute if s.name.startswith("forward ") and s is not fwd[0]
@@ -497,13 +541,14 @@ def rank_line(path, step_name, multiple):
             covered_until = max(covered_until, s.end)
         f_idle += max(0, fwd[0].end - covered_until)
     comm_busy = sum(c.dur for c in step.comm)
+    waits = waits_by_pass(step)
+    waited = lambda where: fmt_ms(waits.get(where, (0, []))[0] / 1000.0) if step.waits else "—"
+    rs_waited = fmt_ms(sum(e - s for s, e, _ in reduce_waits(step)) / 1000.0)
     avg = lambda xs: sum(s.dur for s in xs) / len(xs) / 1000.0 if xs else 0.0
     return (f"| {path.rsplit('/', 1)[-1]} | {fmt_ms(step.span.dur / 1000.0)} | {fmt_ms(fwd[0].dur / 1000.0) if fwd else '—'} | "
-            f"{fmt_ms(f_idle / 1000.0)} | {fmt_ms(avg(blocks_f))} | {fmt_ms(bwd[0].dur / 1000.0) if bwd else '—'} | "
-            f"{fmt_ms(avg(blocks_b))} | {fmt_ms(comm_busy / 1000.0)} | {max(n for _, n in gathered_counts(step))} |")
-
-
-# ---- (g) the flat parameters --------------------------------------------------------------------
+            f"{fmt_ms(f_idle / 1000.0)} | {waited('forward')} | {fmt_ms(avg(blocks_f))} | "
+            f"{fmt_ms(bwd[0].dur / 1000.0) if bwd else '—'} | {waited('backward')} | {rs_waited} | {fmt_ms(avg(blocks_b))} | "
+            f"{fmt_ms(comm_busy / 1000.0)} | {max(n for _, n in gathered_counts(step))} |")
 
 
 def flats_figure(index_path):
@@ -523,9 +568,6 @@ def flats_figure(index_path):
     padded = sum(f["padded_numel"] for f in index["flat_parameters"])
     out.append(f"| | | | | all | {total:,} | {padded:,} | {padded - total} | {padded // index['world_size']:,} |")
     return "\n".join(out)
-
-
-# ---- (h) strategies side by side ----------------------------------------------------------------
 
 
 def compare_figure(runs):
@@ -548,12 +590,10 @@ def compare_figure(runs):
             b, exact = size_bytes(c.name, multiple)
             n, total, ex = sums.get(kind, (0, 0, True))
             sums[kind] = (n + 1, total + b, ex and exact)
-
         def moved(kind, factor):
             n, total, exact = sums.get(kind, (0, 0, True))
             q = "" if exact else "≈"
             return f"{q}{total:,} in {n}; {q}{total * factor(world):,.0f} sent" if n else "—"
-
         ring = lambda n: (n - 1) / n
         factors = {"all_gather": ring(world), "reduce_scatter": ring(world), "all_reduce": 2 * ring(world)}
         sent = sum(total * factors.get(kind, 0) for kind, (_, total, _) in sums.items())
@@ -569,9 +609,6 @@ def compare_figure(runs):
     for i, name in enumerate(rows[1:], 1):
         out.append(f"| {name} | " + " | ".join(c[i] for c in cols) + " |")
     return "\n".join(out)
-
-
-# ---- main ---------------------------------------------------------------------------------------
 
 
 def main():
@@ -602,7 +639,6 @@ def main():
         return
     if not args.trace or not args.metrics:
         ap.error("--trace and --metrics are required (or --step-times)")
-
     metrics = read_metrics(args.metrics)
     start = next((m for m in metrics if m.get("event") == "start"), {})
     log = read_log(args.log) if args.log else None
@@ -613,23 +649,21 @@ def main():
     shards = 1 if flags.get("sharding") == "none" else world  # NO_SHARD pads nothing
     multiple = shards * min(gather_bytes, reduce_bytes)  # a flat's bytes are a multiple of this
     step_name = f"step {args.step}" if args.step else None
-
     spans = read_trace(args.trace[0])
     step = Step(spans, step_name, multiple)
     step_no = int(step.span.name.split(" ")[1])
     steps = [m for m in metrics if m.get("event") == "step" and "memory_ledger" in m]
     chosen = [m for m in steps if m.get("step") == step_no] or steps[-1:]
     ledger = chosen[0]["memory_ledger"] if chosen else None
-
     print(f"<!-- generated by tools/fsdp_figures.py from {', '.join(args.trace)}, {args.metrics}"
           + (f", {args.log}" if args.log else "") + " -->")
     print(f"Run: `{flags.get('model', '?')}`, {world} ranks, --sharding {flags.get('sharding', '?')}, "
           f"--precision {flags.get('precision', '?')}, --batch-size {flags.get('batch_size', '?')} per rank"
           + (f"; {log['how']}, {log['flats']} flat parameters" if log and "how" in log else "") + ".")
     print(f"Drawn: {step.span.name} of {args.trace[0].rsplit('/', 1)[-1]}, {fmt_ms(step.span.dur / 1000.0)} ms.\n")
-
     print("### (a) The FSDP events of one step\n")
     print(events_table(step))
+    print("\n" + waits_summary(step))
     if step.unmatched_gathers:
         print(f"\n{len(step.unmatched_gathers)} all-gathers on the comm track belong to no gather span "
               f"(a prefetch that was released unused).")
@@ -640,9 +674,10 @@ def main():
     print(timeline(step, args.width))
     print("\nRows: `pass` F forward, B backward, o outside both (optimizer, logging); `compute` the module "
           "computing (digit k = blocks.k, r = a module of the root unit, · = inside the pass but in no module "
-          "span); `fsdp gather` from issue to ready; `fsdp free` and `fsdp rs launch` the moments; `comm` rows "
-          "the collectives as the communication thread ran them, by unit; `comm other` (*) other collectives; "
-          "`units gathered` the non-root units gathered.")
+          "span); `fsdp gather` from issue to ready; `fsdp wait` the part of it compute was blocked on; `fsdp free` "
+          "and `fsdp rs launch` the moments; `fsdp rs wait` where backward waited for that unit's reduce-scatter "
+          "(rebuilt, see above); `comm` rows the collectives as the communication thread ran them, by unit; "
+          "`comm other` (*) other collectives; `units gathered` the non-root units gathered.")
     print("\n### (c) Units gathered\n")
     print(gathered_figure(step, ledger))
     if ledger:
@@ -652,9 +687,10 @@ def main():
     print(volume_figure(step, world, log, flags.get("sharding")))
     if len(args.trace) > 1:
         print(f"\n### (f) {step.span.name} on every rank\n")
-        print("| trace | step (ms) | forward (ms) | forward outside module spans (ms) | forward per block (ms) | "
-              "backward (ms) | backward per block (ms) | comm track busy (ms) | max units gathered |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| trace | step (ms) | forward (ms) | forward outside module spans (ms) | forward waited for gathers (ms) | "
+              "forward per block (ms) | backward (ms) | backward waited for gathers (ms) | "
+              "backward waited for reduce-scatters (ms) | backward per block (ms) | comm track busy (ms) | max units gathered |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for path in args.trace:
             print(rank_line(path, step.span.name, multiple))
 

@@ -254,8 +254,14 @@ struct FullyShardedDataParallel::State {
 
   // Adds a finished reduce-scatter's result to the gradient shard and frees the full gradient.
   void finish_reduce(Flat& flat) {
+    const bool waiting = !flat.reduce_work->is_completed();
+    const int64_t wait_start = trace::now_us();
     flat.reduce_work->wait();
     flat.reduce_work.reset();
+    if (waiting && trace::enabled()) {
+      trace::complete("wait reduce_scatter " + units[flat.unit].label(), "fsdp", "fsdp wait", wait_start,
+                      trace::now_us());
+    }
     if (trace::enabled()) {
       trace::complete("reduce_scatter " + units[flat.unit].label(), "fsdp", "fsdp", flat.reduce_start_us,
                       trace::now_us());
@@ -365,12 +371,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   s.sharded = options.sharding != ShardingStrategy::NoShard;
 
   // Units: the root, then each module the policy picks (not inside another unit), in module order.
-  s.units.push_back({"", module_, {}});
+  auto make_unit = [](std::string name, std::shared_ptr<nn::Module> module) {
+    State::Unit unit;
+    unit.name = std::move(name);
+    unit.module = std::move(module);
+    return unit;
+  };
+  s.units.push_back(make_unit("", module_));
   for (const auto& [name, child] : module_->named_modules()) {
     if (name.empty() || !options.wrap_policy(name, *child)) continue;
     const bool nested = std::any_of(s.units.begin() + 1, s.units.end(),
                                     [&](const State::Unit& u) { return name.rfind(u.name + ".", 0) == 0; });
-    if (!nested) s.units.push_back({name, child, {}});
+    if (!nested) s.units.push_back(make_unit(name, child));
   }
   auto unit_of = [&](const std::string& param) {
     for (size_t u = 1; u < s.units.size(); ++u) {

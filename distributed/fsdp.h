@@ -48,10 +48,10 @@ ShardingStrategy parse_sharding(const std::string& name);  // "full", "grad-op",
 struct FsdpOptions {
   ShardingStrategy sharding = ShardingStrategy::FullShard;
   // Which modules become units (by dotted name and module); default: every nn::TransformerBlock.
-  std::function<bool(const std::string& name, const nn::Module& module)> wrap_policy;
+  std::function<bool(const std::string& name, const nn::Module& module)> wrap_policy = nullptr;
   // Parameters with different keys go to different flat parameters of their unit, so an optimizer
   // can treat them differently (weight decay or not). Default: one flat parameter per unit.
-  std::function<int(const std::string& name, const Tensor& parameter)> flat_param_key;
+  std::function<int(const std::string& name, const Tensor& parameter)> flat_param_key = nullptr;
   DType compute_dtype = DType::f32;  // gathered parameters and compute: f32 or bf16
   DType reduce_dtype = DType::f32;   // gradients are reduce-scattered in this: f32 or bf16
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BackwardPre;

@@ -197,7 +197,9 @@ TEST(Ddp, BucketsFollowReverseRegistrationOrderAndTheirCaps) {
   for (size_t b = 0; b < buckets.size(); ++b) {
     const double cap = (b == 0 ? first_cap_mb : cap_mb) * 1e6;
     // A bucket exceeds its cap only when it holds a single parameter larger than the cap.
-    if (buckets[b].parameters.size() > 1) EXPECT_LE(static_cast<double>(buckets[b].bytes), cap) << "bucket " << b;
+    if (buckets[b].parameters.size() > 1) {
+      EXPECT_LE(static_cast<double>(buckets[b].bytes), cap) << "bucket " << b;
+    }
     seen.insert(seen.end(), buckets[b].parameters.begin(), buckets[b].parameters.end());
   }
   EXPECT_EQ(seen, expected);

@@ -93,8 +93,12 @@ void expect_matches_one_process(ShardingStrategy sharding, int micro_batches) {
   }
   EXPECT_LE(max_relative_difference(fsdp.full_parameters(), *reference), 1e-5);
   // SHARD_GRAD_OP keeps every unit from forward to backward, and NO_SHARD keeps them all.
-  if (sharding == ShardingStrategy::FullShard) EXPECT_LE(fsdp.max_units_gathered(), 2);
-  if (sharding != ShardingStrategy::NoShard) EXPECT_EQ(fsdp.units_gathered(), 0) << "units gathered after backward";
+  if (sharding == ShardingStrategy::FullShard) {
+    EXPECT_LE(fsdp.max_units_gathered(), 2);
+  }
+  if (sharding != ShardingStrategy::NoShard) {
+    EXPECT_EQ(fsdp.units_gathered(), 0) << "units gathered after backward";
+  }
 }
 
 TEST(Fsdp, FullShardMatchesOneProcess) { expect_matches_one_process(ShardingStrategy::FullShard, 1); }
@@ -301,7 +305,9 @@ TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {
     EXPECT_EQ(it->second.to_vector<double>(), values) << name << " changed";
   }
   for (const auto& f : fsdp.flat_parameters()) {
-    if (!f.trainable) EXPECT_FALSE(f.unit.empty()) << "only the blocks' Linears were frozen";
+    if (!f.trainable) {
+      EXPECT_FALSE(f.unit.empty()) << "only the blocks' Linears were frozen";
+    }
   }
 }
 

@@ -30,6 +30,33 @@
 // forward to the end of backward, as in PyTorch; at most limit_all_gathers other units are gathered
 // at once. Freeing releases the storage in place (Storage::release), so views the autograd graph
 // saved stay valid handles and see the data again once it is re-gathered.
+//
+// FP8 all-gather (fp8_all_gather). Under FP8 training a Linear's GEMMs read its weight as E4M3 bytes
+// with a per-tensor scale, so gathering it in bf16 moves twice the bytes the GEMM needs. Instead:
+//   layout    the weights of Linears that will run in FP8 (fp8_allowed, both dims multiples of 16) go
+//             to flat parameters of their own (FlatParameterInfo::fp8). A block's weights are exactly
+//             its decayed parameters, so with a decay/no-decay flat_param_key the layout, and so the
+//             checkpoints, are the same with and without this option.
+//   per step  once per weight generation (an optimizer step, nn::invalidate_fp8_weight_casts), at the
+//             start of the first forward inside an FP8 scope: each rank measures the amax of its piece
+//             of every FP8 weight (of the shard rounded to compute_dtype, as the Linear would see the
+//             gathered weight), one all_reduce(MAX) of those few floats gives every weight's true
+//             amax, and the scales follow the recipe exactly as the Linear's own cast would set them
+//             (delayed: the history's scale, the amax recorded in its row 0; current: the scale from
+//             that amax). Each rank then casts its shard to E4M3, each weight's piece with that
+//             weight's scale, and keeps it for the generation.
+//   gather    the unit's FP8 flats are all-gathered as bytes. Once gathered, each weight's transpose
+//             (what the backward GEMM reads) is made from the gathered bytes, and each Linear is
+//             handed views of both, with the scale_inv, as its weight cast
+//             (Fp8LinearState::weight_cast_external). The GEMMs read the gathered bytes directly:
+//             nothing is decoded and re-quantised, and the bytes equal those the Linear would have
+//             cast from a bf16-gathered weight, so training is bit for bit the same, with half the
+//             gather bytes for those weights. The views are released and re-gathered like the
+//             bf16 buffer; backward re-gathers the same bytes (the scales stay those of the
+//             generation).
+// A forward outside an FP8 scope (evaluation) gathers those weights in compute_dtype as usual. While
+// an FP8 pass is under way the FP8 Linears' weight parameters hold no data: code that reads them (not
+// the Linear's FP8 GEMMs) must run outside the FP8 scope.
 #include <functional>
 #include <memory>
 #include <string>
@@ -57,6 +84,9 @@ struct FsdpOptions {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BackwardPre;
   bool forward_prefetch = true;
   int limit_all_gathers = 2;  // non-root units gathered at once, and reduce-scatters in flight, at most
+  // Inside an enabled nn::Fp8Autocast scope, gather the weights of the Linears that run in FP8 as
+  // E4M3 bytes (see "FP8 all-gather" above): half of bf16's all-gather traffic for those weights.
+  bool fp8_all_gather = false;
 };
 
 class FullyShardedDataParallel {
@@ -81,6 +111,7 @@ class FullyShardedDataParallel {
     std::string unit;  // "" for the root, else the module's dotted name
     int key = 0;
     bool trainable = true;
+    bool fp8 = false;  // the weights of FP8 Linears, gathered as E4M3 in FP8 passes (fp8_all_gather)
     std::vector<std::string> parameters;  // dotted names, in the flat order
     std::vector<int64_t> offsets;         // each parameter's first element in the flat
     int64_t numel = 0, padded_numel = 0, shard_numel = 0;

@@ -98,6 +98,14 @@ void Fp8LinearState::to(Device device) {
   }
   weight_cast = {};
   weight_cast_source = nullptr;
+  weight_cast_external = false;
+}
+
+void Fp8LinearState::prepare(std::shared_ptr<Fp8LinearState>& state, Device device, const Fp8Recipe& recipe) {
+  if (state != nullptr && !state->fits(device, recipe) && state->fits(state->forward.scale.device(), recipe)) {
+    state->to(device);
+  }
+  if (state == nullptr || !state->fits(device, recipe)) state = create(device, recipe);  // a new layout starts afresh
 }
 
 Fp8LinearState::Snapshot Fp8LinearState::snapshot() const {

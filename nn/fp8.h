@@ -95,12 +95,20 @@ struct Fp8LinearState {
   // Whether this state fits `recipe` on `device` (same history length and formats).
   bool fits(Device device, const Fp8Recipe& recipe) const;
   void to(Device device);  // moves the scales and histories; drops the cached weight cast
+  // Makes `state` fit `recipe` on `device`: moved there when it fits the recipe elsewhere (the model
+  // moved), created afresh when missing or laid out for another recipe. What fp8_linear does first.
+  static void prepare(std::shared_ptr<Fp8LinearState>& state, Device device, const Fp8Recipe& recipe);
 
   // The weight's cast, made once per optimizer step and reused by every micro-batch until the
   // weights change (see invalidate_fp8_weight_casts).
   kernels::Fp8Cast weight_cast;
   uint64_t weight_cast_generation = 0;
   const void* weight_cast_source = nullptr;  // the weight bytes it was cast from
+  // Set by a wrapper that supplies the FP8 weight itself (FSDP's FP8 all-gather, distributed/fsdp.h):
+  // the layer then uses weight_cast as it is, for weight_cast_generation only, and never reads its
+  // own weight, whose bytes may not even be there. A stale or incomplete supplied cast is an error,
+  // not a silent re-cast.
+  bool weight_cast_external = false;
 
   // Human-readable numbers for logs and docs (reads the device: a host sync).
   // The amaxes are the last completed step's: history row L-1 when L > 1, else row 0 (current

@@ -46,6 +46,17 @@ const kernels::Fp8Cast& weight_cast(Fp8LinearState& state, const Tensor& weight,
                                     bool need_transposed) {
   const uint64_t generation = fp8_weight_generation();
   const kernels::Fp8Cast& cached = state.weight_cast;
+  if (state.weight_cast_external) {
+    OCTET_CHECK(cached.data.defined() && state.weight_cast_generation == generation,
+                "fp8_linear: this layer's FP8 weight is supplied from outside (FSDP's FP8 all-gather) but was "
+                "made before the weights last changed (an optimizer step, a load); run the forward through the "
+                "FSDP-wrapped model, which supplies it afresh");
+    OCTET_CHECK(!need_transposed || cached.transposed.defined(),
+                "fp8_linear: this layer's FP8 weight is supplied from outside (FSDP's FP8 all-gather) without "
+                "the transposed copy a gradient needs: the wrapped model's forward began with gradients off; "
+                "enable them before the forward, not inside it");
+    return cached;
+  }
   const bool fresh = cached.data.defined() && state.weight_cast_generation == generation &&
                      state.weight_cast_source == weight.data_ptr() &&
                      (!need_transposed || cached.transposed.defined());
@@ -71,12 +82,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
   OCTET_CHECK(x.device() == weight.device() && (!bias.defined() || bias.device() == x.device()),
               "fp8_linear: x ", x.describe(), ", weight ", weight.describe(), " and bias must share a device");
   const Fp8Recipe& recipe = config->recipe;
-  if (state != nullptr && !state->fits(weight.device(), recipe) && state->fits(state->forward.scale.device(), recipe)) {
-    state->to(weight.device());  // the model moved: its scales and histories move with it
-  }
-  if (state == nullptr || !state->fits(weight.device(), recipe)) {
-    state = Fp8LinearState::create(weight.device(), recipe);  // a new recipe layout starts afresh
-  }
+  Fp8LinearState::prepare(state, weight.device(), recipe);
 
   const bool grad_on = GradMode::is_enabled();
   const bool need_dx = grad_on && x.requires_grad();

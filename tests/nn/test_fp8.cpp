@@ -17,6 +17,7 @@
 
 #include "autograd/ops.h"
 #include "core/float_formats.h"
+#include "core/grad_mode.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "nn/fp8.h"
@@ -291,6 +292,35 @@ TEST(Fp8Linear, TheWeightIsCastOncePerOptimizerStep) {
   sgd.step();
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 84).requires_grad_(), r, DelayedScaling{});
   EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(first));
+}
+
+// A weight cast supplied from outside (FSDP's FP8 all-gather) is used as it is: the layer never reads
+// its own weight, whose bytes may be gone. A stale one, or one without the transposed copy a gradient
+// needs, is an error, and so is a layer that cannot run in FP8 while its weight is supplied.
+TEST(Fp8Linear, ASuppliedWeightCastIsUsedAsItIsAndAStaleOneIsAnError) {
+  auto layer = make_linear(16, 32, DType::f32, 85);
+  const Tensor x = random_tensor({4, 16}, DType::f32, 86).requires_grad_();
+  Fp8Autocast fp8(true, CurrentScaling{});  // the second backward scales dy as the first did
+  const Tensor want = (*layer)(x);
+  sum(want).backward();
+  const Tensor want_dx = x.grad().clone();
+  Tensor(x).set_grad(Tensor());
+  layer->fp8_state->weight_cast_external = true;  // its own cast, handed back as if from outside
+  layer->weight.storage()->release();
+  const Tensor got = (*layer)(x);
+  sum(got).backward();
+  EXPECT_TRUE(all_close(got, want, 0, 0));
+  EXPECT_TRUE(all_close(x.grad(), want_dx, 0, 0));
+  layer->fp8_state->weight_cast.transposed = Tensor();
+  EXPECT_TRUE(throws_with([&] { (void)(*layer)(x); }, {"supplied from outside", "transposed"}));
+  {
+    NoGradGuard no_grad;  // no gradient, no transposed copy needed
+    EXPECT_TRUE(all_close((*layer)(x), want, 0, 0));
+  }
+  invalidate_fp8_weight_casts();
+  EXPECT_TRUE(throws_with([&] { (void)(*layer)(x); }, {"supplied from outside", "before the weights last changed"}));
+  EXPECT_TRUE(throws_with([&] { (void)(*layer)(x.detach().to(DType::f16)); },
+                          {"Linear(16 -> 32)", "FP8 all-gather", "f16"}));
 }
 
 TEST(Fp8Linear, TheAmaxReducerSeesEveryLayersAmaxesAndItsResultSetsTheScales) {

@@ -21,7 +21,8 @@ ParallelModel::ParallelModel(const RunOptions& o, std::shared_ptr<models::Vision
             .compute_dtype = low_precision ? DType::bf16 : DType::f32,
             .reduce_dtype = reduce_dtype,
             .backward_prefetch = o.fsdp_prefetch == "post" ? distributed::BackwardPrefetch::BackwardPost
-                                                           : distributed::BackwardPrefetch::BackwardPre});
+                                                           : distributed::BackwardPrefetch::BackwardPre,
+            .fp8_all_gather = o.fp8_all_gather});
     return;
   }
   // bf16: the parameters become bf16 (so activations, GEMMs and attention are bf16 throughout) and
@@ -73,12 +74,15 @@ std::string ParallelModel::describe() const {
   }
   if (fsdp_) {
     const auto flats = fsdp_->flat_parameters();
-    int64_t padded = 0;
-    for (const auto& f : flats) padded += f.padded_numel;
+    int64_t padded = 0, fp8 = 0;
+    for (const auto& f : flats) padded += f.padded_numel, fp8 += f.fp8 ? f.padded_numel : 0;
+    const std::string gathered_in = o_.precision == "fp32" ? "f32" : "bf16";
     return fmt::format("fully sharded over {} ranks ({} backend, sharding {}, prefetch {}): {} flat parameters "
                        "({} elements with padding), gathered in {}, gradients reduce-scattered in {}",
                        group_->size(), group_->backend(), o_.sharding, o_.fsdp_prefetch, flats.size(), padded,
-                       o_.precision == "fp32" ? "f32" : "bf16", o_.reduce_dtype);
+                       fp8 > 0 ? fmt::format("e4m3 ({} elements: the FP8 Linears' weights) and {}", fp8, gathered_in)
+                               : gathered_in,
+                       o_.reduce_dtype);
   }
   return "one process";
 }
@@ -87,7 +91,8 @@ nlohmann::json ParallelModel::ledger(const optim::Optimizer& optimizer) const {
   const auto l = fsdp_->memory_ledger(&optimizer);
   return {{"parameters_bytes", l.parameters}, {"gradients_bytes", l.gradients}, {"optimizer_bytes", l.optimizer},
           {"sharded_total_bytes", l.sharded_total()}, {"gathered_bytes", l.gathered},
-          {"peak_gathered_bytes", l.peak_gathered}, {"max_units_gathered", fsdp_->max_units_gathered()}};
+          {"peak_gathered_bytes", l.peak_gathered}, {"max_units_gathered", fsdp_->max_units_gathered()},
+          {"fp8_weight_casts_bytes", l.fp8_weight_casts}};
 }
 
 }  // namespace octet

@@ -74,6 +74,9 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--fsdp-prefetch", o.fsdp_prefetch, "with --parallel fsdp: gather the next unit of backward "
                  "when a unit's backward starts (pre) or after its gradients are reduced (post)")
       ->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
+  app.add_flag("--fp8-all-gather", o.fp8_all_gather, "with --parallel fsdp and --precision fp8: all-gather the "
+               "weights of the FP8 Linears as E4M3 bytes, half of bf16's traffic for them (training is bit for bit "
+               "the same)");
   app.add_option("--dist-backend", o.dist_backend, "auto (nccl on GPUs, mpi on the CPU), nccl or mpi (several "
                  "ranks may share a GPU over mpi)")
       ->check(CLI::IsMember({"auto", "nccl", "mpi"}))->capture_default_str();
@@ -121,6 +124,9 @@ void check_run_options(RunOptions& o) {
                 cuda::device_count(), " CUDA device(s); pick one of cuda:0..cuda:", cuda::device_count() - 1);
   }
   o.device = device.str();  // "cpu" or "cuda:N", as checkpoints record it
+  OCTET_CHECK(!o.fp8_all_gather || (o.parallel == "fsdp" && o.precision == "fp8"), "--fp8-all-gather gathers "
+              "FSDP's units in FP8, so it needs --parallel fsdp and --precision fp8 (got --parallel ", o.parallel,
+              ", --precision ", o.precision, ")");
   OCTET_CHECK(o.lora_rank > 0 || o.lora_save.empty(), "--lora-save needs --lora-rank R: there are no adapters "
               "to save without it");
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),

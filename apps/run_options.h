@@ -45,6 +45,7 @@ struct RunOptions {
   std::string parallel = "none";     // "ddp" or "fsdp"
   std::string sharding = "full";     // FSDP: full (ZeRO-3), grad-op (ZeRO-2) or none
   std::string fsdp_prefetch = "pre";  // FSDP backward prefetch: pre or post
+  bool fp8_all_gather = false;        // FSDP under --precision fp8: gather the FP8 Linears' weights as E4M3
   std::string dist_backend = "auto";  // nccl on a GPU, mpi on the CPU
   double bucket_cap_mb = 25;
   std::string reduce_dtype = "f32";  // or "bf16": the dtype DDP all-reduces gradients in

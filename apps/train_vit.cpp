@@ -129,6 +129,9 @@ class Fp8LayerMonitor {
     hook_ = layer_->register_forward_hook([this](nn::Module&, const Tensor& input, const Tensor& output) {
       if (measure_next_forward_) {
         measure_next_forward_ = false;
+        // FSDP's FP8 all-gather hands the layer its weight in FP8 only: there is no bf16 weight to
+        // compare with, and the error is reported as null.
+        if (!layer_->weight.storage()->allocated()) return Tensor();
         NoGradGuard no_grad;
         // The plain path of Linear::forward: bf16 GEMM, f32 accumulation.
         rel_error_ = relative_error(output, linear(input, layer_->weight, layer_->bias));
@@ -404,10 +407,15 @@ int train(const RunOptions& o) {
       if (step == first_step + 1) {
         const json& l = ledger;
         logging::info("memory ledger (rank 0, bytes): parameters {} + gradients {} + optimizer {} = {} sharded; "
-                      "gathered units and gradients in flight peaked at {} ({} units at once)",
+                      "gathered units and gradients in flight peaked at {} ({} units at once){}",
                       l["parameters_bytes"].get<int64_t>(), l["gradients_bytes"].get<int64_t>(),
                       l["optimizer_bytes"].get<int64_t>(), l["sharded_total_bytes"].get<int64_t>(),
-                      l["peak_gathered_bytes"].get<int64_t>(), l["max_units_gathered"].get<int>());
+                      l["peak_gathered_bytes"].get<int64_t>(), l["max_units_gathered"].get<int>(),
+                      fp8 ? fmt::format("; the FP8 Linears' own weight casts hold {}{}",
+                                        l["fp8_weight_casts_bytes"].get<int64_t>(),
+                                        o.fp8_all_gather ? " (--fp8-all-gather: they view the gathered units)"
+                                                         : " (all blocks' weights; --fp8-all-gather makes it 0)")
+                          : "");
       }
     }
     metrics.write(event);

@@ -704,6 +704,13 @@ FullyShardedDataParallel::MemoryLedger FullyShardedDataParallel::memory_ledger(c
   }
   ledger.gathered = state_->gathered_bytes;
   ledger.peak_gathered = state_->peak_gathered_bytes;
+  for (const auto& [name, m] : module_->named_modules()) {
+    const auto* linear = dynamic_cast<const nn::Linear*>(m.get());
+    if (linear == nullptr || linear->fp8_state == nullptr || linear->fp8_state->weight_cast_external) continue;
+    for (const Tensor& t : {linear->fp8_state->weight_cast.data, linear->fp8_state->weight_cast.transposed}) {
+      if (t.defined() && t.storage()->allocated()) ledger.fp8_weight_casts += static_cast<int64_t>(t.nbytes());
+    }
+  }
   return ledger;
 }
 

@@ -133,8 +133,12 @@ class FullyShardedDataParallel {
   // optimizer: the optimizer's per-element state of the shards (AdamW's two moments; scalar step
   // counters are not counted); gathered: the gathered units' buffers now; peak_gathered: the most
   // gathered-buffer bytes at once (units plus gradients in flight) since construction.
+  // fp8_weight_casts: FP8 copies of weights that the FP8 Linears cache for themselves (their weight
+  // cast: E4M3 data and transpose, about 2 bytes per weight element of the whole model, kept across
+  // the step because backward and later micro-batches reuse them) when the units are gathered in bf16
+  // under FP8 training; 0 with fp8_all_gather, where those casts are views of the gathered buffers.
   struct MemoryLedger {
-    int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, peak_gathered = 0;
+    int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, peak_gathered = 0, fp8_weight_casts = 0;
     int64_t sharded_total() const { return parameters + gradients + optimizer; }
   };
   MemoryLedger memory_ledger(const optim::Optimizer* optimizer = nullptr) const;

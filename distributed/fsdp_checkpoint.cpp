@@ -15,6 +15,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
+#include "nn/fp8.h"
 #include "nn/safetensors.h"
 
 namespace octet::distributed {
@@ -404,8 +405,9 @@ std::string names_str(const std::vector<std::string>& names) {
 // another's bytes into the wrong places.
 void check_same_flats(const SavedIndex& index, const std::vector<FullyShardedDataParallel::FlatParameterInfo>& flats,
                       nn::Module& module, const std::string& file) {
-  const std::string fix = "; build the model with the same configuration, wrap_policy and flat_param_key as the run "
-                          "that saved the checkpoint";
+  const std::string fix = "; build the model with the same configuration, wrap_policy, flat_param_key and "
+                          "fp8_all_gather (which gives the FP8 Linears' weights flat parameters of their own) as the "
+                          "run that saved the checkpoint";
   OCTET_CHECK(index.flats.size() == flats.size(), "FSDP checkpoint ", file, " holds ", index.flats.size(),
               " flat parameters but this model has ", flats.size(), fix);
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -554,6 +556,7 @@ FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedData
     shards[f].detach().copy_(params[f]);
     Tensor(shards[f]).set_grad(Tensor());  // a gradient from before the load belongs to other weights
   }
+  nn::invalidate_fp8_weight_casts();  // FP8 casts of the old weights (fp8_all_gather's shards too) are stale
   return {index.world, num_flats};
 }
 

@@ -61,10 +61,11 @@ def read_log(path):
     if m:
         info["model"], info["parameters"] = m.group(1), int(m.group(2))
     m = re.search(r"fully sharded over (\d+) ranks \(([^)]*)\): (\d+) flat parameters \((\d+) elements with padding\), "
-                  r"gathered in (\w+), gradients reduce-scattered in (\w+)", text)
+                  r"gathered in (?:e4m3 \((\d+) elements: the FP8 Linears' weights\) and )?(\w+), "
+                  r"gradients reduce-scattered in (\w+)", text)
     if m:
         info.update(world=int(m.group(1)), how=m.group(2), flats=int(m.group(3)), padded=int(m.group(4)),
-                    gather_dtype=m.group(5), reduce_dtype=m.group(6))
+                    fp8_elements=int(m.group(5) or 0), gather_dtype=m.group(6), reduce_dtype=m.group(7))
     return info
 
 
@@ -451,6 +452,10 @@ def ledger_figure(ledger, step_no, start, log, world):
                     ("peak gathered (units + gradients in flight)", ledger["peak_gathered_bytes"])):
         per = f"{b / shard_elements:.2f}" if shard_elements else "—"
         out.append(f"| {name} | {b:,} | {per} |")
+    casts = ledger.get("fp8_weight_casts_bytes")
+    if casts is not None and (log or {}).get("how") is not None and start.get("flags", {}).get("precision") == "fp8":
+        per = f"{casts / shard_elements:.2f}" if shard_elements else "—"
+        out.append(f"| FP8 weight casts the Linears keep (not in the peak above) | {casts:,} | {per} |")
     out.append("")
     psi = (log or {}).get("parameters") or start.get("parameters")
     padded = (log or {}).get("padded")
@@ -502,13 +507,18 @@ def volume_figure(step, world, log, sharding):
         root_bytes, exact = step.bytes_of(step.carried[id(root[0])])
         q = "" if exact else "≈"
         out.append("")
+        fp8 = log.get("fp8_elements", 0)
+        # Bytes of one gather of every unit: b per element, 1 for the FP8 Linears' weights (--fp8-all-gather).
+        per_pass = b * (padded - fp8) + fp8
+        elements = (f"({b} × {padded - fp8:,} + 1 × {fp8:,} elements of FP8 Linears' weights)" if fp8
+                    else f"{b} × {padded:,} elements")
         if sharding == "full":
-            gathered = (f"FULL_SHARD theory: every block unit gathered twice and the root once, {b} B per element: "
-                        f"{b} × (2 × {padded:,} elements) − {q}{root_bytes:,} B (the root's second gather, skipped) = "
-                        f"{q}{2 * b * padded - root_bytes:,} B all-gathered")
+            gathered = (f"FULL_SHARD theory: every block unit gathered twice and the root once, {b} B per element"
+                        f"{', 1 B per FP8 weight element' if fp8 else ''}: 2 × {elements} − {q}{root_bytes:,} B "
+                        f"(the root's second gather, skipped) = {q}{2 * per_pass - root_bytes:,} B all-gathered")
         else:
-            gathered = (f"SHARD_GRAD_OP theory: every unit gathered once, {b} B per element: {b} × {padded:,} elements "
-                        f"= {b * padded:,} B all-gathered")
+            gathered = (f"SHARD_GRAD_OP theory: every unit gathered once, {b} B per element"
+                        f"{', 1 B per FP8 weight element' if fp8 else ''}: {elements} = {per_pass:,} B all-gathered")
         out.append(f"{gathered}; every trainable flat reduce-scattered once: "
                    f"{DTYPE_BYTES.get(log.get('reduce_dtype'), b)} × {padded:,} = "
                    f"{DTYPE_BYTES.get(log.get('reduce_dtype'), b) * padded:,} B (fewer with frozen flats).")

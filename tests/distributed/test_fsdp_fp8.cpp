@@ -144,11 +144,12 @@ TEST(FsdpFp8, NoShardIsBitForBitTheBf16GatherRun) {
 
 // One FULL_SHARD step: the root is gathered once, each block twice (forward, backward). The FP8 flats
 // move 1 byte per element instead of bf16's 2, the rest 2 as before; the only new collective is the
-// all_reduce(MAX) of the twelve weights' amaxes (4 bytes each), once per weight generation.
+// all_reduce(MAX) of the twelve weights' amaxes (4 bytes each), once per weight generation. And
+// the memory the FP8 gather saves besides the bytes on the wire (MemoryLedger::fp8_weight_casts).
 TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
   const Batch b = local_batch(0);
-  int64_t gather[2] = {0, 0}, reduce[2] = {0, 0};
-  int64_t expected_fp8 = 0, expected_bf16 = 0;
+  int64_t gather[2] = {0, 0}, reduce[2] = {0, 0}, casts[2] = {0, 0};
+  int64_t expected_fp8 = 0, expected_bf16 = 0, fp8_weights = 0;
   for (int use_fp8 = 0; use_fp8 < 2; ++use_fp8) {
     FullyShardedDataParallel fsdp(make_vit(22), group(), options(ShardingStrategy::FullShard, use_fp8 == 1));
     world().reset_counters();
@@ -161,8 +162,10 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
     const auto c = world().counters();
     gather[use_fp8] = c.payload_of(Collective::AllGather);
     reduce[use_fp8] = c.payload_of(Collective::AllReduce);
+    casts[use_fp8] = fsdp.memory_ledger().fp8_weight_casts;
     if (use_fp8 == 1) {
       for (const auto& f : fsdp.flat_parameters()) {
+        fp8_weights += f.fp8 ? f.numel : 0;
         const int64_t passes = f.unit.empty() ? 1 : 2;
         expected_fp8 += passes * (f.fp8 ? 1 : 2) * f.padded_numel;
         expected_bf16 += passes * 2 * f.padded_numel;
@@ -173,6 +176,11 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
   EXPECT_EQ(gather[1], expected_fp8);
   EXPECT_LT(gather[1], gather[0] * 3 / 4) << "the weights are most of the bytes";
   EXPECT_EQ(reduce[1] - reduce[0], 4 * 12);
+  // Gathered in bf16, every FP8 Linear keeps its own E4M3 cast and transpose of its weight, for the
+  // whole model at once; gathered in FP8, those are views of the (released) gathered buffers.
+  EXPECT_EQ(fp8_weights, 3 * 2048);
+  EXPECT_EQ(casts[0], 2 * fp8_weights);
+  EXPECT_EQ(casts[1], 0);
 }
 
 // While an FP8 forward runs, an FP8 Linear's weight parameter holds no bytes: the bf16 weight is never

@@ -122,8 +122,11 @@ class Step:
         self.compute = [s for s in inside if s.track == "compute" and s.name.split(" ")[0] in ("forward", "backward")]
         self.comm = [s for s in inside if s.track == "comm"]
         self.fsdp = [s for s in inside if s.track == "fsdp"]
-        # "wait <unit>": the part of a gather that the thread needing the unit spent blocked on it.
-        self.waits = [s for s in inside if s.track == "fsdp wait"]
+        # "wait <unit>": the part of a gather that the thread needing the unit spent blocked on it;
+        # "wait reduce_scatter <unit>" (8fe265c on): backward blocked on that unit's reduce-scatter.
+        waits = [s for s in inside if s.track == "fsdp wait"]
+        self.waits = [s for s in waits if not s.name.startswith("wait reduce_scatter ")]
+        self.rs_waits = [s for s in waits if s.name.startswith("wait reduce_scatter ")]
         self.multiple = multiple
         self._match()
 
@@ -261,10 +264,14 @@ def waits_by_pass(step):
 
 
 def reduce_waits(step):
-    """[(start, end, units)]: where backward waited for reduce-scatters, which the trace does not mark.
-    FSDP collects them (result into the shard, full gradient freed) only in the call after each launch
-    and at the end of backward, where each "reduce_scatter" span ends (3c05345 on). A collection in
-    [launch i, launch i+1) whose transfer still ran at launch i was waited for from launch i."""
+    """[(start, end, units)]: where backward waited for reduce-scatters. Traces from 8fe265c on mark
+    them ("wait reduce_scatter <unit>" on the "fsdp wait" track). Older ones do not, and the waits are
+    rebuilt: FSDP collects reduce-scatters (result into the shard, full gradient freed) only in the
+    call after each launch and at the end of backward, where each "reduce_scatter" span ends (3c05345
+    on). A collection in [launch i, launch i+1) whose transfer still ran at launch i was waited for
+    from launch i."""
+    if step.rs_waits:
+        return [(s.start, s.end, [s.name.rsplit(" ", 1)[1]]) for s in step.rs_waits]
     launches = sorted((s for s in step.launches if id(s) in step.scatter_of), key=lambda s: s.start)
     out = []
     for i, launch in enumerate(launches):  # after the last launch, the end of backward collects them all
@@ -293,8 +300,10 @@ def waits_summary(step):
     if waits:
         total = sum(e - s for s, e, _ in waits)
         longest = max(waits, key=lambda w: w[1] - w[0])
-        text += (f"\n\nBackward also waited for reduce-scatters (rebuilt from the \"reduce_scatter\" spans, which end "
-                 f"when FSDP collects the result: the rate limit on gradients in flight, and the end of backward): "
+        source = ("the \"wait reduce_scatter\" spans on the \"fsdp wait\" track" if step.rs_waits else
+                  "rebuilt from the \"reduce_scatter\" spans, which end when FSDP collects the result")
+        text += (f"\n\nBackward also waited for reduce-scatters ({source}: the rate limit on gradients in flight, "
+                 f"and the end of backward): "
                  f"{fmt_ms(total / 1000.0)} ms in {len(waits)} wait(s), the longest "
                  f"{fmt_ms((longest[1] - longest[0]) / 1000.0)} ms ({fmt_ms(step.ms(longest[0]))}–"
                  f"{fmt_ms(step.ms(longest[1]))} ms, for {', '.join(longest[2])}).")
@@ -611,10 +620,13 @@ def compare_figure(runs):
         cols.append([label, f"{flags.get('sharding')}, {world} ranks", f"{ledger['sharded_total_bytes']:,}",
                      f"{ledger['gathered_bytes']:,}", f"{ledger['peak_gathered_bytes']:,}",
                      str(ledger["max_units_gathered"]), moved("all_gather", ring), moved("reduce_scatter", ring),
-                     moved("all_reduce", lambda n: 2 * ring(n)), f"{approx}{sent:,.0f}", f"{step.span.dur / 1000.0:.2f}"])
+                     moved("all_reduce", lambda n: 2 * ring(n)), f"{approx}{sent:,.0f}",
+                     f"{ledger['fp8_weight_casts_bytes']:,}" if flags.get("precision") == "fp8" else "—",
+                     f"{step.span.dur / 1000.0:.2f}"])
     rows = ["run", "--sharding, ranks", "sharded total (B)", "gathered after the step (B)", "peak gathered (B)",
             "most units gathered", "all-gather: payload (B) in calls; sent per rank", "reduce-scatter: the same",
-            "all-reduce: the same", "every collective: sent per rank (B)", "traced step, rank 0 (ms)"]
+            "all-reduce: the same", "every collective: sent per rank (B)",
+            "FP8 weight casts the Linears keep (B)", "traced step, rank 0 (ms)"]
     out = ["| | " + " | ".join(c[0] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
     for i, name in enumerate(rows[1:], 1):
         out.append(f"| {name} | " + " | ".join(c[i] for c in cols) + " |")

@@ -312,6 +312,9 @@ struct FullyShardedDataParallel::State {
     recording.clear();
     ensure_gathered(0);
     recording.push_back(0);
+    // The first block's gather, from the last forward's order: issued now, it overlaps the root's
+    // own modules (the patch embedding) instead of waiting for blocks.0's pre-hook.
+    if (options.forward_prefetch && !forward_order.empty()) prefetch_after(0, forward_order);
   }
 
   void on_unit_forward_start(int u, const Tensor& input) {
@@ -346,7 +349,12 @@ struct FullyShardedDataParallel::State {
     forward_order = recording;
     if (!GradMode::is_enabled() || !output.requires_grad()) {
       for (size_t u = 0; u < units.size(); ++u) release(static_cast<int>(u));
+      return;
     }
+    // The first unit of backward (the last of forward, just freed under FULL_SHARD) is needed as soon
+    // as the loss and the root's last modules are differentiated: gather it while they run.
+    const int first = forward_order.back();
+    if (first != 0 && gathered_now < options.limit_all_gathers) start_gather(first);
   }
 
   // ---- backward -----------------------------------------------------------------------------------

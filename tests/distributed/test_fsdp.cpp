@@ -264,6 +264,31 @@ TEST(Fsdp, GatheredMemoryStaysWithinAFewUnitsWhateverTheDepth) {
   EXPECT_EQ(ledger.gathered, 0);
 }
 
+// Two gathers that have no unit before them to hide behind are prefetched too: blocks.0's, when the
+// root's forward starts (from the previous step's order, so from step 2 on), and the first unit of
+// backward's (the last block), when forward ends.
+TEST(Fsdp, TheFirstUnitsOfForwardAndOfBackwardArePrefetched) {
+  const int n = world().size(), rank = world().rank();
+  auto model = make_vit(16);
+  FullyShardedDataParallel fsdp(model, group());
+  std::vector<int> before_blocks, after_forward, after_backward;
+  model->patch_embed->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor&) {
+    before_blocks.push_back(fsdp.units_gathered());
+    return Tensor();
+  });
+  for (int step = 0; step < 2; ++step) {
+    const Batch all = global_batch(2 * n, step);
+    const Tensor loss = cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2));
+    after_forward.push_back(fsdp.units_gathered());
+    loss.backward();
+    after_backward.push_back(fsdp.units_gathered());
+  }
+  EXPECT_EQ(before_blocks, (std::vector<int>{0, 1})) << "blocks.0 prefetched from step 2 on";
+  EXPECT_EQ(after_forward, (std::vector<int>{1, 1})) << "the last block gathered for backward";
+  EXPECT_EQ(after_backward, (std::vector<int>{0, 0}));
+  EXPECT_LE(fsdp.max_units_gathered(), 2);
+}
+
 // Frozen parameters (a LoRA base) are sharded and gathered but get no gradient, no optimizer state
 // and never change; the rest trains as one process would.
 TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {

@@ -229,7 +229,7 @@ struct FullyShardedDataParallel::State {
         if (fp8_pass) {
           state->weight_cast = {flat.fp8_data[i], fp8_transposes ? flat.fp8_data_t[i] : Tensor(), flat.fp8_scale_inv[i]};
           state->weight_cast_generation = fp8_generation;
-          state->weight_cast_source = nullptr;
+          state->weight_cast_storage.reset();
           state->weight_cast_external = true;
         } else if (state != nullptr && state->weight_cast_external) {
           state->weight_cast = {};

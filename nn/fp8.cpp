@@ -97,7 +97,7 @@ void Fp8LinearState::to(Device device) {
     g->scale_inv = g->scale_inv.to(device);
   }
   weight_cast = {};
-  weight_cast_source = nullptr;
+  weight_cast_storage.reset();
   weight_cast_external = false;
 }
 

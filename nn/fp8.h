@@ -103,7 +103,11 @@ struct Fp8LinearState {
   // weights change (see invalidate_fp8_weight_casts).
   kernels::Fp8Cast weight_cast;
   uint64_t weight_cast_generation = 0;
-  const void* weight_cast_source = nullptr;  // the weight bytes it was cast from
+  // The weight it was cast from: its storage and byte offset. A storage that FSDP releases and
+  // gathers again stays the same storage, so a unit re-gathered for the next micro-batch keeps its
+  // cast, as an unsharded model does (an address would change with the allocation).
+  std::weak_ptr<Storage> weight_cast_storage;
+  size_t weight_cast_offset = 0;
   // Set by a wrapper that supplies the FP8 weight itself (FSDP's FP8 all-gather, distributed/fsdp.h):
   // the layer then uses weight_cast as it is, for weight_cast_generation only, and never reads its
   // own weight, whose bytes may not even be there. A stale or incomplete supplied cast is an error,

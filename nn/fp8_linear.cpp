@@ -58,12 +58,14 @@ const kernels::Fp8Cast& weight_cast(Fp8LinearState& state, const Tensor& weight,
     return cached;
   }
   const bool fresh = cached.data.defined() && state.weight_cast_generation == generation &&
-                     state.weight_cast_source == weight.data_ptr() &&
+                     state.weight_cast_storage.lock() == weight.storage() &&
+                     state.weight_cast_offset == weight.storage_offset() &&
                      (!need_transposed || cached.transposed.defined());
   if (!fresh) {
     state.weight_cast = cast_entry(weight, state.forward, 1, recipe, /*rowwise=*/true, need_transposed);
     state.weight_cast_generation = generation;
-    state.weight_cast_source = weight.data_ptr();
+    state.weight_cast_storage = weight.storage();
+    state.weight_cast_offset = weight.storage_offset();
   }
   return state.weight_cast;
 }

@@ -77,19 +77,22 @@ struct Run {
   Tensor eval_logits;
 };
 
-// Four AdamW steps under FP8 autocast, then an evaluation forward outside it.
-Run train(FullyShardedDataParallel& fsdp, const nn::Fp8Recipe& recipe) {
+// Four AdamW steps of `micro_batches` micro-batches each under FP8 autocast, then an evaluation
+// forward outside it.
+Run train(FullyShardedDataParallel& fsdp, const nn::Fp8Recipe& recipe, int micro_batches) {
   optim::AdamW opt(fsdp.parameters(), 3e-3, 0.9, 0.999, 1e-8, 0.05);
   Run run;
   for (int step = 0; step < 4; ++step) {
-    const Batch b = local_batch(step);
-    Tensor loss;
-    {
-      nn::Fp8Autocast fp8(true, recipe, distributed::fp8_amax_reducer(group()));
-      loss = cross_entropy(fsdp(b.images), b.labels);
+    for (int m = 0; m < micro_batches; ++m) {
+      const Batch b = local_batch(step * micro_batches + m);
+      Tensor loss;
+      {
+        nn::Fp8Autocast fp8(true, recipe, distributed::fp8_amax_reducer(group()));
+        loss = cross_entropy(fsdp(b.images), b.labels);
+      }
+      loss.backward();
+      run.losses.push_back(static_cast<float>(loss.item()));
     }
-    loss.backward();
-    run.losses.push_back(static_cast<float>(loss.item()));
     opt.step(), opt.zero_grad();
   }
   NoGradGuard no_grad;
@@ -98,7 +101,8 @@ Run train(FullyShardedDataParallel& fsdp, const nn::Fp8Recipe& recipe) {
   return run;
 }
 
-void expect_bit_for_bit_like_bf16_gathers(ShardingStrategy sharding, const nn::Fp8Recipe& recipe) {
+void expect_bit_for_bit_like_bf16_gathers(ShardingStrategy sharding, const nn::Fp8Recipe& recipe,
+                                          int micro_batches = 1) {
   FullyShardedDataParallel bf16(make_vit(21), group(), options(sharding, false));
   FullyShardedDataParallel fp8(make_vit(21), group(), options(sharding, true));
   const auto a = bf16.flat_parameters(), b = fp8.flat_parameters();
@@ -112,7 +116,7 @@ void expect_bit_for_bit_like_bf16_gathers(ShardingStrategy sharding, const nn::F
     fp8_flats += b[f].fp8;
   }
   EXPECT_EQ(fp8_flats, 3) << "one per block: the head stays out of FP8";
-  const Run ra = train(bf16, recipe), rb = train(fp8, recipe);
+  const Run ra = train(bf16, recipe, micro_batches), rb = train(fp8, recipe, micro_batches);
   EXPECT_EQ(ra.losses, rb.losses);
   EXPECT_TRUE(bitwise_equal(ra.eval_logits, rb.eval_logits)) << "evaluation outside the FP8 scope";
   ASSERT_EQ(ra.parameters.size(), rb.parameters.size());
@@ -134,6 +138,13 @@ TEST(FsdpFp8, FullShardDelayedScalingIsBitForBitTheBf16GatherRun) {
 }
 TEST(FsdpFp8, FullShardCurrentScalingIsBitForBitTheBf16GatherRun) {
   expect_bit_for_bit_like_bf16_gathers(ShardingStrategy::FullShard, nn::CurrentScaling{});
+}
+// Micro-batches reuse the weights' casts of the step's first forward, scales included (delayed scaling
+// updates them between micro-batches), in both runs: FP8 all-gather keeps its E4M3 shards for the
+// weight generation, and a Linear gathered in bf16 keeps its cast while its weight's storage is the
+// same (it is released and gathered again, not replaced).
+TEST(FsdpFp8, AccumulationIsBitForBitTheBf16GatherRun) {
+  expect_bit_for_bit_like_bf16_gathers(ShardingStrategy::FullShard, nn::DelayedScaling{}, 3);
 }
 TEST(FsdpFp8, ShardGradOpIsBitForBitTheBf16GatherRun) {
   expect_bit_for_bit_like_bf16_gathers(ShardingStrategy::ShardGradOp, nn::DelayedScaling{});

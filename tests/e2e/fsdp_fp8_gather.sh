@@ -4,7 +4,8 @@
 # odd world: the FP8 flats are padded and cut mid-weight). With it, the FP8 Linears hold no weight
 # casts of their own (the ledger's fp8_weight_casts_bytes is 0); without it they hold 2 bytes per
 # block weight element. A run resumed from its step-10 checkpoint with --fp8-all-gather continues the
-# uninterrupted one bit for bit.
+# uninterrupted one bit for bit. Every run accumulates 2 micro-batches per step, which reuse the
+# step's FP8 weights in both gathers.
 #
 #   fsdp_fp8_gather.sh TRAIN_VIT MPIRUN WORK STEPS
 set -euo pipefail
@@ -13,8 +14,8 @@ rm -rf "$work" && mkdir -p "$work"
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 run() {  # run NAME FLAGS...
   local name=$1; shift
-  "$mpirun" --oversubscribe --mca btl self,vader -np 3 "$train_vit" --parallel fsdp --precision fp8 --batch-size 16 \
-    --seed 1 --threads 1 --log-every 5 --eval-every 10 --metrics "$work/$name.jsonl" "$@" > "$work/$name.log" 2>&1 \
+  "$mpirun" --oversubscribe --mca btl self,vader -np 3 "$train_vit" --parallel fsdp --precision fp8 --batch-size 8 \
+    --grad-accum 2 --seed 1 --threads 1 --log-every 5 --eval-every 10 --metrics "$work/$name.jsonl" "$@" > "$work/$name.log" 2>&1 \
     || { cat "$work/$name.log"; exit 1; }
 }
 run bf16 --steps "$steps"

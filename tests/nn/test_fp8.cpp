@@ -289,9 +289,21 @@ TEST(Fp8Linear, TheWeightIsCastOncePerOptimizerStep) {
   const Tensor first = layer->fp8_state->weight_cast.data;
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 83).requires_grad_(), r, DelayedScaling{});  // micro-batch 2
   EXPECT_TRUE(layer->fp8_state->weight_cast.data.is_same(first));
+  // Freed and filled again in the same storage (what FSDP does between micro-batches): still cached.
+  const Tensor values = layer->weight.detach().clone();
+  layer->weight.storage()->release();
+  layer->weight.storage()->reallocate();
+  layer->weight.detach().copy_(values);
+  (void)step(*layer, random_tensor({4, 16}, DType::f32, 87).requires_grad_(), r, DelayedScaling{});
+  EXPECT_TRUE(layer->fp8_state->weight_cast.data.is_same(first));
+  // Pointed at other storage without an optimizer step (param.data = ...): cast again.
+  layer->weight.set_data(values.clone());
+  (void)step(*layer, random_tensor({4, 16}, DType::f32, 88).requires_grad_(), r, DelayedScaling{});
+  EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(first));
+  const Tensor second = layer->fp8_state->weight_cast.data;
   sgd.step();
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 84).requires_grad_(), r, DelayedScaling{});
-  EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(first));
+  EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(second));
 }
 
 // A weight cast supplied from outside (FSDP's FP8 all-gather) is used as it is: the layer never reads

@@ -10,10 +10,9 @@
 #include "core/grad_mode.h"
 #include "core/log.h"
 #include "core/trace.h"
+#include "distributed/fsdp_fp8.h"
 #include "kernels/elementwise.h"
-#include "kernels/fp8.h"
 #include "kernels/optimizers.h"
-#include "kernels/shape_ops.h"
 #include "nn/fp8.h"
 #include "nn/fp8_linear.h"
 #include "nn/layers.h"
@@ -53,14 +52,8 @@ struct FullyShardedDataParallel::State {
     WorkHandle reduce_work;
     int64_t reduce_start_us = 0;  // for the trace
 
-    // FP8 flats (fp8_all_gather; see fsdp.h): every slot is the weight of an FP8 Linear.
-    bool fp8 = false;
-    std::vector<std::shared_ptr<nn::Linear>> linears;  // per slot
-    Tensor fp8_gathered;    // [padded] E4M3: the gathered bytes; released like `gathered`
-    Tensor fp8_transposed;  // [numel] E4M3: each weight's transpose at its offset; released likewise
-    std::vector<Tensor> fp8_data, fp8_data_t;  // per slot: [out, in] and [in, out] views of those two
-    Tensor fp8_shard;       // [shard_numel] E4M3: this rank's shard, each piece cast with its weight's scale
-    std::vector<Tensor> fp8_scale_inv;  // per slot, [1] f32: 1/scale of that cast, for the GEMMs
+    // Set when every slot is the weight of an FP8 Linear (fp8_all_gather): its E4M3 side.
+    std::shared_ptr<Fp8Flat> fp8;
   };
   struct Unit {
     std::string name;  // "" for the root
@@ -77,12 +70,10 @@ struct FullyShardedDataParallel::State {
   std::shared_ptr<ProcessGroup> group;
   FsdpOptions options;
   bool sharded = true;
-  int rank = 0;  // this rank's shard index (0 under NO_SHARD)
   // FP8 all-gather: whether this forward (and its backward) gathers the FP8 flats as E4M3, and makes
-  // the transposes a backward needs; the weight generation and FP8 states the E4M3 shards were made for.
+  // the transposes a backward needs; the FP8 flats.
   bool fp8_pass = false, fp8_transposes = false;
-  uint64_t fp8_generation = 0;
-  std::vector<const nn::Fp8LinearState*> fp8_states;
+  Fp8AllGather fp8_gather;
   std::vector<Flat> flats;
   std::vector<Unit> units;  // units[0] is the root
   std::vector<int> forward_order, recording;  // unit indices in the order their forward ran
@@ -114,10 +105,10 @@ struct FullyShardedDataParallel::State {
     for (int f : unit.flats) {
       Flat& flat = flats[f];
       const bool fp8 = unit.fp8 && flat.fp8;
-      const Tensor& buffer = fp8 ? flat.fp8_gathered : flat.gathered;
+      const Tensor& buffer = fp8 ? flat.fp8->gathered() : flat.gathered;
       allocate_buffer(buffer);
-      if (fp8 && unit.transposed) allocate_buffer(flat.fp8_transposed);
-      const Tensor input = fp8 ? flat.fp8_shard : flat.shard.detach().to(options.compute_dtype).clone();
+      if (fp8 && unit.transposed) allocate_buffer(flat.fp8->transposed());
+      const Tensor input = fp8 ? flat.fp8->shard() : flat.shard.detach().to(options.compute_dtype).clone();
       unit.gather_inputs.push_back(input);
       if (sharded) {
         unit.gather_work = group->all_gather(buffer, input);
@@ -150,9 +141,7 @@ struct FullyShardedDataParallel::State {
     unit.gathered = true;
     if (unit.transposed) {  // the backward GEMM's operand, from the gathered bytes (after the wait)
       for (int f : unit.flats) {
-        Flat& flat = flats[f];
-        if (!flat.fp8) continue;
-        for (size_t i = 0; i < flat.slots.size(); ++i) flat.fp8_data_t[i].copy_(kernels::transpose_last2(flat.fp8_data[i]));
+        if (flats[f].fp8) flats[f].fp8->make_transposes();
       }
     }
     if (trace::enabled()) {
@@ -178,8 +167,8 @@ struct FullyShardedDataParallel::State {
     for (int f : unit.flats) {
       const Flat& flat = flats[f];
       const bool fp8 = unit.fp8 && flat.fp8;
-      free_buffer(fp8 ? flat.fp8_gathered : flat.gathered);
-      if (fp8 && unit.transposed) free_buffer(flat.fp8_transposed);
+      free_buffer(fp8 ? flat.fp8->gathered() : flat.gathered);
+      if (fp8 && unit.transposed) free_buffer(flat.fp8->transposed());
     }
     unit.gathered = false;
     if (u != 0) --gathered_now;
@@ -203,103 +192,14 @@ struct FullyShardedDataParallel::State {
 
   // ---- FP8 all-gather -----------------------------------------------------------------------------
 
-  // Elements [begin, begin + length) of this rank's shard hold elements of slot i of `flat`.
-  struct Piece {
-    int64_t begin = 0, length = 0;
-  };
-  Piece piece(const Flat& flat, size_t i) const {
-    const int64_t first = static_cast<int64_t>(rank) * flat.shard_numel;
-    const Slot& slot = flat.slots[i];
-    const int64_t lo = std::max(slot.offset, first);
-    const int64_t hi = std::min(slot.offset + slot.parameter.numel(), first + flat.shard_numel);
-    return hi > lo ? Piece{lo - first, hi - lo} : Piece{};
-  }
-
   // Decides how this forward gathers: FP8 flats as E4M3 when fp8_all_gather is on and the forward
-  // runs inside an enabled FP8 scope. Then hands every FP8 Linear its weight cast (views of the
-  // buffers the gathers fill); otherwise takes them back, so that a Linear casts for itself.
+  // runs inside an enabled FP8 scope (the Linears then get their weight casts from those buffers).
   void begin_pass() {
     const std::shared_ptr<const nn::Fp8Config> config = options.fp8_all_gather ? nn::fp8_config() : nullptr;
     fp8_pass = config != nullptr;
     fp8_transposes = fp8_pass && GradMode::is_enabled();
-    if (fp8_pass) cast_fp8_shards(config->recipe);
-    for (Flat& flat : flats) {
-      for (size_t i = 0; i < flat.linears.size(); ++i) {
-        nn::Fp8LinearState* state = flat.linears[i]->fp8_state.get();
-        if (fp8_pass) {
-          state->weight_cast = {flat.fp8_data[i], fp8_transposes ? flat.fp8_data_t[i] : Tensor(), flat.fp8_scale_inv[i]};
-          state->weight_cast_generation = fp8_generation;
-          state->weight_cast_storage.reset();
-          state->weight_cast_external = true;
-        } else if (state != nullptr && state->weight_cast_external) {
-          state->weight_cast = {};
-          state->weight_cast_external = false;
-        }
-      }
-    }
-  }
-
-  // This rank's E4M3 shards, made once per weight generation (see fsdp.h): the pieces' amaxes,
-  // max-reduced over the ranks into each weight's amax; the scales the recipe gives; the casts.
-  void cast_fp8_shards(const nn::Fp8Recipe& recipe) {
-    std::vector<const nn::Fp8LinearState*> states;
-    for (Flat& flat : flats) {
-      for (auto& linear : flat.linears) {
-        nn::Fp8LinearState::prepare(linear->fp8_state, flat.shard.device(), recipe);
-        states.push_back(linear->fp8_state.get());
-      }
-    }
-    const uint64_t generation = nn::fp8_weight_generation();
-    if (generation == fp8_generation && states == fp8_states) return;
-    fp8_generation = generation;
-    fp8_states = states;
-    if (states.empty()) return;
-
-    // The shards as the gathered weights would hold them (compute_dtype), and every weight's amax.
-    NoGradGuard no_grad;
-    const Device device = flats.front().shard.device();
-    std::vector<Tensor> rounded(flats.size());
-    const Tensor amax = zeros({static_cast<int64_t>(states.size())}, DType::f32, device);
-    int64_t j = 0;
-    for (size_t f = 0; f < flats.size(); ++f) {
-      Flat& flat = flats[f];
-      if (!flat.fp8) continue;
-      rounded[f] = flat.shard.detach().to(options.compute_dtype);
-      for (size_t i = 0; i < flat.slots.size(); ++i, ++j) {
-        const Piece p = piece(flat, i);
-        if (p.length > 0) kernels::fp8_amax_(rounded[f].narrow(p.begin, p.length), amax.narrow(j, 1));
-      }
-    }
-    if (sharded) group->all_reduce(amax, ReduceOp::Max)->wait();
-
-    j = 0;
-    for (size_t f = 0; f < flats.size(); ++f) {
-      Flat& flat = flats[f];
-      if (!flat.fp8) continue;
-      flat.fp8_shard = zeros({flat.shard_numel}, DType::e4m3, device);  // the padding stays +0
-      flat.fp8_scale_inv.assign(flat.slots.size(), Tensor());
-      for (size_t i = 0; i < flat.slots.size(); ++i, ++j) {
-        // What the Linear's own cast of the whole weight would do (nn/fp8_linear.cpp): delayed
-        // scaling casts with the history's scale and records the amax in row 0; current scaling
-        // sets the scale from this amax first.
-        nn::Fp8LinearState& state = *flat.linears[i]->fp8_state;
-        const Tensor weight_amax = amax.narrow(j, 1);
-        const Tensor slot_amax = state.forward.amax_history.select(0).narrow(1, 1);
-        const Tensor slot_scale = state.forward.scale.narrow(1, 1), slot_scale_inv = state.forward.scale_inv.narrow(1, 1);
-        if (!recipe.is_delayed()) slot_amax.zero_();
-        kernels::fp8_amax_(weight_amax, slot_amax);  // slot ← max(slot, amax): amaxes are non-negative
-        if (!recipe.is_delayed()) {
-          kernels::fp8_scale_from_amax_(slot_amax, slot_scale, slot_scale_inv, state.forward.fp8_dtype, recipe.margin());
-        }
-        const Tensor scale = slot_scale.clone();
-        flat.fp8_scale_inv[i] = slot_scale_inv.clone();
-        const Piece p = piece(flat, i);
-        if (p.length == 0) continue;
-        const kernels::Fp8Cast cast = kernels::fp8_cast(rounded[f].narrow(p.begin, p.length), scale, Tensor(),
-                                                        state.forward.fp8_dtype, /*rowwise=*/true, /*transposed=*/false);
-        flat.fp8_shard.narrow(p.begin, p.length).copy_(cast.data);
-      }
-    }
+    fp8_gather.begin_pass(fp8_pass ? &config->recipe : nullptr, fp8_transposes, options.compute_dtype,
+                          sharded ? group.get() : nullptr);
   }
 
   // ---- forward ------------------------------------------------------------------------------------
@@ -565,7 +465,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   // nor FP8 weights and the rest (an FP8 flat is gathered as bytes).
   struct Key {
     int key = 0;
-    bool trainable = true, fp8 = false;
+    bool trainable = true, fp8 = false;  // fp8: weights of FP8 Linears
     bool operator==(const Key& o) const { return key == o.key && trainable == o.trainable && fp8 == o.fp8; }
   };
   auto key_of = [&](const std::string& name, const Tensor& p) {
@@ -585,15 +485,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
       flat.unit = static_cast<int>(u);
       flat.key = key.key;
       flat.trainable = key.trainable;
-      flat.fp8 = key.fp8;
+      std::vector<Fp8Flat::Weight> fp8;
       for (const auto& [name, p] : params) {
         if (unit_of(name) != static_cast<int>(u) || !(key_of(name, p) == key)) continue;
         flat.slots.push_back({name, p, flat.numel});
-        if (flat.fp8) flat.linears.push_back(fp8_weights.at(name));
+        if (key.fp8) fp8.push_back({fp8_weights.at(name), flat.numel});
         flat.numel += p.numel();
       }
       flat.padded = (flat.numel + world - 1) / world * world;
       flat.shard_numel = flat.padded / world;
+      if (key.fp8) flat.fp8 = std::make_shared<Fp8Flat>(std::move(fp8), flat.numel, flat.padded, device);
       s.units[u].flats.push_back(static_cast<int>(s.flats.size()));
       s.flats.push_back(std::move(flat));
     }
@@ -609,7 +510,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   // and make the module's parameters views of the (released) gathered buffer.
   NoGradGuard no_grad;
   const int rank = s.sharded ? group_->rank() : 0;
-  s.rank = rank;
   for (size_t f = 0; f < s.flats.size(); ++f) {
     State::Flat& flat = s.flats[f];
     const Tensor full = zeros({flat.padded}, DType::f32, device);
@@ -619,6 +519,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     group_->broadcast(full, 0)->wait();
     flat.shard = full.narrow(static_cast<int64_t>(rank) * flat.shard_numel, flat.shard_numel).clone();
     flat.shard.requires_grad_(flat.trainable);
+    if (flat.fp8) s.fp8_gather.add(flat.fp8, flat.shard, static_cast<int64_t>(rank) * flat.shard_numel);
     flat.gathered = empty({flat.padded}, options.compute_dtype, device);
     for (size_t i = 0; i < flat.slots.size(); ++i) {
       Slot& slot = flat.slots[i];
@@ -631,17 +532,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
       });
     }
     flat.gathered.storage()->release();
-    if (flat.fp8) {  // the E4M3 buffers and each weight's views of them
-      flat.fp8_gathered = empty({flat.padded}, DType::e4m3, device);
-      flat.fp8_transposed = empty({flat.numel}, DType::e4m3, device);
-      for (const Slot& slot : flat.slots) {
-        const Shape& shape = slot.parameter.shape();
-        flat.fp8_data.push_back(flat.fp8_gathered.narrow(slot.offset, slot.parameter.numel()).reshape(shape));
-        flat.fp8_data_t.push_back(flat.fp8_transposed.narrow(slot.offset, slot.parameter.numel()).reshape({shape[1], shape[0]}));
-      }
-      flat.fp8_gathered.storage()->release();
-      flat.fp8_transposed.storage()->release();
-    }
   }
 
   // Forward hooks: the root's open and close the step; each other unit gathers before it runs.
@@ -725,7 +615,7 @@ FullyShardedDataParallel::MemoryLedger FullyShardedDataParallel::memory_ledger(c
 std::vector<FullyShardedDataParallel::FlatParameterInfo> FullyShardedDataParallel::flat_parameters() const {
   std::vector<FlatParameterInfo> out;
   for (const auto& flat : state_->flats) {
-    FlatParameterInfo info{state_->units[flat.unit].name, flat.key, flat.trainable, flat.fp8, {}, {}, flat.numel,
+    FlatParameterInfo info{state_->units[flat.unit].name, flat.key, flat.trainable, flat.fp8 != nullptr, {}, {}, flat.numel,
                            flat.padded, flat.shard_numel};
     for (const Slot& slot : flat.slots) {
       info.parameters.push_back(slot.name);

@@ -78,6 +78,10 @@ distributed::ProcessGroup& world() {
   return *world_slot();
 }
 
+std::shared_ptr<distributed::ProcessGroup> world_group() {
+  return std::shared_ptr<distributed::ProcessGroup>(&world(), [](distributed::ProcessGroup*) {});
+}
+
 }  // namespace octet::testing
 
 int main(int argc, char** argv) {

@@ -28,5 +28,8 @@ inline constexpr std::chrono::seconds kCollectiveTimeout{60};
 
 // The job's process group, made by main before any test runs.
 distributed::ProcessGroup& world();
+// The same group as a handle for what takes one (DDP, FSDP). It does not own the group: main still
+// ends it before MPI is finalised, whatever a test keeps.
+std::shared_ptr<distributed::ProcessGroup> world_group();
 
 }  // namespace octet::testing

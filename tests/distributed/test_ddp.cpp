@@ -73,7 +73,7 @@ TEST(Ddp, FiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
   auto reference = make_vit(7);
   // Every rank but 0 starts from different weights: the wrap must broadcast rank 0's.
   auto model = make_vit(rank == 0 ? 7 : 100 + rank);
-  DistributedDataParallel ddp(model, std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {}));
+  DistributedDataParallel ddp(model, testing::world_group());
   EXPECT_EQ(max_relative_difference(*model, *reference), 0.0) << "the wrap did not broadcast rank 0's parameters";
 
   // lr 1e-3: see NoSyncAccumulationMatchesOneProcess for why Adam needs it at this tolerance.
@@ -128,7 +128,7 @@ TEST(Ddp, HooksFiringOutOfRegistrationOrderGiveTheSameResult) {
   auto reference = std::make_shared<Tangled>(0);
   auto model = std::make_shared<Tangled>(rank);
   // A bucket per parameter, so the order of the buckets matters.
-  DistributedDataParallel ddp(model, std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {}),
+  DistributedDataParallel ddp(model, testing::world_group(),
                               DdpOptions{.bucket_cap_mb = 1e-9, .first_bucket_cap_mb = 1e-9});
   ASSERT_EQ(ddp.buckets().size(), model->parameters().size());
   optim::AdamW ref_opt(reference->parameters(), 1e-2);
@@ -151,7 +151,7 @@ TEST(Ddp, NoSyncAccumulationMatchesOneProcess) {
   const int64_t per_rank = 2, micro_batches = 3, global = per_rank * n;
   auto reference = make_vit(11);
   auto model = make_vit(11);
-  DistributedDataParallel ddp(model, std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {}));
+  DistributedDataParallel ddp(model, testing::world_group());
   // Summing three micro-batches per rank and then averaging ranks adds in another order than one
   // process does: gradients differ in the last bits. Adam's update lr·m/√v normalises each
   // coordinate, so a gradient near zero with a relative error ε moves its parameter by ~lr·ε: at
@@ -186,7 +186,7 @@ TEST(Ddp, NoSyncAccumulationMatchesOneProcess) {
 TEST(Ddp, BucketsFollowReverseRegistrationOrderAndTheirCaps) {
   auto model = make_vit(5);
   const double first_cap_mb = 0.002, cap_mb = 0.004;  // 2 kB, then 4 kB
-  DistributedDataParallel ddp(model, std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {}),
+  DistributedDataParallel ddp(model, testing::world_group(),
                               DdpOptions{.bucket_cap_mb = cap_mb, .first_bucket_cap_mb = first_cap_mb});
   const auto named = model->named_parameters();
   std::vector<std::string> expected;
@@ -210,7 +210,7 @@ TEST(Ddp, Bf16ReductionIsCloseToF32AndNotEqual) {
   const int64_t per_rank = 3, global = per_rank * n;
   auto reference = make_vit(21);
   auto model = make_vit(21);
-  DistributedDataParallel ddp(model, std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {}),
+  DistributedDataParallel ddp(model, testing::world_group(),
                               DdpOptions{.reduce_dtype = DType::bf16});
   const Batch all = global_batch(global, 0), mine = shard(all, rank, per_rank);
   cross_entropy((*reference)(all.images), all.labels).backward();
@@ -233,7 +233,7 @@ TEST(Ddp, Bf16ReductionIsCloseToF32AndNotEqual) {
 TEST(Ddp, AParameterUnusedOnOneRankGetsTheOtherRanksAverage) {
   const int n = world().size(), rank = world().rank();
   auto model = std::make_shared<Tangled>(0);
-  DistributedDataParallel ddp(model, std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {}));
+  DistributedDataParallel ddp(model, testing::world_group());
   const Tensor x = testing::random_tensor({4, 5}, DType::f32, 7);
   // Rank 0 skips `right`; the others use it. Its gradient is the others' sum over N.
   Tensor y = rank == 0 ? (*model->out)(gelu((*model->left)(x))) : (*model)(x);
@@ -265,7 +265,7 @@ TEST(Ddp, Fp8AmaxReducerGivesEveryRankTheLargestAmaxsScale) {
   Generator gen(4);
   layer->reset_parameters(gen);
   layer->to(DType::bf16);
-  const auto group = std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {});
+  const auto group = testing::world_group();
   const nn::Fp8Recipe recipe = nn::DelayedScaling{.amax_history_len = 4};
   const Tensor x = testing::random_tensor({16, 32}, DType::f32, 60, /*scale=*/1.0 + rank).to(DType::bf16);
   {

@@ -21,6 +21,7 @@ using distributed::FsdpOptions;
 using distributed::FullyShardedDataParallel;
 using distributed::ShardingStrategy;
 using testing::world;
+using testing::world_group;
 
 // 12-wide, 3 blocks: parameter counts that 2, 3 and 4 do not all divide.
 models::ViTConfig tiny_vit() { return {"tiny_fsdp", 8, 4, 1, 5, 12, 3, 2, 2.0}; }
@@ -28,10 +29,6 @@ models::ViTConfig tiny_vit() { return {"tiny_fsdp", 8, 4, 1, 5, 12, 3, 2, 2.0}; 
 std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed) {
   Generator gen(seed);
   return std::make_shared<models::VisionTransformer>(tiny_vit(), true, &gen);
-}
-
-std::shared_ptr<distributed::ProcessGroup> group() {
-  return std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {});
 }
 
 struct Batch {
@@ -66,7 +63,7 @@ void expect_matches_one_process(ShardingStrategy sharding, int micro_batches) {
   const int64_t per_rank = 2, global = per_rank * n;
   auto reference = make_vit(9);
   // Ranks other than 0 start elsewhere: wrapping must broadcast rank 0's weights.
-  FullyShardedDataParallel fsdp(make_vit(rank == 0 ? 9 : 50 + rank), group(), FsdpOptions{.sharding = sharding});
+  FullyShardedDataParallel fsdp(make_vit(rank == 0 ? 9 : 50 + rank), world_group(), FsdpOptions{.sharding = sharding});
   // lr 1e-3: Adam turns last-bit differences of near-zero gradients into ~lr·ε moves (test_ddp.cpp).
   optim::AdamW ref_opt(reference->parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
   optim::AdamW opt(fsdp.parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
@@ -112,7 +109,7 @@ TEST(Fsdp, ShardsHoldOneNthOfEveryFlatParameterPlusPadding) {
   const int n = world().size();
   auto model = make_vit(3);
   const int64_t total = model->num_parameters();
-  FullyShardedDataParallel fsdp(model, group());
+  FullyShardedDataParallel fsdp(model, world_group());
   const auto flats = fsdp.flat_parameters();
   ASSERT_EQ(flats.size(), 1 + 3u) << "the root unit and one unit per TransformerBlock";
   EXPECT_EQ(flats[0].unit, "");
@@ -136,7 +133,7 @@ TEST(Fsdp, ShardsHoldOneNthOfEveryFlatParameterPlusPadding) {
 // root once (it stays gathered through the step), and every flat gradient reduce-scattered once.
 TEST(Fsdp, FullShardCommunicationMatchesTheory) {
   const int n = world().size(), rank = world().rank();
-  FullyShardedDataParallel fsdp(make_vit(4), group());
+  FullyShardedDataParallel fsdp(make_vit(4), world_group());
   const Batch all = global_batch(2 * n, 0);
   world().reset_counters();
   cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
@@ -152,7 +149,7 @@ TEST(Fsdp, FullShardCommunicationMatchesTheory) {
 TEST(Fsdp, SgdOnTheShardsMatchesOneProcess) {
   const int n = world().size(), rank = world().rank();
   auto reference = make_vit(13);
-  FullyShardedDataParallel fsdp(make_vit(13), group());
+  FullyShardedDataParallel fsdp(make_vit(13), world_group());
   optim::SGD ref_opt(reference->parameters(), 0.05, 0.9, 0.0, /*nesterov=*/true, 1e-4);
   optim::SGD opt(fsdp.parameters(), 0.05, 0.9, 0.0, /*nesterov=*/true, 1e-4);
   for (int step = 0; step < 5; ++step) {
@@ -176,7 +173,7 @@ TEST(Fsdp, Bf16GathersTrainLikeOneBf16Process) {
   std::vector<std::vector<double>> start;
   for (const auto& p : initial) start.push_back(p.second.to_vector<double>());
   reference->to(DType::bf16);
-  FullyShardedDataParallel fsdp(make_vit(14), group(), FsdpOptions{.compute_dtype = DType::bf16});
+  FullyShardedDataParallel fsdp(make_vit(14), world_group(), FsdpOptions{.compute_dtype = DType::bf16});
   optim::SGD ref_opt(reference->parameters(), 0.1);
   optim::SGD opt(fsdp.parameters(), 0.1);
   for (int step = 0; step < 3; ++step) {
@@ -212,7 +209,7 @@ TEST(Fsdp, LedgerHoldsSixteenBytesPerShardElementWithAdamW) {
   const int n = world().size(), rank = world().rank();
   auto model = make_vit(6);
   const int64_t total = model->num_parameters();
-  FullyShardedDataParallel fsdp(model, group());
+  FullyShardedDataParallel fsdp(model, world_group());
   optim::AdamW opt(fsdp.parameters(), 1e-3);
   const Batch all = global_batch(2 * n, 0);
   cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
@@ -247,7 +244,7 @@ TEST(Fsdp, GatheredMemoryStaysWithinAFewUnitsWhateverTheDepth) {
   Generator gen(15);
   auto model = std::make_shared<models::VisionTransformer>(models::ViTConfig{"deep_fsdp", 8, 4, 1, 5, 12, 6, 2, 2.0},
                                                            true, &gen);
-  FullyShardedDataParallel fsdp(model, group());
+  FullyShardedDataParallel fsdp(model, world_group());
   const Batch all = global_batch(2 * n, 0);
   cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
   int64_t root = 0, unit = 0;
@@ -270,7 +267,7 @@ TEST(Fsdp, GatheredMemoryStaysWithinAFewUnitsWhateverTheDepth) {
 TEST(Fsdp, TheFirstUnitsOfForwardAndOfBackwardArePrefetched) {
   const int n = world().size(), rank = world().rank();
   auto model = make_vit(16);
-  FullyShardedDataParallel fsdp(model, group());
+  FullyShardedDataParallel fsdp(model, world_group());
   std::vector<int> before_blocks, after_forward, after_backward;
   model->patch_embed->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor&) {
     before_blocks.push_back(fsdp.units_gathered());
@@ -308,7 +305,7 @@ TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {
     if (!p.requires_grad()) frozen.emplace_back(name, p.to_vector<double>());
   }
   ASSERT_FALSE(frozen.empty());
-  FullyShardedDataParallel fsdp(model, group());
+  FullyShardedDataParallel fsdp(model, world_group());
   std::vector<Tensor> trainable;
   for (const Tensor& p : reference->parameters()) {
     if (p.requires_grad()) trainable.push_back(p);

@@ -28,6 +28,7 @@ using distributed::FsdpOptions;
 using distributed::FullyShardedDataParallel;
 using distributed::ShardingStrategy;
 using testing::world;
+using testing::world_group;
 
 // 16 wide (the FP8 GEMM needs multiples of 16), 3 blocks. A block's four weights hold
 // 768 + 256 + 512 + 512 = 2048 elements: padded at N = 3, and cut mid-weight by the shards at every N.
@@ -36,10 +37,6 @@ models::ViTConfig fp8_vit() { return {"fp8_fsdp", 8, 4, 1, 5, 16, 3, 2, 2.0}; }
 std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed) {
   Generator gen(seed);
   return std::make_shared<models::VisionTransformer>(fp8_vit(), true, &gen);
-}
-
-std::shared_ptr<distributed::ProcessGroup> group() {
-  return std::shared_ptr<distributed::ProcessGroup>(&world(), [](auto*) {});
 }
 
 struct Batch {
@@ -87,7 +84,7 @@ Run train(FullyShardedDataParallel& fsdp, const nn::Fp8Recipe& recipe, int micro
       const Batch b = local_batch(step * micro_batches + m);
       Tensor loss;
       {
-        nn::Fp8Autocast fp8(true, recipe, distributed::fp8_amax_reducer(group()));
+        nn::Fp8Autocast fp8(true, recipe, distributed::fp8_amax_reducer(world_group()));
         loss = cross_entropy(fsdp(b.images), b.labels);
       }
       loss.backward();
@@ -103,8 +100,8 @@ Run train(FullyShardedDataParallel& fsdp, const nn::Fp8Recipe& recipe, int micro
 
 void expect_bit_for_bit_like_bf16_gathers(ShardingStrategy sharding, const nn::Fp8Recipe& recipe,
                                           int micro_batches = 1) {
-  FullyShardedDataParallel bf16(make_vit(21), group(), options(sharding, false));
-  FullyShardedDataParallel fp8(make_vit(21), group(), options(sharding, true));
+  FullyShardedDataParallel bf16(make_vit(21), world_group(), options(sharding, false));
+  FullyShardedDataParallel fp8(make_vit(21), world_group(), options(sharding, true));
   const auto a = bf16.flat_parameters(), b = fp8.flat_parameters();
   EXPECT_EQ(a.size(), b.size());
   int fp8_flats = 0;
@@ -162,11 +159,11 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
   int64_t gather[2] = {0, 0}, reduce[2] = {0, 0}, casts[2] = {0, 0};
   int64_t expected_fp8 = 0, expected_bf16 = 0, fp8_weights = 0;
   for (int use_fp8 = 0; use_fp8 < 2; ++use_fp8) {
-    FullyShardedDataParallel fsdp(make_vit(22), group(), options(ShardingStrategy::FullShard, use_fp8 == 1));
+    FullyShardedDataParallel fsdp(make_vit(22), world_group(), options(ShardingStrategy::FullShard, use_fp8 == 1));
     world().reset_counters();
     Tensor loss;
     {
-      nn::Fp8Autocast fp8(true, nn::DelayedScaling{}, distributed::fp8_amax_reducer(group()));
+      nn::Fp8Autocast fp8(true, nn::DelayedScaling{}, distributed::fp8_amax_reducer(world_group()));
       loss = cross_entropy(fsdp(b.images), b.labels);
     }
     loss.backward();
@@ -198,7 +195,7 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
 // gathered. Evaluation outside the scope gathers it as usual. Afterwards nothing stays gathered.
 TEST(FsdpFp8, TheBf16WeightIsNeverGatheredInAnFp8Pass) {
   auto model = make_vit(23);
-  FullyShardedDataParallel fsdp(model, group(), options(ShardingStrategy::FullShard, true));
+  FullyShardedDataParallel fsdp(model, world_group(), options(ShardingStrategy::FullShard, true));
   std::shared_ptr<nn::Linear> found;
   for (const auto& [name, m] : model->named_modules()) {
     if (name == "blocks.1.mlp.fc1") found = std::dynamic_pointer_cast<nn::Linear>(m);
@@ -212,7 +209,7 @@ TEST(FsdpFp8, TheBf16WeightIsNeverGatheredInAnFp8Pass) {
   });
   const Batch b = local_batch(0);
   {
-    nn::Fp8Autocast fp8(true, nn::CurrentScaling{}, distributed::fp8_amax_reducer(group()));
+    nn::Fp8Autocast fp8(true, nn::CurrentScaling{}, distributed::fp8_amax_reducer(world_group()));
     cross_entropy(fsdp(b.images), b.labels).backward();
   }
   {

@@ -5,14 +5,18 @@
 // on the device's compute stream (core/cuda_stream.h), so a free is stream-ordered and cheap and
 // a block freed by one step is handed straight back to the next. The pool's release threshold is
 // set to "never", so memory stays reserved between steps instead of going back to the driver at
-// every synchronisation. In a CPU-only build each call throws an Error that says how to get a
-// CUDA build; the statistics are all zero.
+// every synchronisation. A device without memory pools (cudaDevAttrMemoryPoolsSupported is 0), or
+// any device when the environment sets OCTET_NO_CUDA_MEMORY_POOL=1, uses cudaMalloc and cudaFree
+// instead: no caching, and each free waits for the device (the statistics still hold, with
+// reserved = in use). In a CPU-only build each call throws an Error that says how to get a CUDA
+// build; the statistics are all zero.
 #include <cstddef>
 #include "core/device.h"
 
 namespace octet::cuda_memory {
 
 void* allocate(size_t nbytes, int device_index);
+// Never throws (it runs in destructors): a block the driver refuses to free is logged and left.
 void release(void* ptr, size_t nbytes, int device_index) noexcept;
 // Copies between host and device or device and device on the device's current stream. A copy
 // with a host side waits for the copy to finish (the host side may be pageable memory that the

@@ -42,6 +42,14 @@ cudaStream_t current_stream(int device_index) {
   return s != nullptr ? s : compute_stream(device_index);
 }
 
+cudaStream_t launch_stream(int device_index) {
+  check_index(device_index);
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device_index) check(cudaSetDevice(device_index), "cudaSetDevice");
+  return current_stream(device_index);
+}
+
 void synchronize(int device_index) {
   check(cudaStreamSynchronize(current_stream(device_index)), "cudaStreamSynchronize");
 }

@@ -18,6 +18,12 @@ void check(cudaError_t status, const char* what);
 cudaStream_t current_stream(int device_index);
 // The device's compute stream, whatever the calling thread's current stream is.
 cudaStream_t compute_stream(int device_index);
+// For a kernel launch: makes `device_index` the calling thread's current device and returns its
+// current stream. CUDA refuses a launch on a stream of a device other than the current one, and
+// an allocation or handle made next would land on the wrong device. The device stays current
+// after the call, as cudaSetDevice leaves it, so every launch of an op goes to its tensors' device;
+// code that must give the previous device back holds a DeviceGuard around the op.
+cudaStream_t launch_stream(int device_index);
 // Waits until everything queued on the device's current stream has run.
 void synchronize(int device_index);
 

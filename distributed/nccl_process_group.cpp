@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -30,11 +31,8 @@
 #include "core/log.h"
 #include "core/trace.h"
 #include "distributed/launch.h"
-
-// ncclAvg and ncclBfloat16 arrived in NCCL 2.10.
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
-#error "Octet needs NCCL 2.10 or newer (ncclAvg, ncclBfloat16); install a newer libnccl-dev"
-#endif
+#include "distributed/nccl_reduction.h"
+#include "kernels/cuda/elementwise_cuda.h"
 
 namespace octet::distributed {
 namespace {
@@ -80,31 +78,6 @@ int world_size() {
   int size = 1;
   if (mpi_initialized()) MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    // NCCL scales each float input by float(1/N) before summing (bf16: 1/N rounded to bf16), and
-    // sums integers before dividing by N.
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-  }
-  OCTET_FAIL("NcclProcessGroup: unknown reduce op ", static_cast<int>(op));
-}
-
-// The element type NCCL reduces in. ProcessGroup has already refused other dtypes (FP8 among
-// them: reducing 2-3 significant bits rank by rank loses the gradient); this is the last guard.
-ncclDataType_t reduction_type(const char* op, const Tensor& t) {
-  switch (t.dtype()) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i64: return ncclInt64;
-    default:
-      OCTET_FAIL(op, ": NCCL cannot reduce ", t.describe(), "; reductions take f32, f64, bf16, f16 or i64");
-  }
 }
 
 std::string bytes_of(const Tensor& t) { return format_bytes(static_cast<double>(t.nbytes())); }
@@ -366,11 +339,15 @@ struct NcclProcessGroup::State {
   }
 
   using NcclCall = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+  // Work queued on the communication stream right after the NCCL call, inside the collective's
+  // events (the division of a bf16/f16 average).
+  using Epilogue = std::function<void(cudaStream_t)>;
 
-  // Queues `call` on the communication stream after the caller's queued work (see the top of the
-  // file). `tensors` stay alive as long as the Work; `host_waits` makes Work::wait() block the host.
+  // Queues `call` (then `epilogue`, if any) on the communication stream after the caller's queued
+  // work (see the top of the file). `tensors` stay alive as long as the Work; `host_waits` makes
+  // Work::wait() block the host.
   WorkHandle launch(std::string what, const char* call_name, std::vector<Tensor> tensors, bool host_waits,
-                    const NcclCall& call) {
+                    const NcclCall& call, const Epilogue& epilogue = nullptr) {
     std::lock_guard lock(issue_mutex);
     OCTET_CHECK(!comm->is_aborted(), what, " on rank ", comm->rank,
                 ": this NCCL process group was aborted (abort(), an NCCL error or a timeout) and runs no more "
@@ -390,11 +367,23 @@ struct NcclProcessGroup::State {
     inputs_ready->wait_on(comm->stream);
     if (started) started->record(comm->stream);
     check_nccl(call(comm->comm, comm->stream), call_name, comm->comm, comm->rank);
+    // The collective is queued: its end is recorded and its tensors held even if the epilogue
+    // fails (then the Work, dropped as the error leaves, orders the compute stream after it).
+    std::exception_ptr epilogue_failed;
+    if (epilogue) {
+      try {
+        epilogue(comm->stream);
+      } catch (...) {
+        epilogue_failed = std::current_exception();
+      }
+    }
     done->record(comm->stream);
 
     if (tracing) defer_trace_span(what, std::move(clock), std::move(started), done);
     watchdog->watch(done, what);
-    return std::make_shared<NcclWork>(comm, std::move(what), std::move(tensors), std::move(done), host_waits);
+    auto work = std::make_shared<NcclWork>(comm, std::move(what), std::move(tensors), std::move(done), host_waits);
+    if (epilogue_failed) std::rethrow_exception(epilogue_failed);
+    return work;
   }
 
   // The current clock anchor, taking a new one when there is none or it has grown old. The event
@@ -475,26 +464,45 @@ NcclProcessGroup::~NcclProcessGroup() = default;
 
 void NcclProcessGroup::abort() { state_->comm->abort(); }
 
+namespace {
+
+// The average's division after NCCL's sum (distributed/nccl_reduction.h): `t` /= the world size on
+// the communication stream, in f32 with one rounding; null when NCCL computes the whole reduction.
+NcclProcessGroup::State::Epilogue division_after_sum(const NcclReduction& reduction, const Tensor& t, int world) {
+  if (!reduction.divide_by_world_size) return nullptr;
+  return [t, world](cudaStream_t stream) {
+    cuda::StreamGuard on_comm_stream(t.device().index, stream);
+    kernels::cuda::div_scalar_(t, static_cast<double>(world));
+  };
+}
+
+}  // namespace
+
 WorkHandle NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
-  const ncclDataType_t type = reduction_type("all_reduce", tensor);
+  const NcclReduction reduction = nccl_reduction(op, tensor.dtype(), "all_reduce");
   void* data = tensor.data_ptr();
   const size_t count = static_cast<size_t>(tensor.numel());
-  return state_->launch(fmt::format("all_reduce({}) of {}", reduce_op_name(op), bytes_of(tensor)), "ncclAllReduce",
-                        {tensor}, /*host_waits=*/false, [&](ncclComm_t comm, cudaStream_t stream) {
-                          return ncclAllReduce(data, data, count, type, nccl_op(op), comm, stream);
-                        });
+  return state_->launch(
+      fmt::format("all_reduce({}) of {}", reduce_op_name(op), bytes_of(tensor)), "ncclAllReduce", {tensor},
+      /*host_waits=*/false,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(data, data, count, reduction.type, reduction.op, comm, stream);
+      },
+      division_after_sum(reduction, tensor, size()));
 }
 
 WorkHandle NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
-  const ncclDataType_t type = reduction_type("reduce_scatter", input);
+  const NcclReduction reduction = nccl_reduction(op, input.dtype(), "reduce_scatter");
   const void* send = input.data_ptr();
   void* receive = output.data_ptr();
   const size_t receive_count = static_cast<size_t>(output.numel());
-  return state_->launch(fmt::format("reduce_scatter({}) of {}", reduce_op_name(op), bytes_of(input)),
-                        "ncclReduceScatter", {output, input}, /*host_waits=*/false,
-                        [&](ncclComm_t comm, cudaStream_t stream) {
-                          return ncclReduceScatter(send, receive, receive_count, type, nccl_op(op), comm, stream);
-                        });
+  return state_->launch(
+      fmt::format("reduce_scatter({}) of {}", reduce_op_name(op), bytes_of(input)), "ncclReduceScatter",
+      {output, input}, /*host_waits=*/false,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclReduceScatter(send, receive, receive_count, reduction.type, reduction.op, comm, stream);
+      },
+      division_after_sum(reduction, output, size()));
 }
 
 // Gathers and broadcasts combine nothing, so they move raw bytes (ncclUint8, count in bytes): one

@@ -12,6 +12,10 @@
 // compute stream wait for it: the allocator's pool is ordered on the compute stream, so memory freed
 // earlier could be reused while NCCL still reads it.
 //
+// Reductions: what NCCL is asked for per ReduceOp and dtype is distributed/nccl_reduction.h; a bf16
+// or f16 average is NCCL's sum divided by the world size on the communication stream, inside the
+// collective's events.
+//
 // Errors: a failed NCCL call throws naming the call and ncclGetErrorString; abort() runs
 // ncclCommAbort so that no rank stays blocked in a collective when the job ends.
 #include <memory>

@@ -70,8 +70,10 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
 }
 
-// The stream a tensor's work goes on (core/cuda_stream.h), with the device made current.
-inline cudaStream_t stream_for(const Tensor& t) { return octet::cuda::current_stream(t.device().index); }
+// The stream a tensor's work goes on, with the tensor's device made current (and left current:
+// octet::cuda::launch_stream in core/cuda_stream.h), so a launch for cuda:1 never goes out while
+// cuda:0 is current.
+inline cudaStream_t stream_for(const Tensor& t) { return octet::cuda::launch_stream(t.device().index); }
 
 // Throws when the last launch failed (bad configuration, or an earlier asynchronous fault).
 inline void check_launch(const char* op) { octet::cuda::check(cudaGetLastError(), op); }

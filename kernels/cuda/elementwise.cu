@@ -1,5 +1,6 @@
 // CUDA elementwise kernels: binary ops with NumPy broadcasting, unary and scalar ops, in-place
 // accumulation, and the raw-element broadcast copy. See elementwise_cuda.h for precision rules.
+#include <climits>
 #include <initializer_list>
 #include <type_traits>
 #include <vector>
@@ -16,6 +17,14 @@ using cpu::ScalarOp;
 using cpu::UnaryOp;
 
 constexpr int kMaxDims = 8;
+
+// The broadcast kernels count in uint32_t (cheaper divisions) up to this many elements, and in
+// uint64_t above. Both i < n and i + the grid stride must fit 32 bits: blocks_for caps the grid at
+// 65535·8 blocks of 256 threads (2^27 threads), so with n above 2^32 - 2^27 a thread's last step
+// wrapped past 2^32 to a small index below n and the loop went round again (at n = 2^32 - 2^20,
+// some 32,000 passes over the same elements instead of 32). Below 2^31 the sum stays under
+// 2^31 + 2^27.
+constexpr int64_t kMax32BitElements = INT32_MAX;
 
 // ---- compute type ---------------------------------------------------------------------------------
 // Floating storage computes in float; integers in their own type.
@@ -142,8 +151,8 @@ decltype(auto) dispatch_arith(DType dtype, const char* op, bool integers, F&& f)
 // ---- broadcasting geometry -------------------------------------------------------------------------
 // Element strides of kOps operands read as the output's shape (0 along broadcast dims), with
 // size-1 dims dropped and neighbouring dims merged wherever every operand continues contiguously,
-// so a bias add [B, S, C] + [C] walks 2 dims. Index is uint32_t whenever the output fits, which
-// makes the per-element divisions cheap.
+// so a bias add [B, S, C] + [C] walks 2 dims. Index is uint32_t while the output has at most
+// kMax32BitElements elements, which makes the per-element divisions cheap.
 template <class Index, int kOps>
 struct StridedIndex {
   int ndim = 0;
@@ -319,7 +328,7 @@ void launch_binary(const Tensor& a, const Tensor& b, const Tensor& out, Op op, c
     const bool vec = all_aligned16({a.data_ptr(), b.data_ptr(), out.data_ptr()});
     const int64_t items = vec ? n / Pack<T>::N + n % Pack<T>::N : n;
     binary_same_shape<T, Op><<<blocks_for(items), kThreads, 0, stream>>>(ptr<T>(a), ptr<T>(b), ptr<T>(out), n, vec, op);
-  } else if (n <= static_cast<int64_t>(UINT32_MAX)) {
+  } else if (n <= kMax32BitElements) {
     const Shape* const operands[2] = {&a.shape(), &b.shape()};
     const auto index = strided_index<uint32_t, 2>(out.shape(), operands, name);
     binary_broadcast<T, Op, uint32_t><<<blocks_for(n), kThreads, 0, stream>>>(ptr<T>(a), ptr<T>(b), ptr<T>(out),
@@ -340,7 +349,7 @@ void launch_broadcast_copy(const Tensor& a, const Tensor& out) {
   cudaStream_t stream = stream_for(out);
   const E* src = static_cast<const E*>(a.data_ptr());
   E* dst = static_cast<E*>(out.data_ptr());
-  if (n <= static_cast<int64_t>(UINT32_MAX)) {
+  if (n <= kMax32BitElements) {
     const auto index = strided_index<uint32_t, 1>(out.shape(), operands, "broadcast_to");
     broadcast_gather<E, uint32_t><<<blocks_for(n), kThreads, 0, stream>>>(src, dst, static_cast<uint32_t>(n), index);
   } else {
@@ -444,6 +453,14 @@ Tensor broadcast_to(const Tensor& a, const Shape& shape) {
     default: OCTET_FAIL("broadcast_to: no CUDA copy for ", a.element_size(), "-byte elements (", a.describe(), ")");
   }
   return out;
+}
+
+void div_scalar_(const Tensor& dst, double divisor) {
+  dispatch_arith(dst.dtype(), "div_scalar_", /*integers=*/false, [&]<class T>() {
+    if constexpr (std::is_same_v<Compute<T>, float>) {
+      launch_map<T>(dst, dst, WithScalar<Div, float, false>{Div{}, static_cast<float>(divisor)}, "div_scalar_");
+    }
+  });
 }
 
 void mul_scalar_(const Tensor& dst, double s) {

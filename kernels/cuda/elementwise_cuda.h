@@ -23,5 +23,10 @@ Tensor broadcast_to(const Tensor& a, const Shape& shape);
 void add_(const Tensor& dst, const Tensor& src, double alpha);
 // dst *= s in place.
 void mul_scalar_(const Tensor& dst, double s);
+// dst /= divisor in place, for f32, bf16 and f16: each element is divided by float(divisor) in f32
+// (correctly rounded) and rounded once to dst's dtype. Unlike mul_scalar_(dst, 1 / divisor), whose
+// factor is already rounded, this gives every bf16 and f16 value its correctly rounded quotient for
+// divisors up to 4096, f16 subnormal ties included (the average after a sum: NCCL's all-reduce).
+void div_scalar_(const Tensor& dst, double divisor);
 
 }  // namespace octet::kernels::cuda

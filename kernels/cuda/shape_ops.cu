@@ -6,6 +6,7 @@
 // run stays contiguous, such as the ViT's [B, S, 3, H, D] -> [3, B, H, S, D] and [B, H, S, D] ->
 // [B, S, H, D], copies whole 16-byte pieces of each run when its byte length and the pointers allow.
 #include <algorithm>
+#include <climits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -18,6 +19,14 @@ namespace {
 constexpr int kMaxDims = 8;
 constexpr int kTile = 32;      // transpose tile side
 constexpr int kTileRows = 8;   // threads along a tile's second side
+
+// The grid-stride loops count in uint32_t (cheaper divisions) up to this many units, and in
+// uint64_t above. Both i < n and i + the grid stride must fit 32 bits: blocks_for caps the grid at
+// 65535·8 blocks of 256 threads (2^27 threads), so with n above 2^32 - 2^27 a thread's last step
+// wrapped past 2^32 to a small index below n and the loop went round again (at n = 2^32 - 2^20,
+// some 32,000 passes over the same elements instead of 32). Below 2^31 the sum stays under
+// 2^31 + 2^27.
+constexpr int64_t kMax32BitUnits = INT32_MAX;
 
 // The widest unit (16, 8, 4, 2 or 1 bytes, at least `elem`) dividing every length and address given.
 size_t widest_unit(size_t elem, std::initializer_list<int64_t> lengths, std::initializer_list<const void*> ptrs) {
@@ -128,7 +137,7 @@ void launch_gather(const void* in, void* out, const Walk& w, int64_t n, cudaStre
     gather_units<U, Index><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const U*>(in), static_cast<U*>(out),
                                                                   static_cast<Index>(n), g);
   };
-  if (n <= static_cast<int64_t>(UINT32_MAX)) launch.template operator()<uint32_t>();
+  if (n <= kMax32BitUnits) launch.template operator()<uint32_t>();
   else launch.template operator()<uint64_t>();
 }
 
@@ -191,7 +200,7 @@ void permute(Device device, const void* in, void* out, const Shape& in_shape, co
              size_t elem) {
   const int64_t numel = in_shape.numel();
   if (numel == 0) return;
-  cudaStream_t stream = octet::cuda::current_stream(device.index);
+  cudaStream_t stream = octet::cuda::launch_stream(device.index);
   Walk w = simplify_permute(in_shape, dims);
   if (w.extent.size() <= 1) {  // an identity on memory
     octet::cuda::check(cudaMemcpyAsync(out, in, static_cast<size_t>(numel) * elem, cudaMemcpyDeviceToDevice, stream),
@@ -253,7 +262,7 @@ void permute(Device device, const void* in, void* out, const Shape& in_shape, co
 void copy_rows(Device device, const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows,
                int64_t row_bytes) {
   if (rows == 0 || row_bytes == 0) return;
-  cudaStream_t stream = octet::cuda::current_stream(device.index);
+  cudaStream_t stream = octet::cuda::launch_stream(device.index);
   if ((src_stride == row_bytes && dst_stride == row_bytes) || rows == 1) {  // one block on both sides
     octet::cuda::check(cudaMemcpyAsync(dst, src, static_cast<size_t>(rows * row_bytes), cudaMemcpyDeviceToDevice, stream),
                        "copy_rows (cudaMemcpyAsync)");
@@ -268,9 +277,9 @@ void copy_rows(Device device, const void* src, int64_t src_stride, void* dst, in
           static_cast<const U*>(src), static_cast<Index>(src_stride / u), static_cast<U*>(dst),
           static_cast<Index>(dst_stride / u), static_cast<Index>(row_bytes / u), static_cast<Index>(n));
     };
-    // Offsets reach rows·stride, which can exceed n when the strides are wide.
+    // Offsets reach rows·stride, which can exceed n when the strides are wide (and n <= reach).
     const int64_t reach = rows * std::max(src_stride, dst_stride) / u;
-    if (reach <= static_cast<int64_t>(UINT32_MAX)) launch.template operator()<uint32_t>();
+    if (reach <= kMax32BitUnits) launch.template operator()<uint32_t>();
     else launch.template operator()<uint64_t>();
   });
   octet::cuda::check(cudaGetLastError(), "copy_rows (kernel launch)");
@@ -279,7 +288,7 @@ void copy_rows(Device device, const void* src, int64_t src_stride, void* dst, in
 void place_band(Device device, const void* src, int64_t rows, int64_t row_bytes, int64_t band_begin, int64_t band_bytes,
                 void* dst) {
   if (rows * row_bytes == 0) return;
-  cudaStream_t stream = octet::cuda::current_stream(device.index);
+  cudaStream_t stream = octet::cuda::launch_stream(device.index);
   const size_t unit = widest_unit(1, {row_bytes, band_begin, band_bytes}, {src, dst});
   const auto u = static_cast<int64_t>(unit);
   const int64_t n = rows * row_bytes / u;
@@ -289,7 +298,7 @@ void place_band(Device device, const void* src, int64_t rows, int64_t row_bytes,
           static_cast<const U*>(src), static_cast<U*>(dst), static_cast<Index>(row_bytes / u),
           static_cast<Index>(band_begin / u), static_cast<Index>(band_bytes / u), static_cast<Index>(n));
     };
-    if (n <= static_cast<int64_t>(UINT32_MAX)) launch.template operator()<uint32_t>();
+    if (n <= kMax32BitUnits) launch.template operator()<uint32_t>();
     else launch.template operator()<uint64_t>();
   });
   octet::cuda::check(cudaGetLastError(), "slice_backward (kernel launch)");
@@ -300,7 +309,7 @@ void gather_rows(Device device, const void* x, void* out, int64_t outer, int64_t
   const int64_t n = static_cast<int64_t>(indices.size());
   if (outer * n * inner == 0) return;
   const Tensor idx = from_vector(indices, {n}, DType::i64, device);
-  cudaStream_t stream = octet::cuda::current_stream(device.index);
+  cudaStream_t stream = octet::cuda::launch_stream(device.index);
   const int64_t row_bytes = inner * static_cast<int64_t>(elem);
   const size_t unit = widest_unit(elem, {row_bytes}, {x, out});
   const int64_t inner_units = row_bytes / static_cast<int64_t>(unit), total = outer * n * inner_units;

@@ -1,0 +1,135 @@
+// What NcclProcessGroup asks NCCL for (distributed/nccl_reduction.h), checked on the host for every
+// ReduceOp and dtype: at world size 1 each reduction returns its input, so the GPU tests there cannot
+// tell a wrong operation or element type. And the rule behind the bf16/f16 average: sum, then divide
+// by N in f32 and round once, which gives the correctly rounded quotient, where NCCL's own average
+// (inputs scaled by 1/N rounded to the dtype) is biased.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/float_formats.h"
+#include "distributed/nccl_reduction.h"
+#include "tests/testing.h"
+
+namespace octet::distributed {
+namespace {
+
+struct Expected {
+  ReduceOp op;
+  DType dtype;
+  ncclRedOp_t nccl_op;
+  ncclDataType_t nccl_type;
+  bool divide;
+};
+
+TEST(NcclMapping, EveryReducibleOpAndDtypeMapsToItsNcclCall) {
+  const std::vector<Expected> table = {
+      {ReduceOp::Sum, DType::f32, ncclSum, ncclFloat32, false},
+      {ReduceOp::Avg, DType::f32, ncclAvg, ncclFloat32, false},
+      {ReduceOp::Max, DType::f32, ncclMax, ncclFloat32, false},
+      {ReduceOp::Sum, DType::f64, ncclSum, ncclFloat64, false},
+      {ReduceOp::Avg, DType::f64, ncclAvg, ncclFloat64, false},
+      {ReduceOp::Max, DType::f64, ncclMax, ncclFloat64, false},
+      {ReduceOp::Sum, DType::bf16, ncclSum, ncclBfloat16, false},
+      {ReduceOp::Avg, DType::bf16, ncclSum, ncclBfloat16, true},
+      {ReduceOp::Max, DType::bf16, ncclMax, ncclBfloat16, false},
+      {ReduceOp::Sum, DType::f16, ncclSum, ncclFloat16, false},
+      {ReduceOp::Avg, DType::f16, ncclSum, ncclFloat16, true},
+      {ReduceOp::Max, DType::f16, ncclMax, ncclFloat16, false},
+      {ReduceOp::Sum, DType::i64, ncclSum, ncclInt64, false},
+      {ReduceOp::Max, DType::i64, ncclMax, ncclInt64, false},
+  };
+  for (const Expected& e : table) {
+    const NcclReduction r = nccl_reduction(e.op, e.dtype, "all_reduce");
+    const std::string what = std::string(reduce_op_name(e.op)) + " of " + dtype_name(e.dtype);
+    EXPECT_EQ(r.op, e.nccl_op) << what;
+    EXPECT_EQ(r.type, e.nccl_type) << what;
+    EXPECT_EQ(r.divide_by_world_size, e.divide) << what;
+  }
+}
+
+TEST(NcclMapping, DtypesNcclDoesNotReduceAreRefusedForEveryOp) {
+  for (DType d : {DType::e4m3, DType::e5m2, DType::i32, DType::u8}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+      EXPECT_TRUE(testing::throws_with([&] { nccl_reduction(op, d, "reduce_scatter"); },
+                                       {"reduce_scatter", dtype_name(d), "f32, f64, bf16, f16 or i64"}))
+          << reduce_op_name(op) << " of " << dtype_name(d);
+    }
+  }
+  EXPECT_TRUE(testing::throws_with([] { nccl_reduction(ReduceOp::Avg, DType::i64, "all_reduce"); },
+                                   {"all_reduce", "cannot average", "i64"}));
+}
+
+// The division the group runs after NCCL's sum (kernels::cuda::div_scalar_): x / float(N) in f32,
+// rounded once to the dtype.
+uint16_t divided(uint16_t bits, DType d, int n) {
+  if (d == DType::bf16) return float_to_bf16_bits(bf16_bits_to_float(bits) / static_cast<float>(n));
+  return float_to_f16_bits(f16_bits_to_float(bits) / static_cast<float>(n));
+}
+double value_of(uint16_t bits, DType d) {
+  return d == DType::bf16 ? bf16_bits_to_float(bits) : f16_bits_to_float(bits);
+}
+uint16_t rounded(double x, DType d) { return d == DType::bf16 ? double_to_bf16_bits(x) : double_to_f16_bits(x); }
+
+// Every finite bf16 and f16 value and world sizes up to 256 (up to 4096 holds too, at 16 times the
+// time): the division gives the quotient rounded once from float64, subnormal ties of f16 included.
+// Multiplying by 1/N rounded to f32 instead misses some f16 ties (x = 0x1.6cp-18, N = 14).
+TEST(NcclMapping, DivisionAfterTheSumRoundsTheExactQuotientOnce) {
+  for (DType d : {DType::bf16, DType::f16}) {
+    int64_t wrong = 0;
+    for (int n = 1; n <= 256; ++n) {
+      for (uint32_t bits = 0; bits < 65536; ++bits) {
+        const double x = value_of(static_cast<uint16_t>(bits), d);
+        if (!std::isfinite(x)) continue;
+        const uint16_t want = rounded(x / n, d);
+        const uint16_t got = divided(static_cast<uint16_t>(bits), d, n);
+        if (got != want && wrong++ < 5) {
+          ADD_FAILURE() << dtype_name(d) << " " << x << " / " << n << ": got " << value_of(got, d) << ", want "
+                        << value_of(want, d);
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << dtype_name(d);
+  }
+  const uint16_t tie = float_to_f16_bits(0x1.6cp-18f);
+  EXPECT_EQ(divided(tie, DType::f16, 14), rounded(0x1.6cp-18 / 14, DType::f16));
+  EXPECT_NE(float_to_f16_bits(f16_bits_to_float(tie) * static_cast<float>(1.0 / 14)), rounded(0x1.6cp-18 / 14, DType::f16));
+}
+
+// Why bf16 does not use ncclAvg: the mean of N random bf16 values per element, as NCCL's average
+// computes it (each input times bf16(1/N), rounded to bf16, then summed) and as the group computes it
+// (summed, then divided in f32), against the float64 mean. Summation order and its roundings are
+// the same in both, so the difference is the scaling alone: for N = 3 bf16(1/3) is 0.2% high.
+TEST(NcclMapping, SumThenDivideHasNoBiasWhereNcclsBf16AverageHas) {
+  for (int n : {3, 5, 6, 7}) {
+    const std::vector<double> x = testing::random_tensor({n, 4096}, DType::bf16, 500 + n).to_vector<double>();
+    const float factor = bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(1.0 / n)));
+    double bias_nccl_avg = 0, bias_divided = 0, scale = 0;
+    for (int64_t j = 0; j < 4096; ++j) {
+      double mean = 0;
+      float sum = 0, scaled_sum = 0;
+      for (int r = 0; r < n; ++r) {
+        const float v = static_cast<float>(x[static_cast<size_t>(r * 4096 + j)]);
+        mean += v;
+        sum = bf16_bits_to_float(float_to_bf16_bits(sum + v));
+        const float scaled = bf16_bits_to_float(float_to_bf16_bits(v * factor));
+        scaled_sum = bf16_bits_to_float(float_to_bf16_bits(scaled_sum + scaled));
+      }
+      mean /= n;
+      const double ours = bf16_bits_to_float(divided(float_to_bf16_bits(sum), DType::bf16, n));
+      const double sign = mean < 0 ? -1.0 : 1.0;  // errors measured towards larger magnitude
+      bias_nccl_avg += (scaled_sum - mean) * sign;
+      bias_divided += (ours - mean) * sign;
+      scale += std::abs(mean);
+    }
+    // The mean signed error relative to the mean magnitude: rounding to nearest even averages out
+    // (about 1e-4 at most here), a scale that is off does not (bf16(1/N) is 0.1% to 0.2% off).
+    EXPECT_LT(std::abs(bias_divided / scale), 3e-4) << "N = " << n;
+    EXPECT_GT(std::abs(bias_nccl_avg / scale), 8e-4) << "N = " << n;
+  }
+}
+
+}  // namespace
+}  // namespace octet::distributed

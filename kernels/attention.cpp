@@ -2,11 +2,13 @@
 //   CPU: unfused, widening low-precision inputs to the compute type (f32, or f64 for f64) and
 //        rounding the results back to q's dtype once.
 //   CUDA: cuDNN's fused kernels when they take the inputs (bf16/f16, head dim <= 128 and a multiple
-//        of 8) and cuDNN builds a plan for the shape; otherwise the unfused GPU kernels, with a
-//        warning logged once per reason. OCTET_DISABLE_CUDNN_ATTENTION=1 forces the unfused path
-//        (tests, A/B timing).
+//        of 8) and cuDNN builds a plan for the shape; otherwise the unfused GPU kernels, with one
+//        warning per process ("attention: no fused cuDNN plan ..."), or an error under
+//        OCTET_REQUIRE_FUSED_ATTENTION=1. OCTET_DISABLE_CUDNN_ATTENTION=1 forces the unfused path
+//        (tests, A/B timing). Every GPU call is counted by the path it took (attention_path_counts).
 #include "kernels/attention.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -15,7 +17,6 @@
 
 #if OCTET_HAS_CUDA
 #include <mutex>
-#include <set>
 
 #include "core/log.h"
 #include "kernels/cuda/attention_cuda.h"
@@ -24,6 +25,14 @@
 namespace octet::kernels {
 
 namespace {
+
+struct PathCounters {
+  std::atomic<int64_t> fused_forward{0}, fused_backward{0}, unfused_forward{0}, unfused_backward{0};
+};
+PathCounters& path_counters() {
+  static PathCounters counters;
+  return counters;
+}
 
 std::string describe_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   return "q: " + q.describe() + ", k: " + k.describe() + ", v: " + v.describe();
@@ -45,30 +54,62 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
 }
 
 #if OCTET_HAS_CUDA
+bool env_is_one(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string(value) == "1";
+}
+
 // Why the fused cuDNN path is not taken for these inputs, or "" when it may be.
 std::string fused_attention_refusal(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const char* disabled = std::getenv("OCTET_DISABLE_CUDNN_ATTENTION");
-  if (disabled != nullptr && std::string(disabled) == "1") return "OCTET_DISABLE_CUDNN_ATTENTION=1";
+  if (env_is_one("OCTET_DISABLE_CUDNN_ATTENTION")) return "OCTET_DISABLE_CUDNN_ATTENTION=1 forces the unfused path";
   return cuda::cudnn_attention_unsupported_reason(q, k, v);
 }
 
-// Logs each distinct reason for running the unfused GPU path once per process.
-void warn_unfused_once(const char* op, const std::string& why) {
-  static std::mutex mutex;
-  static std::set<std::string> warned;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (warned.insert(why).second) {
-    logging::warn("{}: cuDNN fused attention not used ({}); running the unfused GPU kernels", op, why);
+// "9.19.0 (cudnnGetVersion() = 91900)": cuDNN 9 numbers its releases major·10000 + minor·100 + patch.
+std::string cudnn_version_text() {
+  const size_t v = cuda::cudnn_version();
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+         " (cudnnGetVersion() = " + std::to_string(v) + ")";
+}
+
+// The fixed start "attention: no fused cuDNN plan" is what scripts grep logs for: keep it.
+std::string no_fused_plan_text(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const std::string& why) {
+  return std::string("attention: no fused cuDNN plan for ") + op + " (" + describe_qkv(q, k, v) + ", dtype " +
+         dtype_name(q.dtype()) + ", cuDNN " + cudnn_version_text() + "): " + why;
+}
+
+// Called where the unfused GPU kernels are about to run: throws under OCTET_REQUIRE_FUSED_ATTENTION=1,
+// else warns the first time in the process, and counts the call.
+void take_unfused_path(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const std::string& why,
+                       std::atomic<int64_t>& counter) {
+  if (env_is_one("OCTET_REQUIRE_FUSED_ATTENTION")) {
+    OCTET_FAIL(no_fused_plan_text(op, q, k, v, why),
+               ". OCTET_REQUIRE_FUSED_ATTENTION=1 forbids the unfused GPU kernels. cuDNN's fused attention needs "
+               "bf16 or f16 q, k and v, a head dim up to 128 that is a multiple of 8, 16-byte aligned tensors, "
+               "OCTET_DISABLE_CUDNN_ATTENTION unset, and a cuDNN with an engine for this graph on this GPU (9.10.2 or "
+               "newer; 9.15.1 or newer for the backward when Sk is not a multiple of 128): change what the reason "
+               "names, or unset OCTET_REQUIRE_FUSED_ATTENTION to accept the unfused kernels");
   }
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    logging::warn("{}; running the unfused GPU kernels instead (slower, and more memory for long sequences). "
+                  "Logged once per process; OCTET_REQUIRE_FUSED_ATTENTION=1 makes it an error",
+                  no_fused_plan_text(op, q, k, v, why));
+  });
+  counter.fetch_add(1, std::memory_order_relaxed);
 }
 
 AttentionOutput attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   constexpr const char* op = "attention_forward";
   std::string why = fused_attention_refusal(q, k, v);
   if (why.empty()) {
-    if (auto fused = cuda::cudnn_attention_forward(q, k, v, scale, why)) return *fused;
+    if (auto fused = cuda::cudnn_attention_forward(q, k, v, scale, why)) {
+      path_counters().fused_forward.fetch_add(1, std::memory_order_relaxed);
+      return *fused;
+    }
   }
-  warn_unfused_once(op, why);
+  take_unfused_path(op, q, k, v, why, path_counters().unfused_forward);
   return cuda::unfused_attention_forward(q, k, v, scale);
 }
 
@@ -79,14 +120,22 @@ AttentionGrads attention_backward_cuda(const Tensor& dout, const Tensor& q, cons
   const Tensor dout_q = dout.detach().to(q.dtype()), out_q = out.detach().to(q.dtype());
   std::string why = fused_attention_refusal(q, k, v);
   if (why.empty()) {
-    if (auto fused = cuda::cudnn_attention_backward(dout_q, q, k, v, out_q, lse, scale, why)) return *fused;
+    if (auto fused = cuda::cudnn_attention_backward(dout_q, q, k, v, out_q, lse, scale, why)) {
+      path_counters().fused_backward.fetch_add(1, std::memory_order_relaxed);
+      return *fused;
+    }
   }
-  warn_unfused_once(op, why);
+  take_unfused_path(op, q, k, v, why, path_counters().unfused_backward);
   return cuda::unfused_attention_backward(dout_q, q, k, v, out_q, lse, scale);
 }
 #endif
 
 }  // namespace
+
+AttentionPathCounts attention_path_counts() {
+  const PathCounters& c = path_counters();
+  return {c.fused_forward.load(), c.fused_backward.load(), c.unfused_forward.load(), c.unfused_backward.load()};
+}
 
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   constexpr const char* op = "attention_forward";

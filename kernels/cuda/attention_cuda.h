@@ -33,6 +33,10 @@ std::optional<AttentionGrads> cudnn_attention_backward(const Tensor& dout, const
 // shapes that built none. Tests use it to see a second call reuse the first one's plan.
 size_t cudnn_attention_cached_plans();
 
+// The loaded cuDNN's cudnnGetVersion(): major·10000 + minor·100 + patch (91900 is 9.19.0). Messages
+// about missing fused plans name it, since which graphs have engines depends on the release.
+size_t cudnn_version();
+
 AttentionOutput unfused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
 AttentionGrads unfused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& out, const Tensor& lse, double scale);

@@ -609,4 +609,6 @@ size_t cudnn_attention_cached_plans() {
   return plan_cache().size();
 }
 
+size_t cudnn_version() { return cudnnGetVersion(); }
+
 }  // namespace octet::kernels::cuda

@@ -2,18 +2,28 @@
 // the cuDNN fused path in bf16 (head dims 64, 80 and 128, odd sequence lengths, several heads), the
 // unfused GPU kernels (f32 at 1e-5, bf16 when forced), the plan cache, and the dispatcher's choice.
 // Errors are norm-wise relative, ||got − expected||₂ / ||expected||₂, except lse (max absolute).
+//
+// A shape that should run fused and finds no cuDNN plan fails its test, naming the cuDNN version: the
+// direct calls assert that a plan was built, and the dispatcher's calls check
+// kernels::attention_path_counts() (an unfused fallback would otherwise pass the comparisons).
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <ostream>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/log.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "tests/testing.h"
+#include "tests/cuda/attention_paths.h"
 #include "tests/cuda/cuda_testing.h"
 
 namespace octet {
@@ -21,8 +31,14 @@ namespace {
 
 using kernels::AttentionGrads;
 using kernels::AttentionOutput;
+using kernels::AttentionPathCounts;
+using testing::cudnn_text;
+using testing::expect_attention_fused;
+using testing::expect_attention_unfused;
 using testing::relative_error_to_reference;
 using testing::same_bits;
+using testing::throws_with;
+
 
 struct Case {
   int64_t b, h, s, sk, d;
@@ -62,16 +78,35 @@ Problem make_problem(const Case& c, DType dtype, uint64_t seed) {
   return {c, q.to(gpu), k.to(gpu), v.to(gpu), dout.to(gpu), ref, grads};
 }
 
-// Sets an environment variable for one scope.
+// Sets (or, with nullptr, unsets) an environment variable for one scope, then restores it.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (previous_) {
+      setenv(name_, previous_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  std::optional<std::string> previous_;
+};
+
+// The fallback tests run the unfused path on purpose: whatever the environment says.
+struct AllowUnfused {
+  ScopedEnv require{"OCTET_REQUIRE_FUSED_ATTENTION", nullptr};
 };
 
 void expect_forward_close(const AttentionOutput& got, const Problem& p, double tolerance, const std::string& what) {
@@ -98,7 +133,7 @@ TEST(CudaAttention, CudnnForwardMatchesCpuInBf16) {
     std::string why_not;
     const std::optional<AttentionOutput> got =
         kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
-    ASSERT_TRUE(got.has_value()) << c << ": cuDNN built no plan: " << why_not;
+    ASSERT_TRUE(got.has_value()) << c << ": " << cudnn_text() << " built no forward plan: " << why_not;
     EXPECT_EQ(got->out.dtype(), DType::bf16);
     expect_forward_close(*got, p, 1e-2, "cuDNN forward");
   }
@@ -111,10 +146,10 @@ TEST(CudaAttention, CudnnBackwardMatchesCpuInBf16) {
     std::string why_not;
     const std::optional<AttentionOutput> fwd =
         kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
-    ASSERT_TRUE(fwd.has_value()) << c << ": cuDNN built no forward plan: " << why_not;
+    ASSERT_TRUE(fwd.has_value()) << c << ": " << cudnn_text() << " built no forward plan: " << why_not;
     const std::optional<AttentionGrads> got = kernels::cuda::cudnn_attention_backward(
         p.dout, p.q, p.k, p.v, fwd->out, fwd->lse, scale_for(c), why_not);
-    ASSERT_TRUE(got.has_value()) << c << ": cuDNN built no backward plan: " << why_not;
+    ASSERT_TRUE(got.has_value()) << c << ": " << cudnn_text() << " built no backward plan: " << why_not;
     EXPECT_EQ(got->dq.dtype(), DType::bf16);
     expect_backward_close(*got, p, 1e-2, "cuDNN backward");
   }
@@ -124,17 +159,37 @@ TEST(CudaAttention, DispatcherSendsBf16HeadDim80ToCudnn) {
   SKIP_WITHOUT_GPU();
   const Case c{2, 4, 65, 65, 80};
   const Problem p = make_problem(c, DType::bf16, 31);
+  const AttentionPathCounts before = kernels::attention_path_counts();
   const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+  expect_attention_fused(before, 1, 0, "dispatched forward, B=2 H=4 S=65 D=80");
   const size_t plans = kernels::cuda::cudnn_attention_cached_plans();
   std::string why_not;
   const std::optional<AttentionOutput> direct =
       kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
-  ASSERT_TRUE(direct.has_value()) << why_not;
+  ASSERT_TRUE(direct.has_value()) << cudnn_text() << ": " << why_not;
   EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), plans) << "the dispatcher should have built this plan";
   EXPECT_TRUE(same_bits(fwd.out, direct->out));
   expect_forward_close(fwd, p, 1e-2, "dispatched forward");
   const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+  expect_attention_fused(before, 1, 1, "dispatched backward, B=2 H=4 S=65 D=80");
   expect_backward_close(grads, p, 1e-2, "dispatched backward");
+}
+
+// Every shape the direct tests above run fused, through the dispatcher as the model calls it: each
+// forward and backward must be counted fused (an unfused fallback would pass the comparisons).
+TEST(CudaAttention, DispatcherRunsEveryFusedCaseFused) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : kFusedCases) {
+    const Problem p = make_problem(c, DType::bf16, 35);
+    std::ostringstream what;
+    what << "bf16 " << c;
+    const AttentionPathCounts before = kernels::attention_path_counts();
+    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+    const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+    expect_attention_fused(before, 1, 1, what.str());
+    expect_forward_close(fwd, p, 1e-2, "dispatched forward");
+    expect_backward_close(grads, p, 1e-2, "dispatched backward");
+  }
 }
 
 TEST(CudaAttention, PlanCacheHitGivesIdenticalForwardBits) {
@@ -144,11 +199,11 @@ TEST(CudaAttention, PlanCacheHitGivesIdenticalForwardBits) {
   std::string why_not;
   const size_t before = kernels::cuda::cudnn_attention_cached_plans();
   const auto first = kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
-  ASSERT_TRUE(first.has_value()) << why_not;
+  ASSERT_TRUE(first.has_value()) << cudnn_text() << ": " << why_not;
   const size_t after_first = kernels::cuda::cudnn_attention_cached_plans();
   EXPECT_EQ(after_first, before + 1);
   const auto second = kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
-  ASSERT_TRUE(second.has_value()) << why_not;
+  ASSERT_TRUE(second.has_value()) << cudnn_text() << ": " << why_not;
   EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), after_first) << "the second call should reuse the plan";
   EXPECT_TRUE(same_bits(first->out, second->out));
   EXPECT_TRUE(same_bits(first->lse, second->lse));
@@ -157,63 +212,159 @@ TEST(CudaAttention, PlanCacheHitGivesIdenticalForwardBits) {
   // repeat; both calls must match the reference.
   const auto grads1 =
       kernels::cuda::cudnn_attention_backward(p.dout, p.q, p.k, p.v, first->out, first->lse, scale_for(c), why_not);
-  ASSERT_TRUE(grads1.has_value()) << why_not;
+  ASSERT_TRUE(grads1.has_value()) << cudnn_text() << ": " << why_not;
   const size_t with_backward = kernels::cuda::cudnn_attention_cached_plans();
   const auto grads2 =
       kernels::cuda::cudnn_attention_backward(p.dout, p.q, p.k, p.v, first->out, first->lse, scale_for(c), why_not);
-  ASSERT_TRUE(grads2.has_value()) << why_not;
+  ASSERT_TRUE(grads2.has_value()) << cudnn_text() << ": " << why_not;
   EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), with_backward);
   expect_backward_close(*grads1, p, 1e-2, "first backward");
   expect_backward_close(*grads2, p, 1e-2, "second backward");
 }
 
+// f32 has no fused path: the dispatcher sends it to the unfused GPU kernels.
 TEST(CudaAttention, UnfusedPathMatchesCpuInF32) {
   SKIP_WITHOUT_GPU();
+  const AllowUnfused allow;
   for (const Case& c : {Case{2, 3, 197, 197, 32}, Case{1, 2, 50, 17, 96}, Case{2, 1, 17, 50, 96}}) {
     const Problem p = make_problem(c, DType::f32, 51);
+    const AttentionPathCounts before = kernels::attention_path_counts();
     const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
     EXPECT_EQ(fwd.out.dtype(), DType::f32);
     expect_forward_close(fwd, p, 1e-5, "unfused f32 forward");
     const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
     expect_backward_close(grads, p, 1e-5, "unfused f32 backward");
+    expect_attention_unfused(before, 1, 1, "f32 through the dispatcher");
   }
 }
 
+// The unfused kernels themselves, called directly.
 TEST(CudaAttention, UnfusedPathTakesRowsLargerThanSharedMemory) {
   SKIP_WITHOUT_GPU();
   // Rows of more than 46 KiB of f32 go to global scratch: Sk = 12301 for the forward's and dq's
   // score rows, S = 6151 for dk/dv's (two rows of S floats).
   for (const Case& c : {Case{1, 1, 7, 12301, 32}, Case{1, 1, 6151, 5, 32}}) {
     const Problem p = make_problem(c, DType::f32, 61);
-    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+    const AttentionOutput fwd = kernels::cuda::unfused_attention_forward(p.q, p.k, p.v, scale_for(c));
     expect_forward_close(fwd, p, 1e-5, "unfused f32 forward, long rows");
-    const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+    const AttentionGrads grads =
+        kernels::cuda::unfused_attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
     expect_backward_close(grads, p, 1e-5, "unfused f32 backward, long rows");
   }
 }
 
 TEST(CudaAttention, DisablingCudnnRunsTheUnfusedPathInBf16) {
   SKIP_WITHOUT_GPU();
+  const AllowUnfused allow;
   const ScopedEnv disable("OCTET_DISABLE_CUDNN_ATTENTION", "1");
   const Case c{2, 2, 50, 50, 80};  // a shape only this test uses: no cuDNN plan may appear for it
   const Problem p = make_problem(c, DType::bf16, 71);
   const size_t plans = kernels::cuda::cudnn_attention_cached_plans();
+  const AttentionPathCounts before = kernels::attention_path_counts();
   const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
   const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
   EXPECT_EQ(kernels::cuda::cudnn_attention_cached_plans(), plans);
+  expect_attention_unfused(before, 1, 1, "OCTET_DISABLE_CUDNN_ATTENTION=1");
   expect_forward_close(fwd, p, 1e-2, "unfused bf16 forward");
   expect_backward_close(grads, p, 1e-2, "unfused bf16 backward");
 }
 
 TEST(CudaAttention, HeadDimsCudnnCannotTakeFallBack) {
   SKIP_WITHOUT_GPU();
+  const AllowUnfused allow;
   const Case c{1, 3, 17, 17, 20};  // not a multiple of 8
   const Problem p = make_problem(c, DType::bf16, 81);
   EXPECT_NE(kernels::cuda::cudnn_attention_unsupported_reason(p.q, p.k, p.v), "");
+  const AttentionPathCounts before = kernels::attention_path_counts();
   const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
   expect_forward_close(fwd, p, 1e-2, "unfused bf16 forward, D=20");
   const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
   expect_backward_close(grads, p, 1e-2, "unfused bf16 backward, D=20");
+  expect_attention_unfused(before, 1, 1, "head dim 20");
+}
+
+// OCTET_REQUIRE_FUSED_ATTENTION=1 turns every fallback into an error that says what ran into it and
+// why, and leaves fused calls alone.
+TEST(CudaAttention, RequiringFusedAttentionMakesTheFallbackAnError) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv require("OCTET_REQUIRE_FUSED_ATTENTION", "1");
+  const std::string version = std::to_string(kernels::cuda::cudnn_version());
+  {
+    const Case c{1, 3, 17, 17, 20};  // head dim 20: no fused kernel takes it
+    const Problem p = make_problem(c, DType::bf16, 85);
+    const AttentionPathCounts before = kernels::attention_path_counts();
+    EXPECT_TRUE(throws_with([&] { kernels::attention_forward(p.q, p.k, p.v, scale_for(c)); },
+                            {"attention: no fused cuDNN plan", "attention_forward", "bf16[1, 3, 17, 20]", "dtype bf16",
+                             version, "head dim 20", "OCTET_REQUIRE_FUSED_ATTENTION"}));
+    // The backward refuses too (with any forward result of the right shapes).
+    const AttentionOutput fwd = kernels::cuda::unfused_attention_forward(p.q, p.k, p.v, scale_for(c));
+    EXPECT_TRUE(throws_with(
+        [&] { kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c)); },
+        {"attention: no fused cuDNN plan", "attention_backward", "bf16[1, 3, 17, 20]", version, "head dim 20"}));
+    expect_attention_unfused(before, 0, 0, "refused calls run nothing");
+  }
+  {
+    const Case c{2, 2, 17, 17, 32};  // f32: cuDNN's fused attention is bf16/f16 only
+    const Problem p = make_problem(c, DType::f32, 86);
+    EXPECT_TRUE(throws_with([&] { kernels::attention_forward(p.q, p.k, p.v, scale_for(c)); },
+                            {"attention: no fused cuDNN plan", "dtype f32", version}));
+  }
+  {
+    const ScopedEnv disable("OCTET_DISABLE_CUDNN_ATTENTION", "1");  // contradicts the requirement
+    const Case c{1, 2, 41, 41, 64};
+    const Problem p = make_problem(c, DType::bf16, 87);
+    EXPECT_TRUE(throws_with([&] { kernels::attention_forward(p.q, p.k, p.v, scale_for(c)); },
+                            {"attention: no fused cuDNN plan", "OCTET_DISABLE_CUDNN_ATTENTION=1"}));
+  }
+  {
+    const Case c{2, 3, 197, 197, 64};  // fused: runs as usual
+    const Problem p = make_problem(c, DType::bf16, 88);
+    const AttentionPathCounts before = kernels::attention_path_counts();
+    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+    const AttentionGrads grads = kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+    expect_attention_fused(before, 1, 1, "bf16 B=2 H=3 S=197 D=64 under OCTET_REQUIRE_FUSED_ATTENTION=1");
+    expect_forward_close(fwd, p, 1e-2, "required-fused forward");
+    expect_backward_close(grads, p, 1e-2, "required-fused backward");
+  }
+}
+
+// The first fallback in a process logs one warning with a fixed text that scripts grep for; later
+// ones, whatever their reason, log nothing more.
+TEST(CudaAttention, TheFallbackWarnsOncePerProcessWithAFixedText) {
+  SKIP_WITHOUT_GPU();
+  const AllowUnfused allow;
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  spdlog::logger& logger = logging::logger();
+  logger.sinks().push_back(sink);
+  const spdlog::level::level_enum level = logger.level();
+  logger.set_level(spdlog::level::info);
+  const AttentionPathCounts before = kernels::attention_path_counts();
+  // Two different reasons (head dim 20, then f32), both directions.
+  const std::pair<Case, DType> fallbacks[] = {{Case{1, 2, 17, 17, 20}, DType::bf16},
+                                              {Case{1, 2, 17, 17, 32}, DType::f32}};
+  for (const auto& [c, dtype] : fallbacks) {
+    const Problem p = make_problem(c, dtype, 91);
+    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+    kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+  }
+  logger.flush();
+  logger.set_level(level);
+  logger.sinks().pop_back();
+  expect_attention_unfused(before, 2, 2, "the fallbacks of this test");
+  const std::string log = captured.str();
+  size_t warnings = 0;
+  for (size_t at = log.find("attention: no fused cuDNN plan"); at != std::string::npos;
+       at = log.find("attention: no fused cuDNN plan", at + 1)) {
+    ++warnings;
+  }
+  // Once per process: only if nothing fell back earlier in this process (the whole binary in one run).
+  const bool first_in_process = before.unfused_forward + before.unfused_backward == 0;
+  EXPECT_EQ(warnings, first_in_process ? 1u : 0u) << log;
+  if (first_in_process) {
+    EXPECT_NE(log.find("head dim 20"), std::string::npos) << log;
+    EXPECT_NE(log.find(std::to_string(kernels::cuda::cudnn_version())), std::string::npos) << log;
+  }
 }
 
 TEST(CudaAttention, ForwardOnOnePathBackwardOnTheOther) {
@@ -222,14 +373,14 @@ TEST(CudaAttention, ForwardOnOnePathBackwardOnTheOther) {
   const Problem p = make_problem(c, DType::bf16, 91);
   std::string why_not;
   const auto fused = kernels::cuda::cudnn_attention_forward(p.q, p.k, p.v, scale_for(c), why_not);
-  ASSERT_TRUE(fused.has_value()) << why_not;
+  ASSERT_TRUE(fused.has_value()) << cudnn_text() << ": " << why_not;
   const AttentionGrads unfused_grads =
       kernels::cuda::unfused_attention_backward(p.dout, p.q, p.k, p.v, fused->out, fused->lse, scale_for(c));
   expect_backward_close(unfused_grads, p, 1e-2, "unfused backward of the cuDNN forward");
   const AttentionOutput unfused = kernels::cuda::unfused_attention_forward(p.q, p.k, p.v, scale_for(c));
   const auto fused_grads = kernels::cuda::cudnn_attention_backward(p.dout, p.q, p.k, p.v, unfused.out, unfused.lse,
                                                                    scale_for(c), why_not);
-  ASSERT_TRUE(fused_grads.has_value()) << why_not;
+  ASSERT_TRUE(fused_grads.has_value()) << cudnn_text() << ": " << why_not;
   expect_backward_close(*fused_grads, p, 1e-2, "cuDNN backward of the unfused forward");
 }
 

@@ -3,7 +3,8 @@
 // ||gpu - cpu||_2 / ||cpu||_2 in f64. f32: the loss within 1e-4, gradients within 1e-3 (GELU may go
 // through cuBLASLt's tanh approximation, and every reduction runs in another order), parameters
 // after the SGD step within 1e-3 too (zero-initialised biases are nothing but their update). bf16 (Module::to(bf16), f32 master weights; the CPU is the exact
-// emulation): the loss within 1e-2, gradients and updated parameters within 5e-2.
+// emulation): the loss within 1e-2, gradients and updated parameters within 5e-2, and its attention
+// must have run on cuDNN's fused kernels (kernels::attention_path_counts).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,10 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "models/vit.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
 #include "tests/testing.h"
+#include "tests/cuda/attention_paths.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/cuda/small_vit.h"
 
@@ -83,7 +86,10 @@ TEST(CudaViTStep, Bf16StepWithMasterWeightsMatchesTheCpuEmulation) {
   for (const bool adamw : {false, true}) {
     SCOPED_TRACE(adamw ? "AdamW" : "SGD");
     const StepResult cpu = train_step(Device::cpu(), DType::bf16, adamw);
+    const kernels::AttentionPathCounts before = kernels::attention_path_counts();
     const StepResult gpu = train_step(kGpu, DType::bf16, adamw);
+    // bf16, head dim 64: both blocks' attention runs on cuDNN's fused kernels, forward and backward.
+    testing::expect_attention_fused(before, 2, 2, "the bf16 step's attention (bf16 [6, 2, 17, 64])");
     expect_close(gpu, cpu, 1e-2, 5e-2, 5e-2);
   }
 }

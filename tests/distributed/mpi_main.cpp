@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "distributed/launch.h"
+#include "tests/distributed/collective_testing.h"
 
 namespace octet::testing {
 namespace {
@@ -44,7 +45,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 int run_tests_on_every_rank() {
   distributed::ProcessGroupOptions options;
   options.timeout = kCollectiveTimeout;
-  world_slot() = distributed::init_process_group(Device::cpu(), distributed::Backend::Mpi, options);
+  world_slot() = distributed::init_process_group(collective_device(), distributed::Backend::Mpi, options);
   distributed::ProcessGroup& group = *world_slot();
 
   if (group.rank() != 0) {

@@ -4,7 +4,8 @@
 //
 //   mpirun --oversubscribe -np 4 build/bin/test_collectives
 //
-// main initialises the job's process group (distributed::init_process_group with the MPI backend;
+// main initialises the job's process group (distributed::init_process_group with the MPI backend,
+// on the CPU or on the device OCTET_TEST_DEVICE names: see collective_testing.h;
 // a LocalProcessGroup of world size 1 when started without mpirun), runs every test on every rank
 // in the same order, prints GoogleTest's report on rank 0 only (other ranks print just their own
 // failures, prefixed with their rank), and exits non-zero on EVERY rank when any rank failed a test,

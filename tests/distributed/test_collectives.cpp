@@ -49,7 +49,7 @@ TEST(MpiGroup, IsTheJobsWorld) {
   EXPECT_EQ(world().rank(), launch.rank);
   EXPECT_EQ(world().size(), launch.world_size);
   EXPECT_EQ(distributed::mpi_initialized(), launch.under_mpirun);
-  EXPECT_TRUE(world().device().is_cpu());
+  EXPECT_EQ(world().device().str(), collective_device().str());
 }
 
 TEST(AllReduce, SumAvgAndMaxOfEveryRanksInput) {
@@ -191,7 +191,8 @@ TEST(Broadcast, FromEveryRootRank) {
 // rank may leave the barrier without seeing it. A barrier that did not wait would let the other
 // ranks look during rank 0's sleep and fail.
 TEST(Barrier, NoRankLeavesBeforeTheLastOneArrives) {
-  const Tensor token = from_vector<int64_t>({static_cast<int64_t>(std::random_device{}() & 0x7fffffff)}, {1});
+  const Tensor token =
+      from_vector<int64_t>({static_cast<int64_t>(std::random_device{}() & 0x7fffffff)}, {1}).to(collective_device());
   world().broadcast(token, 0)->wait();
   const std::filesystem::path marker =
       std::filesystem::temp_directory_path() / ("octet_barrier_" + std::to_string(token.item<int64_t>()));
@@ -354,7 +355,7 @@ TEST(Counters, CountCallsPayloadAndRingBusBytesExactly) {
 // in step with one collective.
 
 void expect_ranks_still_in_step() {
-  const Tensor t = from_vector<int64_t>({my_rank() + 1}, {1});
+  const Tensor t = from_vector<int64_t>({my_rank() + 1}, {1}).to(collective_device());
   world().all_reduce(t, ReduceOp::Sum)->wait();
   EXPECT_EQ(t.item<int64_t>(), int64_t{world_size()} * (world_size() + 1) / 2);
 }
@@ -420,7 +421,7 @@ TEST(Errors, UndefinedTensorsAreRefusedByEveryCollective) {
 TEST(Errors, UnsupportedDtypesAreRefused) {
   // The header's list: f32, bf16, f16, f64 and i64.
   for (DType dtype : {DType::i32, DType::u8, DType::e4m3}) {
-    const Tensor t = full({7}, 1.0, dtype);
+    const Tensor t = full({7}, 1.0, dtype).to(collective_device());
     EXPECT_TRUE(throws_with([&] { world().all_reduce(t); }, {"all_reduce", dtype_name(dtype)})) << dtype_name(dtype);
   }
   expect_ranks_still_in_step();
@@ -436,10 +437,14 @@ TEST(Errors, BroadcastRootMustBeARank) {
   expect_ranks_still_in_step();
 }
 
-TEST(Errors, ACudaTensorOnTheCpuGroupIsRefused) {
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine";
-  const Tensor on_gpu = rank_input(my_rank(), {7}, DType::f32, 8007).to(Device::cuda(0));
-  EXPECT_TRUE(throws_with([&] { world().all_reduce(on_gpu); }, {"all_reduce", on_gpu.describe()}));
+// A CUDA tensor on the CPU group, or a CPU tensor on a CUDA group (OCTET_TEST_DEVICE=cuda:0).
+TEST(Errors, ATensorOnAnotherDeviceIsRefused) {
+  const bool group_on_cpu = world().device().is_cpu();
+  if (group_on_cpu && !cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine";
+  }
+  const Tensor elsewhere = rank_input(my_rank(), {7}, DType::f32, 8007).to(group_on_cpu ? Device::cuda(0) : Device::cpu());
+  EXPECT_TRUE(throws_with([&] { world().all_reduce(elsewhere); }, {"all_reduce", elsewhere.describe()}));
   expect_ranks_still_in_step();
 }
 

@@ -1,47 +1,211 @@
 #!/usr/bin/env bash
-# Run on the development machine: builds Octet for Hopper (Release, CUDA, sm_90) in build-gpu/ and
-# packs what tools/gpu_check.sh needs on a GPU machine into build-gpu-bundle/bundle.tar.xz:
-#   bin/  test_cuda, bench_vit, train_vit and the CPU test suites, stripped
-#   lib/  the shared libraries they load that a bare CUDA image may lack (spdlog, fmt, OpenBLAS and
-#         its Fortran runtime, the CUDA runtime); lib-fallback/ the GCC runtime, used there only if
-#         the image's own is missing or too old.
-# cuBLASLt and cuDNN are too large to carry (hundreds of MB); gpu_check.sh takes the GPU machine's
-# (its CUDA toolkit or NVIDIA's pip wheels beside PyTorch). The driver (libcuda) is always the machine's.
+# Packs Octet's CUDA programs, with every library a bare GPU machine lacks, into one file that runs
+# there with no compiler, no Debian packages and no network:
 #
-#   bash tools/gpu_bundle.sh          then, with the device tool:
-#   run(command="bash tools/gpu_check.sh", carry=["build-gpu-bundle"])
+#   bash tools/gpu_bundle.sh [OUT]        OUT/bundle.tar.xz and OUT/MANIFEST (OUT: build-gpu-bundle)
+#
+# then, on the GPU machine, from the repository root with OUT beside it:
+#
+#   bash tools/gpu_check.sh tests         (and train, bench: see tools/gpu_check.sh)
+#
+# It packs from build/, the default preset's Release CUDA build (configured here if it does not
+# exist yet; refused with the fix if it is not a Release build with CUDA for sm_90), and builds only
+# the targets below that are out of date. The bundle, unpacked:
+#
+#   bin/        the programs: the GPU tests, train_vit, bench_vit, gpu_info, the CPU suites and the
+#               mpi suites, stripped, with RUNPATH $ORIGIN/../lib
+#   lib/        the libraries they need that the machine may lack: spdlog, fmt, OpenBLAS and its
+#               Fortran runtime, zlib, the CUDA runtime, OpenMPI's libraries, PMIx, hwloc, libevent
+#   lib-gcc/    the GCC runtime (libstdc++, libgcc_s, libgomp): env.sh uses it unless the machine's
+#               own is newer (a newer one is a superset, and a CUDA library may need it)
+#   openmpi/    OpenMPI's launcher (mpirun, orted), its MCA components and help texts, and a
+#               parameter file for one machine without ssh (plm = isolated); pmix/ likewise
+#   fashion-mnist/  the first 12,000 training images and the test set, for the train stage
+#   env.sh      `source` it: PATH, LD_LIBRARY_PATH (the bundle, then the machine's cuBLAS, cuDNN,
+#               NCCL and NVRTC), OPAL_* and PMIX_* so that OpenMPI finds itself in the bundle
+#   MANIFEST    the commit, the build, and every file with the path it was taken from
+#
+# Never carried: NCCL, cuBLAS and cuBLASLt, cuDNN, NVRTC and the driver. They are hundreds of MB
+# and the GPU machine has them (its CUDA toolkit, or NVIDIA's wheels beside PyTorch); env.sh finds
+# them. Also left out: OpenMPI's components for fabrics (UCX, libfabric, verbs, PSM), which one
+# machine does not use and whose libraries are large. The bundle must stay within 40 MiB
+# (OCTET_BUNDLE_MAX_MIB): the programs all hold the same CUDA kernels, so they are compressed
+# together with a dictionary large enough to see that (xz, 256 MiB window; 185 MB -> about 8 MB).
+#
+# tools/gpu_bundle_check.sh proves the bundle on this machine: its size, where every library it
+# loads comes from, the CPU suites from the unpacked bundle, and mpirun from the bundle at 2 ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build-gpu
-out=build-gpu-bundle
-export CCACHE_DIR=${CCACHE_DIR:-/tmp/ccache} CCACHE_BASEDIR=$PWD
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOCTET_CUDA=ON -DOCTET_CUDA_ARCHITECTURES=90 \
-  "${launcher[@]}" --log-level=WARNING
-targets=(test_cuda bench_vit train_vit test_core test_kernels test_autograd test_nn test_optim test_models test_data
-         test_apps test_gpu_shared_mpi)
-ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}"
+out=${1:-build-gpu-bundle}
+build=build
+max_mib=${OCTET_BUNDLE_MAX_MIB:-40}
+programs=(gpu_info test_cuda train_vit bench_vit
+          test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps test_local_group test_nccl_mapping
+          test_collectives test_ddp test_fsdp test_fsdp_fp8 test_fsdp_checkpoint test_gpu_shared_mpi)
 
-stage=$build/stage
-rm -rf "$stage" "$out" && mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback" "$out"
-for t in "${targets[@]}"; do
-  cp "$build/bin/$t" "$stage/bin/"
-  strip --strip-unneeded "$stage/bin/$t"
+# ---- the build ---------------------------------------------------------------------------------------
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+if [[ ! -f $build/CMakeCache.txt ]]; then
+  bash tools/setup.sh
+  cmake --preset default --log-level=WARNING
+fi
+if [[ $(cache_value OCTET_CUDA) != ON ]]; then
+  echo "gpu_bundle: $build/ is a CPU-only build (OCTET_CUDA=$(cache_value OCTET_CUDA)): nvcc was not found when it" \
+       "was configured. Install the CUDA toolkit with nvcc on PATH, then: rm -rf $build && cmake --preset default" >&2
+  exit 2
+fi
+if [[ $(cache_value CMAKE_BUILD_TYPE) != Release || ! ";$(cache_value OCTET_CUDA_ARCHITECTURES);" =~ \;90[a]?\; ]]; then
+  echo "gpu_bundle: $build/ is CMAKE_BUILD_TYPE=$(cache_value CMAKE_BUILD_TYPE)," \
+       "OCTET_CUDA_ARCHITECTURES=$(cache_value OCTET_CUDA_ARCHITECTURES); the bundle is a Release build for sm_90." \
+       "Fix: cmake --preset default -DCMAKE_BUILD_TYPE=Release -DOCTET_CUDA_ARCHITECTURES=90" >&2
+  exit 2
+fi
+cmake --build "$build" -j "$(nproc)" --target "${programs[@]}"
+
+# ---- what the GPU machine has, and what it never gets from us ----------------------------------------
+glibc='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libmvec|libnsl|libnss_[a-z]+)\.so'
+machine_cuda='^(libcuda|libnvidia-[a-z0-9_-]+|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc[a-z_.-]*|libnvJitLink)\.so'
+gcc_runtime='^(libstdc\+\+|libgcc_s|libgomp|libatomic)\.so'
+fabric='^lib(uc[mpst]|fabric|psm|psm2|psm_infinipath|infinipath|ibverbs|rdmacm|efa|nl-[a-z0-9-]+|mca_common_(ucx|ofi|verbs)|oshmem)[.-]'
+
+stage=$(mktemp -d /tmp/octet-bundle.XXXXXX)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage"/{bin,lib,lib-gcc,openmpi/bin,openmpi/lib,openmpi/share,openmpi/etc,pmix/lib,pmix/share,hwloc}
+manifest=$stage/MANIFEST.files
+: > "$manifest"
+take() {  # take SRC DEST: copy (following links) and remember where it came from
+  cp -L "$1" "$2"
+  printf '%s <- %s\n' "${2#"$stage"/}" "$(readlink -f "$1")" >> "$manifest"
+}
+
+for p in "${programs[@]}"; do
+  take "$build/bin/$p" "$stage/bin/$p"
+  strip --strip-unneeded "$stage/bin/$p"
 done
-# glibc and the driver belong to the machine; cuBLASLt/cuDNN/NVRTC come from its CUDA install.
-machine='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libcuda|libnvidia|libcublas|libcublasLt|libcudnn|libnvrtc|libnvJitLink)\.so'
-gcc_runtime='^(libstdc\+\+|libgcc_s|libgomp)\.so'
-for t in "${targets[@]}"; do ldd "$build/bin/$t"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
-  while read -r soname path; do
-    [[ $soname =~ $machine ]] && continue
-    if [[ $soname =~ $gcc_runtime ]]; then cp -L "$path" "$stage/lib-fallback/$soname"; else cp -L "$path" "$stage/lib/$soname"; fi
+
+# OpenMPI, from where this machine's mpirun and libmpi live (ompi_info names the folders).
+mpirun_path=$(command -v mpirun || true)
+if [[ -z $mpirun_path ]] || ! command -v ompi_info > /dev/null; then
+  echo "gpu_bundle: OpenMPI's mpirun and ompi_info are needed (sudo apt-get install openmpi-bin)" >&2
+  exit 2
+fi
+ompi_path() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1://p"; }
+ompi_pkglibdir=$(ompi_path pkglibdir)
+ompi_pkgdatadir=$(ompi_path pkgdatadir)
+ompi_version=$(ompi_info --parsable | sed -n 's/^ompi:version:full://p')
+take "$mpirun_path" "$stage/openmpi/bin/mpirun"
+orted=$(dirname "$(readlink -f "$mpirun_path")")/orted
+[[ -x $orted ]] && take "$orted" "$stage/openmpi/bin/orted"
+for prted in prted prte; do  # OpenMPI 5 launches through PRRTE
+  command -v "$prted" > /dev/null && take "$(command -v "$prted")" "$stage/openmpi/bin/$prted"
+done
+components=()
+skipped_components=()
+for c in "$ompi_pkglibdir"/mca_*.so; do
+  name=$(basename "$c")
+  # OpenSHMEM's frameworks and the fabric transports are not used by one machine's MPI ranks.
+  if [[ $name =~ ^mca_(spml|sshmem|memheap|scoll|atomic)_ ]] || ldd "$c" | awk '{print $1}' | grep -Eq "$fabric"; then
+    skipped_components+=("$name")
+    continue
+  fi
+  take "$c" "$stage/openmpi/lib/$name"
+  components+=("$stage/openmpi/lib/$name")
+done
+cp "$ompi_pkgdatadir"/help-*.txt "$stage/openmpi/share/"
+cat > "$stage/openmpi/etc/openmpi-mca-params.conf" <<'EOF'
+# OpenMPI's parameters inside Octet's GPU bundle: ranks on this one machine only.
+# plm = isolated starts them without ssh, which a bare GPU machine may not have.
+plm = isolated
+btl = self,vader
+pml = ob1
+btl_base_warn_component_unused = 0
+EOF
+# PMIx's plugins, found from libpmix (OpenMPI 4 uses an external PMIx on Debian).
+pmix_lib=$(ldd "$ompi_pkglibdir"/mca_pmix_*.so 2>/dev/null | awk '$1 ~ /^libpmix\.so/ {print $3; exit}')
+if [[ -n $pmix_lib ]]; then
+  pmix_root=$(dirname "$(readlink -f "$pmix_lib")")
+  for plugin in "$pmix_root"/pmix/*.so; do
+    [[ -f $plugin ]] || continue
+    take "$plugin" "$stage/pmix/lib/$(basename "$plugin")"
+    components+=("$stage/pmix/lib/$(basename "$plugin")")
   done
-tar -C "$stage" -cf - bin lib lib-fallback | xz -T0 -6 > "$out/bundle.tar.xz"
-git rev-parse HEAD > "$out/commit"
+  [[ -d $pmix_root/../share/pmix ]] && cp "$pmix_root"/../share/pmix/help-*.txt "$stage/pmix/share/" 2> /dev/null || true
+fi
+
+# Every library the programs, the launcher and its components load, by the real loader's answer
+# (ldd runs the dynamic loader in trace mode), sorted into the machine's, the GCC runtime and ours.
+objects=("$stage"/bin/* "$stage"/openmpi/bin/* "${components[@]}")
+for o in "${objects[@]}"; do ldd "$o"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u > "$stage/needed"
+while read -r soname path; do
+  if [[ $soname =~ $glibc || $soname =~ $machine_cuda ]]; then continue; fi
+  if [[ $soname =~ $fabric ]]; then
+    echo "gpu_bundle: $soname ($path) is a fabric library and is never carried; something that needs it was packed" >&2
+    exit 1
+  fi
+  if [[ $soname =~ $gcc_runtime ]]; then take "$path" "$stage/lib-gcc/$soname"; else take "$path" "$stage/lib/$soname"; fi
+done < "$stage/needed"
+awk '{print $1}' "$stage/needed" | grep -E "$machine_cuda" | sort -u | paste -sd' ' > "$stage/machine_libs" || true
+
+# RUNPATH: the bundle's own lib/, never a folder of the machine the bundle was built on.
+set_runpath() {  # FILE RUNPATH (rewritten in place: it must not be longer than the one there)
+  readelf -d "$1" | grep -Eq '\((RUNPATH|RPATH)\)' || return 0  # none to rewrite (OpenMPI's own programs)
+  printf 'file(RPATH_SET FILE "%s" NEW_RPATH "%s")\n' "$1" "$2" > "$stage/runpath.cmake"
+  cmake -P "$stage/runpath.cmake" > /dev/null
+}
+for p in "$stage"/bin/*; do set_runpath "$p" '$ORIGIN/../lib'; done
+for p in "$stage"/openmpi/bin/*; do set_runpath "$p" '$ORIGIN/../../lib'; done
+rm -f "$stage/runpath.cmake"
+
+# A slice of Fashion-MNIST, so that the GPU machine trains on real images too: the first 12,000
+# training images and the whole test set, unpacked (xz packs raw IDX tighter than gzip does).
+fashion=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+if [[ -f $fashion/train-images-idx3-ubyte.gz ]]; then
+  python3 - "$fashion" "$stage/fashion-mnist" 12000 <<'PY'
+import gzip, os, struct, sys
+src, dst, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.makedirs(dst)
+for split, limit in (("train", keep), ("t10k", None)):
+    for kind, item_bytes in (("images-idx3", 28 * 28), ("labels-idx1", 1)):
+        data = gzip.open(f"{src}/{split}-{kind}-ubyte.gz").read()
+        header = 4 + 4 * data[3]  # magic (its last byte: the number of dimensions), then one u32 per dimension
+        count = struct.unpack(">I", data[4:8])[0]
+        n = count if limit is None else min(limit, count)
+        with open(f"{dst}/{split}-{kind}-ubyte", "wb") as f:
+            f.write(data[:4] + struct.pack(">I", n) + data[8:header] + data[header:header + n * item_bytes])
+PY
+  printf 'fashion-mnist/ <- %s (the first 12000 training images, all 10000 test images)\n' "$fashion" >> "$manifest"
+else
+  echo "gpu_bundle: no Fashion-MNIST at $fashion (sudo apt-get install dataset-fashion-mnist): the GPU check's" \
+       "train stage will use synthetic images" >&2
+fi
+
+cp tools/gpu_bundle_env.sh "$stage/env.sh"
+glibc_needed=$(for o in "$stage"/bin/* "$stage"/lib/* "$stage"/lib-gcc/* "$stage"/openmpi/bin/*; do
+                 objdump -T "$o" 2> /dev/null | grep -o 'GLIBC_2\.[0-9]*'; done | sort -uV | tail -n 1)
+{
+  echo "commit $(git rev-parse HEAD 2> /dev/null || echo unknown)$(git diff --quiet HEAD 2> /dev/null || echo ' (with uncommitted changes)')"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(c++ --version | head -n 1)"
+  echo "cmake CMAKE_BUILD_TYPE=$(cache_value CMAKE_BUILD_TYPE) OCTET_CUDA_ARCHITECTURES=$(cache_value OCTET_CUDA_ARCHITECTURES) $("$(cache_value CMAKE_CUDA_COMPILER)" --version | tail -n 1)"
+  echo "openmpi $ompi_version"
+  echo "glibc_needed ${glibc_needed#GLIBC_}"
+  echo "machine_libs $(cat "$stage/machine_libs")"
+  echo "skipped_components ${skipped_components[*]}"
+  cat "$manifest"
+} > "$stage/MANIFEST"
+rm -f "$manifest" "$stage/needed" "$stage/machine_libs"
+
+mkdir -p "$out"
+rm -f "$out/bundle.tar.xz" "$out/MANIFEST"
+# One xz stream with a 256 MiB window, so that the second copy of the CUDA kernels costs nothing.
+tar -C "$stage" --sort=name -cf - . | xz -T1 --lzma2=preset=6,dict=256MiB > "$out/bundle.tar.xz"
+cp "$stage/MANIFEST" "$out/MANIFEST"
 size=$(stat -c %s "$out/bundle.tar.xz")
-echo "gpu_bundle: $out/bundle.tar.xz, $((size / 1024 / 1024)) MiB ($(ls "$stage/bin" | wc -l) programs, libs: $(ls "$stage/lib" "$stage/lib-fallback" | grep -c so))"
-((size < 56 * 1024 * 1024)) || { echo "gpu_bundle: over 56 MiB; the device tool carries 64 MiB with the tree" >&2; exit 1; }
-echo "next: run(command=\"bash tools/gpu_check.sh\", carry=[\"$out\"]) with the device tool"
+unpacked=$(du -sb "$stage" | cut -f1)
+printf 'gpu_bundle: %s, %s MiB (%s MiB unpacked): %d programs, %d libraries, %d GCC runtime, %d OpenMPI components\n' \
+  "$out/bundle.tar.xz" "$(awk -v b="$size" 'BEGIN {printf "%.1f", b / 1048576}')" \
+  "$(awk -v b="$unpacked" 'BEGIN {printf "%.0f", b / 1048576}')" \
+  "$(ls "$stage/bin" | wc -l)" "$(ls "$stage/lib" | wc -l)" "$(ls "$stage/lib-gcc" | wc -l)" "$(ls "$stage/openmpi/lib" | wc -l)"
+if ((size > max_mib * 1024 * 1024)); then
+  echo "gpu_bundle: the bundle is over its limit of $max_mib MiB; see $out/MANIFEST for what is in it" >&2
+  exit 1
+fi

@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev                # metrics, checkpoint indices
   libopenmpi-dev openmpi-bin        # launch and the CPU process group
   dataset-fashion-mnist             # the main job's data
+  xz-utils binutils                 # tools/gpu_bundle.sh: packing and reading the programs
 )
 
 missing=()

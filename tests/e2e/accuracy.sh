@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end: train_vit learns Fashion-MNIST. Trains a short run and fails unless the final test
-# accuracy reaches the bar. CTest's TIMEOUT bounds the time.
+# accuracy reaches the bar. The run is bounded by its --steps; CTest's TIMEOUT only ends a hung run.
 #   accuracy.sh TRAIN_VIT WORKDIR MIN_ACCURACY [train_vit flags...]
 set -euo pipefail
 train_vit=$1 work=$2 bar=$3

@@ -61,7 +61,14 @@ if [[ -f $bundle_dir/bundle.tar.xz ]]; then
   unpacked=/tmp/octet-bundle-$(cksum < "$bundle_dir/bundle.tar.xz" | cut -d' ' -f1)
   if [[ ! -f $unpacked/env.sh ]]; then
     rm -rf "$unpacked.part" && mkdir -p "$unpacked.part"
-    tar -C "$unpacked.part" -xJf "$bundle_dir/bundle.tar.xz" && mv "$unpacked.part" "$unpacked" ||
+    # xz may be missing on a bare machine: Python's lzma reads the same stream.
+    if command -v xz > /dev/null; then
+      tar -C "$unpacked.part" -xJf "$bundle_dir/bundle.tar.xz"
+    else
+      python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' "$bundle_dir/bundle.tar.xz" "$unpacked.part"
+    fi && mv "$unpacked.part" "$unpacked" ||
       { echo "gpu_check: could not unpack $bundle_dir/bundle.tar.xz" >&2; exit 3; }
   fi
   # shellcheck source=tools/gpu_bundle_env.sh

@@ -83,11 +83,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   OCTET_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: x must be [..., in] and weight [out, in], got ",
               x.describe(), " and ", weight.describe());
   const Tensor xd = x.detach(), wd = weight.detach(), bd = detached(bias);
-  Tensor y = k::linear_forward(xd, wd, bd, k::LinearActivation::None).y;
+  Tensor y = k::linear_forward(xd, wd, bd);
   const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
   const DType b_dtype = bd.defined() ? bd.dtype() : x.dtype();
   return record("linear", y, {x, weight, bias}, [=](const Grads& g) -> Grads {
-    k::LinearGrads d = k::linear_backward(g[0], xd, wd, Tensor(), k::LinearActivation::None, nx, nw, nb);
+    k::LinearGrads d = k::linear_backward(g[0], xd, wd, nx, nw, nb);
     return {d.dx, d.dweight, nb ? d.dbias.to(b_dtype) : Tensor()};
   });
 }

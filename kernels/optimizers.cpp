@@ -22,16 +22,21 @@ void check_hyperparameter(const char* op, const char* name, double value, bool o
   OCTET_CHECK(std::isfinite(value) && ok, op, ": ", name, " must be ", expected, ", got ", value);
 }
 
-// A tensor an update touches, with the name an error calls it by.
+// A tensor an update touches: entry `entry` of the call's list, and the field an error calls it by.
 struct Named {
   const Tensor* tensor;
-  std::string name;
+  size_t entry;
+  const char* name;
 };
+
+// How errors name entry i of a call's list, and a field of it.
+std::string entry_op(const char* op, size_t i) { return std::string(op) + " on tensors[" + std::to_string(i) + "]"; }
+std::string entry_prefix(size_t i) { return "tensors[" + std::to_string(i) + "]."; }
 
 // No two of the tensors share bytes: an in-place update whose inputs alias each other would read
 // values it has already overwritten (and on the GPU two blocks would race). Sorting the byte ranges
 // finds an overlapping pair, if any, in O(n log n) for a whole multi-tensor call.
-void check_no_overlap(const std::string& op, std::vector<Named> named) {
+void check_no_overlap(const char* op, std::vector<Named> named) {
   std::erase_if(named, [](const Named& n) { return !n.tensor->defined() || n.tensor->nbytes() == 0; });
   auto begin = [](const Named& n) { return n.tensor->storage_offset(); };
   std::stable_sort(named.begin(), named.end(), [&](const Named& a, const Named& b) {
@@ -43,8 +48,11 @@ void check_no_overlap(const std::string& op, std::vector<Named> named) {
   for (const Named& n : named) {
     if (reaching && reaching->tensor->storage() == n.tensor->storage()) {
       const size_t reach = begin(*reaching) + reaching->tensor->nbytes();
-      OCTET_CHECK(begin(n) >= reach, op, ": ", reaching->name, " and ", n.name, " share memory (",
-                  describe_all({reaching->tensor, n.tensor}),
+      // Two fields of one entry: "op on tensors[i]: param and grad"; of two: "op: tensors[i].a and tensors[j].b".
+      const bool one_entry = reaching->entry == n.entry;
+      const auto field = [&](const Named& x) { return (one_entry ? "" : entry_prefix(x.entry)) + x.name; };
+      OCTET_CHECK(begin(n) >= reach, one_entry ? entry_op(op, n.entry) : std::string(op), ": ", field(*reaching),
+                  " and ", field(n), " share memory (", describe_all({reaching->tensor, n.tensor}),
                   "); the update would read values it has already overwritten, give every tensor its own storage");
       if (begin(n) + n.tensor->nbytes() > reach) reaching = &n;
     } else {
@@ -144,12 +152,12 @@ cpu::AdamWConstants<double> adamw_constants(const char* op, double lr, double be
   };
 }
 
-std::vector<Named> named_tensors(const AdamWTensors& t, const std::string& prefix) {
-  return {{&t.param, prefix + "param"},
-          {&t.grad, prefix + "grad"},
-          {&t.master, prefix + "master"},
-          {&t.exp_avg, prefix + "exp_avg"},
-          {&t.exp_avg_sq, prefix + "exp_avg_sq"}};
+std::vector<Named> named_tensors(const AdamWTensors& t, size_t entry) {
+  return {{&t.param, entry, "param"},
+          {&t.grad, entry, "grad"},
+          {&t.master, entry, "master"},
+          {&t.exp_avg, entry, "exp_avg"},
+          {&t.exp_avg_sq, entry, "exp_avg_sq"}};
 }
 
 void adamw_cpu(const char* op, const AdamWTensors& t, const cpu::AdamWConstants<double>& constants) {
@@ -194,11 +202,11 @@ SgdTensors checked_sgd_entry(const std::string& op, const SgdTensors& t, double 
   return used;
 }
 
-std::vector<Named> named_tensors(const SgdTensors& t, const std::string& prefix) {
-  return {{&t.param, prefix + "param"},
-          {&t.grad, prefix + "grad"},
-          {&t.master, prefix + "master"},
-          {&t.momentum_buffer, prefix + "momentum_buffer"}};
+std::vector<Named> named_tensors(const SgdTensors& t, size_t entry) {
+  return {{&t.param, entry, "param"},
+          {&t.grad, entry, "grad"},
+          {&t.master, entry, "master"},
+          {&t.momentum_buffer, entry, "momentum_buffer"}};
 }
 
 void sgd_cpu(const char* op, const SgdTensors& t, const cpu::SgdConstants<double>& constants) {
@@ -213,25 +221,9 @@ void sgd_cpu(const char* op, const SgdTensors& t, const cpu::SgdConstants<double
   });
 }
 
-std::string entry_prefix(size_t i) { return "tensors[" + std::to_string(i) + "]."; }
-std::string entry_op(const char* op, size_t i) { return std::string(op) + " on tensors[" + std::to_string(i) + "]"; }
-
 }  // namespace
 
 // ---- AdamW -----------------------------------------------------------------------------------------------
-
-void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  const char* op = "adamw_step_";
-  const AdamWTensors t{param, grad, exp_avg, exp_avg_sq, Tensor()};
-  check_update_args(op, param, grad, Tensor(), {&exp_avg, &exp_avg_sq});
-  check_no_overlap(op, named_tensors(t, ""));
-  const auto constants = adamw_constants(op, lr, beta1, beta2, eps, weight_decay, step);
-#if OCTET_HAS_CUDA
-  if (param.is_cuda()) return cuda::adamw_step_multi_({t}, constants);
-#endif
-  adamw_cpu(op, t, constants);
-}
 
 void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, double beta1, double beta2, double eps,
                        double weight_decay, int64_t step) {
@@ -244,7 +236,7 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, doub
     check_update_args(entry_op(op, i), t.param, t.grad, t.master,
                       {&t.exp_avg, &t.exp_avg_sq});
     check_one_device(op, tensors[0].param, t.param, i);
-    for (Named& n : named_tensors(t, entry_prefix(i))) all.push_back(std::move(n));
+    for (const Named& n : named_tensors(t, i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
 #if OCTET_HAS_CUDA
@@ -254,18 +246,6 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, doub
 }
 
 // ---- SGD ---------------------------------------------------------------------------------------------------
-
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double momentum,
-               double dampening, bool nesterov, double weight_decay, bool first_step) {
-  const char* op = "sgd_step_";
-  const auto constants = sgd_constants(op, lr, momentum, dampening, nesterov, weight_decay, first_step);
-  const SgdTensors t = checked_sgd_entry(op, {param, grad, momentum_buffer, Tensor()}, momentum, "");
-  check_no_overlap(op, named_tensors(t, ""));
-#if OCTET_HAS_CUDA
-  if (param.is_cuda()) return cuda::sgd_step_multi_({t}, constants);
-#endif
-  sgd_cpu(op, t, constants);
-}
 
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double momentum, double dampening,
                      bool nesterov, double weight_decay, bool first_step) {
@@ -279,7 +259,7 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
     used.push_back(checked_sgd_entry(entry_op(op, i), tensors[i], momentum,
                                      entry_prefix(i)));
     check_one_device(op, tensors[0].param, tensors[i].param, i);
-    for (Named& n : named_tensors(used.back(), entry_prefix(i))) all.push_back(std::move(n));
+    for (const Named& n : named_tensors(used.back(), i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
 #if OCTET_HAS_CUDA

@@ -5,10 +5,9 @@
 // bf16, widened on the fly instead of through a converted copy. Hyperparameters arrive as doubles
 // and are rounded once to the compute type, as PyTorch's fused kernels do.
 //
-// Each op has a single-tensor form and a multi-tensor form (a list of parameters updated by one
-// call: on the GPU one kernel launch covers many tensors, as apex's multi_tensor_apply does). The
-// multi-tensor form also takes low-precision parameters with an f32 master copy (bf16 training).
-// Both run on the CPU and on CUDA devices.
+// Each op takes a list of parameters updated by one call: on the GPU one kernel launch covers many
+// tensors, as apex's multi_tensor_apply does. It also takes low-precision parameters with an f32
+// master copy (bf16 training). Both run on the CPU and on CUDA devices.
 //
 // Bytes moved per element (f32): AdamW reads p, g, m, v and writes p, m, v: 28 bytes;
 // SGD with momentum reads p, g, buf and writes p, buf: 20 bytes. With a bf16 param and f32 master,
@@ -20,47 +19,39 @@
 
 namespace octet::kernels {
 
+// One parameter's tensors for a step. `param` is what the model computes with. When it is not f32
+// (bf16 training), `master` is its f32 master copy: the update is applied to master and param
+// receives master rounded to param's dtype in the same pass. When param is f32 (or f64), master is
+// undefined and param is updated in place. grad has param's dtype, or bf16 for an f32 param without
+// master (widened on the fly); state has param's shape, in f32 (f64 for f64); start it at zero.
+// All tensors of one call share a device; the entries are updated independently of each other.
+
 // AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW), for the `step`-th update (from 1):
 //   p ← p · (1 - lr·weight_decay)                     (decoupled decay, before the moment update)
 //   m ← beta1·m + (1 - beta1)·g
 //   v ← beta2·v + (1 - beta2)·g²
 //   p ← p - lr / (1 - beta1^step) · m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
-// exp_avg (m) and exp_avg_sq (v) have param's shape and dtype; start them at zero.
-void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
-
-// SGD with momentum (PyTorch's torch.optim.SGD):
-//   d ← g + weight_decay·p
-//   with momentum: buf ← d on the first step, else momentum·buf + (1 - dampening)·d;
-//                  d ← d + momentum·buf (nesterov) or d ← buf
-//   p ← p - lr·d
-// momentum_buffer has param's shape and dtype, and may be undefined when momentum is 0.
-void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
-               double momentum, double dampening, bool nesterov, double weight_decay, bool first_step);
-
-// Σ t², accumulated in double over fixed blocks of elements and then the block sums in order, so the
-// result is bitwise the same for any thread count. Any floating dtype. For gradient-norm clipping.
-double sum_of_squares(const Tensor& t);
-
-// ---- multi-tensor forms ------------------------------------------------------------------------------
-// One parameter's tensors for a multi-tensor step. `param` is what the model computes with. When it
-// is not f32 (bf16 training), `master` is its f32 master copy: the update is applied to master and
-// param receives master rounded to param's dtype in the same pass. When param is f32 (or f64),
-// master is undefined and param is updated in place. grad has param's dtype (or bf16 for an f32
-// param without master, as in adamw_step_); state is f32 (f64 for f64).
-// All tensors of one call share a device. The result equals the single-tensor step on each entry
-// (on the master where there is one) up to f32 rounding order.
+// with m = exp_avg and v = exp_avg_sq.
 struct AdamWTensors {
   Tensor param, grad, exp_avg, exp_avg_sq, master;
 };
 void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, double beta1, double beta2,
                        double eps, double weight_decay, int64_t step);
 
+// SGD with momentum (PyTorch's torch.optim.SGD):
+//   d ← g + weight_decay·p
+//   with momentum: buf ← d on the first step, else momentum·buf + (1 - dampening)·d;
+//                  d ← d + momentum·buf (nesterov) or d ← buf
+//   p ← p - lr·d
 struct SgdTensors {
   Tensor param, grad, momentum_buffer, master;  // momentum_buffer undefined when momentum == 0
 };
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double momentum, double dampening,
                      bool nesterov, double weight_decay, bool first_step);
+
+// Σ t², accumulated in double over fixed blocks of elements and then the block sums in order, so the
+// result is bitwise the same for any thread count. Any floating dtype. For gradient-norm clipping.
+double sum_of_squares(const Tensor& t);
 
 // Σ over all tensors of Σ t², in double, deterministic for any thread count (CPU) / for a fixed
 // list of tensors (GPU: fixed chunks, fixed reduction order, one device-to-host read at the end).

@@ -48,7 +48,7 @@ using cublaslt::MatmulDesc;
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
 // follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key.
-using AlgoKey = std::array<int64_t, 17>;
+using AlgoKey = std::array<int64_t, 16>;
 
 AlgoCache<AlgoKey>& algo_cache() {
   static AlgoCache<AlgoKey> cache;
@@ -59,22 +59,9 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue kind) {
   switch (kind) {
     case GemmEpilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
     case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::GeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
-    case GemmEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::BiasGradFromA: return CUBLASLT_EPILOGUE_BGRADB;
-    case GemmEpilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
-    case GemmEpilogue::DGeluBiasGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
-}
-
-bool uses_bias(GemmEpilogue kind) {
-  return kind == GemmEpilogue::Bias || kind == GemmEpilogue::GeluAuxBias || kind == GemmEpilogue::BiasGradFromA ||
-         kind == GemmEpilogue::DGeluBiasGrad;
-}
-bool uses_aux(GemmEpilogue kind) {
-  return kind == GemmEpilogue::GeluAux || kind == GemmEpilogue::GeluAuxBias || kind == GemmEpilogue::DGelu ||
-         kind == GemmEpilogue::DGeluBiasGrad;
 }
 
 void check_operands(const Tensor& a, const Tensor& b, const Tensor& c) {
@@ -91,11 +78,7 @@ const char* epilogue_name(GemmEpilogue kind) {
   switch (kind) {
     case GemmEpilogue::None: return "none";
     case GemmEpilogue::Bias: return "BIAS";
-    case GemmEpilogue::GeluAux: return "GELU_AUX";
-    case GemmEpilogue::GeluAuxBias: return "GELU_AUX_BIAS";
     case GemmEpilogue::BiasGradFromA: return "BGRADB";
-    case GemmEpilogue::DGelu: return "DGELU";
-    case GemmEpilogue::DGeluBiasGrad: return "DGELU_BGRAD";
   }
   return "?";
 }
@@ -134,18 +117,10 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epi);
   const auto c_type = static_cast<int32_t>(cuda_type(c.dtype()));
   const void* bias_ptr = nullptr;
-  const void* aux_ptr = nullptr;
-  if (uses_bias(epilogue.kind)) {
+  if (epilogue.kind != GemmEpilogue::None) {
     bias_ptr = epilogue.bias.data_ptr();
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, c_type);
-  }
-  if (uses_aux(epilogue.kind)) {
-    aux_ptr = epilogue.aux.data_ptr();
-    const int64_t aux_ld = p.n;
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, c_type);
   }
 
   const Layout b_layout(b.dtype(), trans_b ? p.n : p.k, trans_b ? p.k : p.n, p.batch, p.stride_b);
@@ -169,7 +144,6 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                     align_b,
                     align_c,
                     bias_ptr ? alignment_of(bias_ptr) : 0,
-                    aux_ptr ? alignment_of(aux_ptr) : 0,
                     beta != 0.0};
 
   // NOT_SUPPORTED means "no algorithm for this configuration". An epilogue that cuBLASLt rejects in
@@ -232,24 +206,14 @@ bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool tra
     gemm(a, trans_a, b, trans_b, c, problem, alpha, beta);
     return true;
   }
-  // The layout rules the epilogues carry: one matrix (no batch), a non-empty product, and an aux
-  // matrix whose leading dimension (our n) is a multiple of 8.
+  // The layout rules the epilogues carry: one matrix (no batch) and a non-empty product.
   if (problem.batch != 1 || problem.m == 0 || problem.n == 0 || problem.k == 0) return false;
-  if (uses_aux(epilogue.kind)) {
-    if (problem.n % 8 != 0) return false;
-    OCTET_CHECK(epilogue.aux.defined() && epilogue.aux.dtype() == c.dtype() && epilogue.aux.numel() == problem.m * problem.n &&
-                    epilogue.aux.device() == c.device(),
-                "gemm: the epilogue's aux matrix must be [", problem.m, ", ", problem.n, "] in ",
-                dtype_name(c.dtype()), " on ", c.device().str(), ", got ",
-                epilogue.aux.defined() ? epilogue.aux.describe() : std::string("undefined"));
-  }
-  if (uses_bias(epilogue.kind)) {
-    const int64_t length = epilogue.kind == GemmEpilogue::BiasGradFromA ? problem.m : problem.n;
-    OCTET_CHECK(epilogue.bias.defined() && epilogue.bias.dtype() == c.dtype() && epilogue.bias.numel() == length &&
-                    epilogue.bias.device() == c.device(),
-                "gemm: the epilogue's bias vector must have ", length, " elements in ", dtype_name(c.dtype()), " on ",
-                c.device().str(), ", got ", epilogue.bias.defined() ? epilogue.bias.describe() : std::string("undefined"));
-  }
+  const int64_t length = epilogue.kind == GemmEpilogue::BiasGradFromA ? problem.m : problem.n;
+  OCTET_CHECK(epilogue.bias.defined() && epilogue.bias.dtype() == c.dtype() && epilogue.bias.numel() == length &&
+                  epilogue.bias.device() == c.device(),
+              "gemm: the epilogue's bias vector must have ", length, " elements in ", dtype_name(c.dtype()), " on ",
+              c.device().str(), ", got ",
+              epilogue.bias.defined() ? epilogue.bias.describe() : std::string("undefined"));
   return run_lt(a, trans_a, b, trans_b, c, problem, alpha, beta, epilogue);
 }
 

@@ -23,20 +23,14 @@ struct GemmProblem {
 enum class GemmEpilogue {
   None,
   Bias,           // C[i, j] += bias[j]                                          BIAS
-  GeluAux,        // aux = C; C = gelu_tanh(aux)                                   GELU_AUX
-  GeluAuxBias,    // aux[i, j] = C[i, j] + bias[j]; C = gelu_tanh(aux)             GELU_AUX_BIAS
   BiasGradFromA,  // bias[i] = Σ_k op(A)[i, k]: the wgrad's dbias when A = dyᵀ    BGRADB (our A is its B)
-  DGelu,          // C[i, j] *= gelu_tanh'(aux[i, j])                              DGELU
-  DGeluBiasGrad,  // as DGelu, then bias[j] = Σ_i C[i, j]                          DGELU_BGRAD
 };
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::None;
-  // Bias, GeluAuxBias: the input [n]. BiasGradFromA: the output [m]. DGeluBiasGrad: the output [n].
-  // Always in C's dtype (cuBLASLt's bias vectors and bias gradients are C-typed here).
+  // Bias: the input [n]. BiasGradFromA: the output [m]. In C's dtype (cuBLASLt's bias vectors and
+  // bias gradients are C-typed here).
   Tensor bias;
-  // GeluAux*: written, DGelu*: read. [m, n] in C's dtype; n must be a multiple of 8 (its leading dim).
-  Tensor aux;
 };
 
 // Runs the GEMM on c's device and current stream. Throws an error naming the shapes and dtypes when

@@ -104,13 +104,13 @@ TEST(CudaAdamW, F32UpdateIsBitwiseTheCpuUpdate) {
   }
 }
 
-TEST(CudaAdamW, SingleTensorStepRunsOnTheGpu) {
+TEST(CudaAdamW, OneTensorStepRunsOnTheGpu) {
   SKIP_WITHOUT_GPU();
   const Tensor p = random_tensor({4099}), g = random_tensor({4099}, DType::f32, 2), m = zeros({4099}),
                v = zeros({4099});
   const Tensor pg = p.to(kGpu), gg = g.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
-  kernels::adamw_step_(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1);
-  kernels::adamw_step_(pg, gg, mg, vg, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1);
+  kernels::adamw_step_multi_({{p, g, m, v, Tensor()}}, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1);
+  kernels::adamw_step_multi_({{pg, gg, mg, vg, Tensor()}}, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1);
   EXPECT_LE(relative_error(pg, p), 1e-5);
   EXPECT_LE(relative_error(mg, m), 1e-5);
 }

@@ -1,8 +1,8 @@
 // The fused AdamW and SGD updates and the blocked sum of squares, against float64 references written
 // here from the textbook formulas (bias-corrected m̂ and v̂ for Adam; the weight decay as p - lr·wd·p),
-// on random inputs already rounded to the tested dtypes. Then the multi-tensor forms against the
-// single-tensor ones (bf16 and f16 params with f32 masters against f32 steps on the masters), and
-// the argument errors.
+// on random inputs already rounded to the tested dtypes, one parameter per call. Then lists of
+// parameters against the same entries one call each (bf16 and f16 params with f32 masters against f32
+// steps on the masters), and the argument errors.
 #include "kernels/optimizers.h"
 
 #include <omp.h>
@@ -69,7 +69,7 @@ TEST_P(AdamWKernel, MatchesFloat64Reference) {
   const Tensor v = uniform_tensor({c.n}, 1e-4, 2e-2, c.param_dtype, 4);
   const AdamRef want = ref_adamw(vals(p), vals(g), vals(m), vals(v), lr, b1, b2, eps, c.weight_decay, c.step);
 
-  kernels::adamw_step_(p, g, m, v, lr, b1, b2, eps, c.weight_decay, c.step);
+  kernels::adamw_step_multi_({{p, g, m, v, Tensor()}}, lr, b1, b2, eps, c.weight_decay, c.step);
   // f32 arithmetic on O(1) values: a few ulps of the result.
   const double tol = c.param_dtype == DType::f64 ? 1e-13 : 2e-6;
   EXPECT_TRUE(all_close(p, want.p, tol, tol));
@@ -91,7 +91,7 @@ TEST(AdamWKernelSteps, FirstStepMovesByLrTimesSign) {
   const Tensor g = random_tensor({n}, DType::f64, 6);
   const Tensor m = zeros({n}, DType::f64), v = zeros({n}, DType::f64);
   const Vec p0 = vals(p), gv = vals(g);
-  kernels::adamw_step_(p, g, m, v, 0.01, 0.9, 0.999, 0.0, 0.0, 1);
+  kernels::adamw_step_multi_({{p, g, m, v, Tensor()}}, 0.01, 0.9, 0.999, 0.0, 0.0, 1);
   Vec want(n);
   for (int64_t i = 0; i < n; ++i) want[i] = p0[i] - 0.01 * (gv[i] > 0 ? 1 : -1);
   EXPECT_TRUE(all_close(p, want, 1e-15, 1e-13));
@@ -135,7 +135,8 @@ TEST_P(SgdKernel, MatchesFloat64Reference) {
   Vec want_p = vals(p), want_buf = buf.defined() ? vals(buf) : Vec(c.n);
   ref_sgd(want_p, vals(g), want_buf, c, lr);
 
-  kernels::sgd_step_(p, g, buf, lr, c.momentum, c.dampening, c.nesterov, c.weight_decay, c.first_step);
+  kernels::sgd_step_multi_({{p, g, buf, Tensor()}}, lr, c.momentum, c.dampening, c.nesterov, c.weight_decay,
+                           c.first_step);
   const double tol = c.param_dtype == DType::f64 ? 1e-14 : 1e-6;
   EXPECT_TRUE(all_close(p, want_p, tol, tol));
   if (buf.defined()) {
@@ -157,7 +158,7 @@ TEST(SgdKernelSteps, MomentumZeroIgnoresAGivenBuffer) {
   const Tensor p = random_tensor({9}, DType::f64, 20), g = random_tensor({9}, DType::f64, 21);
   const Tensor buf = random_tensor({9}, DType::f64, 22);
   const Vec buf0 = vals(buf), p0 = vals(p), gv = vals(g);
-  kernels::sgd_step_(p, g, buf, 0.1, 0.0, 0.0, false, 0.0, false);
+  kernels::sgd_step_multi_({{p, g, buf, Tensor()}}, 0.1, 0.0, 0.0, false, 0.0, false);
   Vec want(9);
   for (int i = 0; i < 9; ++i) want[i] = p0[i] - 0.1 * gv[i];
   EXPECT_TRUE(all_close(p, want, 1e-15, 1e-15));
@@ -213,13 +214,13 @@ const std::vector<int64_t> kMultiSizes = {37, kLarge, 1, 4099};
 
 std::vector<float> floats(const Tensor& t) { return t.to_vector<float>(); }
 
-TEST(MultiTensorSteps, AdamWEqualsTheSingleTensorStepOnEachEntry) {
+TEST(MultiTensorSteps, AdamWEqualsOneEntryAtATime) {
   const double lr = 2e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.05;
   std::vector<kernels::AdamWTensors> multi, single;
   for (size_t i = 0; i < kMultiSizes.size(); ++i) {
     const int64_t n = kMultiSizes[i];
     const uint64_t seed = 100 + 10 * i;
-    // The last entry takes a bf16 gradient for its f32 param, as the single-tensor step allows.
+    // The last entry takes a bf16 gradient for its f32 param, as the step allows.
     const DType grad_dtype = i + 1 == kMultiSizes.size() ? DType::bf16 : DType::f32;
     const Tensor p = random_tensor({n}, DType::f32, seed), g = random_tensor({n}, grad_dtype, seed + 1, 0.1);
     const Tensor m = random_tensor({n}, DType::f32, seed + 2, 0.05);
@@ -229,8 +230,7 @@ TEST(MultiTensorSteps, AdamWEqualsTheSingleTensorStepOnEachEntry) {
   }
   for (int64_t step = 1; step <= 3; ++step) {
     kernels::adamw_step_multi_(multi, lr, b1, b2, eps, wd, step);
-    for (const auto& t : single)
-      kernels::adamw_step_(t.param, t.grad, t.exp_avg, t.exp_avg_sq, lr, b1, b2, eps, wd, step);
+    for (const auto& t : single) kernels::adamw_step_multi_({t}, lr, b1, b2, eps, wd, step);
   }
   for (size_t i = 0; i < multi.size(); ++i) {
     EXPECT_EQ(floats(multi[i].param), floats(single[i].param)) << "entry " << i;
@@ -270,7 +270,7 @@ TEST(MultiTensorSteps, AdamWOnAMasterEqualsTheF32StepAndRoundsTheParam) {
   }
 }
 
-TEST(MultiTensorSteps, SgdEqualsTheSingleTensorStepAndHandlesMasters) {
+TEST(MultiTensorSteps, SgdEqualsOneEntryAtATimeAndHandlesMasters) {
   const double lr = 0.05, momentum = 0.9, wd = 1e-2;
   for (bool nesterov : {false, true}) {
     std::vector<kernels::SgdTensors> f32_multi, f32_single, bf16_multi;
@@ -290,9 +290,7 @@ TEST(MultiTensorSteps, SgdEqualsTheSingleTensorStepAndHandlesMasters) {
       }
       kernels::sgd_step_multi_(f32_multi, lr, momentum, 0.0, nesterov, wd, step == 0);
       kernels::sgd_step_multi_(bf16_multi, lr, momentum, 0.0, nesterov, wd, step == 0);
-      for (const auto& t : f32_single) {
-        kernels::sgd_step_(t.param, t.grad, t.momentum_buffer, lr, momentum, 0.0, nesterov, wd, step == 0);
-      }
+      for (const auto& t : f32_single) kernels::sgd_step_multi_({t}, lr, momentum, 0.0, nesterov, wd, step == 0);
     }
     for (size_t i = 0; i < kMultiSizes.size(); ++i) {
       EXPECT_EQ(floats(f32_multi[i].param), floats(f32_single[i].param)) << "entry " << i;
@@ -373,9 +371,14 @@ TEST(MultiTensorStepErrors, EntriesAreNamedWithTheFix) {
 
 // ---- errors -----------------------------------------------------------------------------------------------
 
+// One f32 parameter, a list of one.
 void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double lr = 1e-3,
            double b1 = 0.9, double b2 = 0.999, double eps = 1e-8, double wd = 0.0, int64_t step = 1) {
-  kernels::adamw_step_(p, g, m, v, lr, b1, b2, eps, wd, step);
+  kernels::adamw_step_multi_({{p, g, m, v, Tensor()}}, lr, b1, b2, eps, wd, step);
+}
+void sgd(const Tensor& p, const Tensor& g, const Tensor& buf, double lr, double momentum, double dampening,
+         bool nesterov, double wd, bool first_step) {
+  kernels::sgd_step_multi_({{p, g, buf, Tensor()}}, lr, momentum, dampening, nesterov, wd, first_step);
 }
 
 TEST(OptimizerKernelErrors, ShapesDtypesAndDevicesAreNamedWithTheFix) {
@@ -400,7 +403,7 @@ TEST(OptimizerKernelErrors, ShapesDtypesAndDevicesAreNamedWithTheFix) {
   const Tensor pc = fake_cuda_tensor({4, 3}), gc = fake_cuda_tensor({4, 3});
   const Tensor mc = fake_cuda_tensor({4, 3}), vc = fake_cuda_tensor({4, 3});
   EXPECT_TRUE(throws_with([&] { adamw(pc, gc, mc, vc); }, {"adamw_step_", "built without CUDA", "cuda:0"}));
-  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(pc, gc, Tensor(), 0.1, 0, 0, false, 0, true); },
+  EXPECT_TRUE(throws_with([&] { sgd(pc, gc, Tensor(), 0.1, 0, 0, false, 0, true); },
                           {"sgd_step_", "built without CUDA"}));
   EXPECT_TRUE(throws_with([&] { kernels::sum_of_squares(gc); }, {"sum_of_squares", "built without CUDA"}));
 #endif
@@ -431,13 +434,13 @@ TEST(OptimizerKernelErrors, HyperparametersAreChecked) {
                           {"adamw_step_", "weight_decay"}));
   EXPECT_TRUE(throws_with([&] { adamw(p, g, m, v, 1e-3, 0.9, 0.99, 1e-8, 0.1, 0); },
                           {"adamw_step_", "step", "from 1"}));
-  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, Tensor(), 0.1, 0.9, 0, false, 0, true); },
+  EXPECT_TRUE(throws_with([&] { sgd(p, g, Tensor(), 0.1, 0.9, 0, false, 0, true); },
                           {"sgd_step_", "momentum_buffer is undefined", "allocate"}));
-  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, Tensor(), 0.1, 0.0, 0, true, 0, true); },
+  EXPECT_TRUE(throws_with([&] { sgd(p, g, Tensor(), 0.1, 0.0, 0, true, 0, true); },
                           {"sgd_step_", "nesterov", "momentum > 0"}));
-  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, zeros({5}), 0.1, 0.9, 0.1, true, 0, true); },
+  EXPECT_TRUE(throws_with([&] { sgd(p, g, zeros({5}), 0.1, 0.9, 0.1, true, 0, true); },
                           {"sgd_step_", "nesterov", "dampening 0"}));
-  EXPECT_TRUE(throws_with([&] { kernels::sgd_step_(p, g, Tensor(), 0.1, -0.9, 0, false, 0, true); },
+  EXPECT_TRUE(throws_with([&] { sgd(p, g, Tensor(), 0.1, -0.9, 0, false, 0, true); },
                           {"sgd_step_", "momentum", ">= 0"}));
 }
 

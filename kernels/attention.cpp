@@ -10,17 +10,13 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
+#include "core/log.h"
 #include "kernels/common.h"
 #include "kernels/cpu/attention_cpu.h"
-
-#if OCTET_HAS_CUDA
-#include <mutex>
-
-#include "core/log.h"
 #include "kernels/cuda/attention_cuda.h"
-#endif
 
 namespace octet::kernels {
 
@@ -53,7 +49,6 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
               describe_qkv(q, k, v), ")");
 }
 
-#if OCTET_HAS_CUDA
 bool env_is_one(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr && std::string(value) == "1";
@@ -128,7 +123,6 @@ AttentionGrads attention_backward_cuda(const Tensor& dout, const Tensor& q, cons
   take_unfused_path(op, q, k, v, why, path_counters().unfused_backward);
   return cuda::unfused_attention_backward(dout_q, q, k, v, out_q, lse, scale);
 }
-#endif
 
 }  // namespace
 
@@ -140,9 +134,7 @@ AttentionPathCounts attention_path_counts() {
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   constexpr const char* op = "attention_forward";
   check_qkv(op, q, k, v);
-#if OCTET_HAS_CUDA
   if (q.is_cuda()) return attention_forward_cuda(q, k, v, scale);
-#endif
   check_cpu(op, {&q, &k, &v});
   const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), sk = k.size(2);
   const DType ct = compute_dtype(q.dtype());
@@ -174,9 +166,7 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   const DType ct = q.is_cuda() ? DType::f32 : compute_dtype(q.dtype());
   OCTET_CHECK(lse.shape() == Shape({b, h, s}) && lse.dtype() == ct, op, ": lse ", lse.describe(), " should be ",
               dtype_name(ct), Shape({b, h, s}), ", as attention_forward returns it (q: ", q.describe(), ")");
-#if OCTET_HAS_CUDA
   if (q.is_cuda()) return attention_backward_cuda(dout, q, k, v, out, lse, scale);
-#endif
   check_cpu(op, {&q, &k, &v, &dout, &out, &lse});
   Tensor dq = empty(q.shape(), ct, q.device());
   Tensor dk = empty(k.shape(), ct, q.device());

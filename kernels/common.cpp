@@ -44,14 +44,11 @@ void check_dim(const char* op, const Tensor& t, int64_t ndim) {
 
 void check_cpu(const char* op, std::initializer_list<const Tensor*> tensors) {
   check_defined(op, tensors);
+  const char* why = OCTET_HAS_CUDA ? "this op has no CUDA kernel for these inputs" : "Octet was built without CUDA";
+  const char* fix = OCTET_HAS_CUDA ? "move the tensors to the cpu"
+                                   : "rebuild with OCTET_CUDA=ON (nvcc on PATH), or move the tensors to the cpu";
   for (const Tensor* t : tensors) {
-#if OCTET_HAS_CUDA
-    OCTET_CHECK(t->device().is_cpu(), op, ": this op has no CUDA kernel for these inputs (", describe_all(tensors),
-                "); move the tensors to the cpu");
-#else
-    OCTET_CHECK(t->device().is_cpu(), op, ": Octet was built without CUDA (", describe_all(tensors),
-                "); put nvcc on PATH and reconfigure, or move the tensors to the cpu");
-#endif
+    OCTET_CHECK(t->device().is_cpu(), op, ": ", why, " (", describe_all(tensors), "); ", fix);
   }
 }
 

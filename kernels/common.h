@@ -20,7 +20,8 @@ void check_same_device(const char* op, std::initializer_list<const Tensor*> tens
 void check_same_dtype(const char* op, std::initializer_list<const Tensor*> tensors);
 void check_floating(const char* op, const Tensor& t);
 void check_dim(const char* op, const Tensor& t, int64_t ndim);
-// Refuses device tensors on the CPU path: in a CPU-only build, or for inputs no CUDA kernel takes.
+// Refuses device tensors on the CPU path: inputs no CUDA kernel takes, or any device tensor in a
+// CPU-only build (where kernels/cuda_stubs.cpp refuses most of them first).
 void check_cpu(const char* op, std::initializer_list<const Tensor*> tensors);
 
 // The dtype a CPU kernel computes in for storage dtype d: f64 for f64, f32 otherwise.

@@ -9,9 +9,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/elementwise_cpu.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/elementwise_cuda.h"
-#endif
 
 namespace octet::kernels {
 namespace {
@@ -55,9 +53,7 @@ Tensor binary_op(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b
   check_same_dtype(op, {&a, &b});
   check_arith(op, a, integers_ok);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) return cuda::binary(kind, a, b, shape, op);
-#endif
   check_cpu(op, {&a, &b});
   return with_arith_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_arith(a), bc = to_arith(b);
@@ -70,9 +66,7 @@ Tensor binary_op(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b
 Tensor unary_op(const char* op, UnaryOp kind, const Tensor& a, bool integers_ok) {
   check_defined(op, {&a});
   check_arith(op, a, integers_ok);
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) return cuda::unary(kind, a, op);
-#endif
   check_cpu(op, {&a});
   return with_arith_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_arith(a);
@@ -87,9 +81,7 @@ Tensor scalar_op(const char* op, ScalarOp kind, const Tensor& a, double s, bool 
   check_arith(op, a, integers_ok);
   return with_arith_type(a.dtype(), [&]<class T>() {
     check_scalar_fits<T>(op, a, s);
-#if OCTET_HAS_CUDA
     if (a.is_cuda()) return cuda::scalar(kind, a, s, op);
-#endif
     check_cpu(op, {&a});
     const Tensor ac = to_arith(a);
     Tensor out = empty(a.shape(), ac.dtype());
@@ -154,9 +146,7 @@ Tensor broadcast_to(const Tensor& a, const Shape& shape) {
   for (int64_t d : shape) OCTET_CHECK(d >= 0, "broadcast_to: negative extent in target shape ", shape);
   OCTET_CHECK(broadcasts_to(a.shape(), shape), "broadcast_to: cannot broadcast ", a.describe(), " to ", shape,
               " (aligned from the right, each extent must equal the target's or be 1)");
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) return cuda::broadcast_to(a, shape);
-#endif
   check_cpu("broadcast_to", {&a});
   Tensor out = empty(shape, a.dtype());
   cpu::broadcast_copy(a.data_ptr(), a.shape(), out.data_ptr(), shape, a.element_size());
@@ -173,9 +163,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
               " into the integer tensor ", dst.describe(), "; convert the destination to a floating dtype");
   with_arith_type(dst.dtype(), [&]<class T>() {
     check_scalar_fits<T>("add_", dst, alpha);
-#if OCTET_HAS_CUDA
     if (dst.is_cuda()) return cuda::add_(dst, src, alpha);
-#endif
     check_cpu("add_", {&dst, &src});
     const Tensor acc = to_arith(dst);  // dst itself when it is already in its compute dtype
     const Tensor s = src.detach().to(acc.dtype());
@@ -190,9 +178,7 @@ void mul_scalar_(const Tensor& dst, double s) {
   check_arith("mul_scalar_", dst, true);
   with_arith_type(dst.dtype(), [&]<class T>() {
     check_scalar_fits<T>("mul_scalar_", dst, s);
-#if OCTET_HAS_CUDA
     if (dst.is_cuda()) return cuda::mul_scalar_(dst, s);
-#endif
     check_cpu("mul_scalar_", {&dst});
     const Tensor acc = to_arith(dst);
     cpu::scalar<T>(ScalarOp::mul, acc.data<T>(), static_cast<T>(s), acc.data<T>(), acc.numel());

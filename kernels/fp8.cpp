@@ -10,10 +10,8 @@
 #include "core/float_formats.h"
 #include "kernels/common.h"
 #include "kernels/cpu/fp8_cpu.h"
-#include "kernels/fp8_scale_rule.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/fp8_cuda.h"
-#endif
+#include "kernels/fp8_scale_rule.h"
 
 namespace octet::kernels {
 namespace {
@@ -108,9 +106,7 @@ Fp8Cast fp8_cast(const Tensor& x, const Tensor& scale, const Tensor& amax, DType
   int64_t rows, cols;
   rows_and_cols(x, rows, cols);
   const int64_t padded_rows = (rows + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) return cuda::fp8_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows);
-#endif
   check_cpu(op, {&x, &scale});
   if (amax.defined()) check_cpu(op, {&amax});
   Fp8Cast out;
@@ -133,9 +129,7 @@ void fp8_amax_(const Tensor& x, const Tensor& amax) {
   check_defined(op, {&x, &amax});
   check_cast_input(op, x);
   check_scalar_slot(op, "amax", amax, x);
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) return cuda::fp8_amax_(x, amax);
-#endif
   check_cpu(op, {&x, &amax});
   const uint32_t bits = with_cast_input_type(x.dtype(), [&]<class X>() {
     return cpu::fp8_amax_bits(static_cast<const X*>(x.data_ptr()), x.numel());
@@ -148,9 +142,7 @@ void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, double mar
   const float divisor = two_pow_margin(op, margin);
   if (groups.empty()) return;
   for (size_t i = 0; i < groups.size(); ++i) check_scaling_group(op, groups[i], i, groups[0].amax_history);
-#if OCTET_HAS_CUDA
   if (groups[0].amax_history.is_cuda()) return cuda::fp8_update_scales_(groups, divisor, algo);
-#endif
   for (const Fp8ScalingTensors& g : groups) {
     check_cpu(op, {&g.amax_history, &g.scale, &g.scale_inv});
     cpu::fp8_update_scales(g.amax_history.data<float>(), g.scale.data<float>(), g.scale_inv.data<float>(),
@@ -171,9 +163,7 @@ void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor&
                 "); allocate the scales with amax's shape");
   }
   check_same_device(op, {&amax, &scale, &scale_inv});
-#if OCTET_HAS_CUDA
   if (amax.is_cuda()) return cuda::fp8_scale_from_amax_(amax, scale, scale_inv, fp8_dtype, divisor);
-#endif
   check_cpu(op, {&amax, &scale, &scale_inv});
   cpu::fp8_scale_from_amax(amax.data<float>(), scale.data<float>(), scale_inv.data<float>(), amax.numel(),
                            fp8_max(fp8_dtype), divisor);

@@ -6,10 +6,8 @@
 #include "core/float_formats.h"
 #include "kernels/common.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/gemm.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/fp8_gemm_cuda.h"
-#endif
+#include "kernels/gemm.h"
 
 namespace octet::kernels {
 
@@ -103,9 +101,7 @@ void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, c
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
               const Tensor& bias, bool accumulate, bool fast_accumulate) {
   check_fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias);
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) return cuda::fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate);
-#endif
   (void)fast_accumulate;  // the CPU sums in f32 throughout: there is nothing faster to switch to
   fp8_gemm_cpu(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate);
 }

@@ -4,9 +4,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/gemm_cpu.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/gemm_cuda.h"
-#endif
 
 namespace octet::kernels {
 
@@ -69,13 +67,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (f64) check_same_dtype("gemm (f64 needs f64 everywhere)", {&a, &b, &c});
   OCTET_CHECK(!is_fp8(c.dtype()), op, ": FP8 output is not supported; write to bf16 or f32 (", c.describe(), ")");
   const int64_t stride_a = d.m * d.k, stride_b = d.b_shared ? 0 : d.k * d.n, stride_c = d.m * d.n;
-#if OCTET_HAS_CUDA
   if (c.is_cuda()) {
     cuda::gemm(a, trans_a, b, trans_b, c, cuda::GemmProblem{d.m, d.n, d.k, d.batch, stride_a, stride_b, stride_c}, alpha,
                beta);
     return;
   }
-#endif
   check_cpu(op, {&a, &b, &c});
 
   // Low-precision operands widen to f32 exactly; a non-f32 output is computed in f32 and rounded once.

@@ -1,12 +1,10 @@
 #include "kernels/linear.h"
 
 #include "kernels/common.h"
+#include "kernels/cuda/gemm_cuda.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
-#if OCTET_HAS_CUDA
-#include "kernels/cuda/gemm_cuda.h"
-#endif
 
 namespace octet::kernels {
 
@@ -47,10 +45,8 @@ void gemm_into(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Ten
   }
 }
 
-#if OCTET_HAS_CUDA
 // A single row-major GEMM: C[m, n] = op(A)[m, k]·op(B)[k, n].
 cuda::GemmProblem single(int64_t m, int64_t n, int64_t k) { return {m, n, k, 1, m * k, k * n, m * n}; }
-#endif
 
 void check_linear_shapes(const char* op, const Tensor& x, const Tensor& weight) {
   OCTET_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), op,
@@ -78,7 +74,6 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias)
   y_shape.back() = out;
   const DType y_dtype = writable(x.dtype());
 
-#if OCTET_HAS_CUDA
   if (x.is_cuda() && bias.defined() && gemm_writes(x.dtype(), y_dtype, x.device())) {
     Tensor y = empty({rows, out}, y_dtype, x.device());
     const cuda::GemmEpilogueArgs epilogue{cuda::GemmEpilogue::Bias, bias.to(y_dtype)};
@@ -86,7 +81,6 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias)
       return y.reshape(y_shape);
     }
   }
-#endif
 
   // The composition: the output starts as the broadcast bias and the GEMM accumulates onto it, so
   // x·Wᵀ + b is rounded once (as the epilogue does).
@@ -124,14 +118,12 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
     Tensor dweight = empty({out, in}, weight.dtype(), weight.device());
     const Tensor xs = as_operand(x2, dy2);
     bool fused_dbias = false;
-#if OCTET_HAS_CUDA
     if (need_dbias && dweight.is_cuda() && gemm_writes(dy2.dtype(), dweight)) {
       Tensor dbias = empty({out}, dweight.dtype(), dweight.device());
       const cuda::GemmEpilogueArgs epilogue{cuda::GemmEpilogue::BiasGradFromA, dbias};
       fused_dbias = cuda::gemm_with_epilogue(dy2, true, xs, false, dweight, single(out, in, rows), 1.0, 0.0, epilogue);
       if (fused_dbias) grads.dbias = dbias;
     }
-#endif
     if (!fused_dbias) gemm_into(dy2, true, xs, false, dweight, false);
     grads.dweight = dweight;
   }

@@ -8,9 +8,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/nn_ops_cpu.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/nn_ops_cuda.h"
-#endif
 
 namespace octet::kernels {
 namespace {
@@ -99,9 +97,7 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
   constexpr const char* op = "layernorm_forward";
   const int64_t C = check_layernorm_args(op, x, weight, bias);
   OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) return cuda::layernorm_forward(x, weight, bias, eps);
-#endif
   check_cpu(op, {&x});
   const int64_t rows = x.numel() / C;
 
@@ -131,9 +127,7 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
                 describe_all({&mean, &rstd}), ")");
   }
   check_same_device(op, {&x, &dy, &mean, &rstd});
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) return cuda::layernorm_backward(dy, x, weight, mean, rstd);
-#endif
   check_cpu(op, {&dy, &x, &mean, &rstd});
   const int64_t rows = x.numel() / C;
 
@@ -158,9 +152,7 @@ Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
   constexpr const char* op = "gelu_forward";
   check_defined(op, {&x});
   check_floating(op, x);
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) return cuda::gelu_forward(x, approximation);
-#endif
   check_cpu(op, {&x});
   return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
     const Tensor xc = to_compute(x);
@@ -177,9 +169,7 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
   check_same_dtype(op, {&dy, &x});
   OCTET_CHECK(dy.shape() == x.shape(), op, ": dy and x differ in shape (", describe_all({&dy, &x}), ")");
   check_same_device(op, {&dy, &x});
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) return cuda::gelu_backward(dy, x, approximation);
-#endif
   check_cpu(op, {&dy, &x});
   return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
     const Tensor dyc = to_compute(dy), xc = to_compute(x);
@@ -195,9 +185,7 @@ CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& tar
                                          int64_t ignore_index) {
   constexpr const char* op = "cross_entropy_forward";
   check_cross_entropy_args(op, logits, targets, label_smoothing);
-#if OCTET_HAS_CUDA
   if (logits.is_cuda()) return cuda::cross_entropy_forward(logits, targets, label_smoothing, ignore_index);
-#endif
   int64_t counted = 0;
   const Tensor t64 = checked_targets_cpu(op, logits, targets, ignore_index, &counted);
   const int64_t N = logits.size(0), C = logits.size(1);
@@ -224,11 +212,9 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   OCTET_CHECK(dloss.numel() == 1 && is_floating(dloss.dtype()), op, ": dloss must be a one-element floating tensor, got ",
               dloss.describe());
   check_same_device(op, {&logits, &lse, &dloss});
-#if OCTET_HAS_CUDA
   if (logits.is_cuda()) {
     return cuda::cross_entropy_backward(logits, targets, lse, dloss, label_smoothing, ignore_index);
   }
-#endif
   int64_t counted = 0;
   const Tensor t64 = checked_targets_cpu(op, logits, targets, ignore_index, &counted);
   check_cpu(op, {&lse, &dloss});
@@ -251,9 +237,7 @@ namespace {
 Tensor dropout_dispatch(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset) {
   // p = 0 keeps everything and scales by 1: skip the generator, but still return a fresh tensor.
   if (p == 0.0) return in.detach().clone();
-#if OCTET_HAS_CUDA
   if (in.is_cuda()) return cuda::dropout_apply(in, p, seed, offset);
-#endif
   check_cpu(op, {&in});
   return with_compute_type(in.dtype(), [&]<class T>() -> Tensor {
     const Tensor ic = to_compute(in);

@@ -11,9 +11,7 @@
 #include "core/float_formats.h"
 #include "kernels/common.h"
 #include "kernels/cpu/optimizers_cpu.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/optimizers_cuda.h"
-#endif
 
 namespace octet::kernels {
 namespace {
@@ -239,9 +237,7 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, doub
     for (const Named& n : named_tensors(t, i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
-#if OCTET_HAS_CUDA
   if (tensors[0].param.is_cuda()) return cuda::adamw_step_multi_(tensors, constants);
-#endif
   for (const AdamWTensors& t : tensors) adamw_cpu(op, t, constants);
 }
 
@@ -262,9 +258,7 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
     for (const Named& n : named_tensors(used.back(), i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
-#if OCTET_HAS_CUDA
   if (used[0].param.is_cuda()) return cuda::sgd_step_multi_(used, constants);
-#endif
   for (const SgdTensors& t : used) sgd_cpu(op, t, constants);
 }
 
@@ -286,9 +280,7 @@ double sum_of_squares(const Tensor& t) {
   const char* op = "sum_of_squares";
   check_defined(op, {&t});
   check_floating(op, t);
-#if OCTET_HAS_CUDA
   if (t.is_cuda()) return cuda::sum_of_squares_multi({t});
-#endif
   return sum_of_squares_cpu(op, t);
 }
 
@@ -300,9 +292,7 @@ double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
     check_floating(op, tensors[i]);
     check_one_device(op, tensors[0], tensors[i], i);
   }
-#if OCTET_HAS_CUDA
   if (tensors[0].is_cuda()) return cuda::sum_of_squares_multi(tensors);
-#endif
   double total = 0;
   for (const Tensor& t : tensors) total += sum_of_squares_cpu(op, t);
   return total;

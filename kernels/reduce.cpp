@@ -6,9 +6,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/reduce_cpu.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/reduce_cuda.h"
-#endif
 
 namespace octet::kernels {
 namespace {
@@ -58,12 +56,10 @@ void check_input(const char* op, const Tensor& a) {
 
 Tensor sum_impl(const Tensor& a, Geometry g, const Shape& out_shape, bool mean) {
   const char* op = mean ? "mean" : "sum";
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) {
     const float divisor = mean ? static_cast<float>(g.n) : 1.f;
     return cuda::sum(a, g.outer, g.n, g.inner, divisor, a.dtype(), op).reshape(out_shape);
   }
-#endif
   check_cpu(op, {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
@@ -78,14 +74,12 @@ MaxResult max_impl(const char* op, const Tensor& a, Geometry g, const Shape& out
   OCTET_CHECK(g.n > 0 || g.outer * g.inner == 0, op, ": cannot take the maximum over an empty dim of ",
               a.describe());
   MaxResult r;
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) {
     cuda::max(a, g.outer, g.n, g.inner, r.values, r.indices);
     r.values = r.values.reshape(out_shape);
     r.indices = r.indices.reshape(out_shape);
     return r;
   }
-#endif
   check_cpu(op, {&a});
   r.indices = empty(out_shape, DType::i64);
   r.values = with_compute_type(a.dtype(), [&]<class T>() {
@@ -99,9 +93,7 @@ MaxResult max_impl(const char* op, const Tensor& a, Geometry g, const Shape& out
 
 // The result stays in the compute dtype: FP8 scaling wants amax in f32 whatever the storage.
 Tensor amax_impl(const Tensor& a, Geometry g, const Shape& out_shape) {
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) return cuda::amax(a, g.outer, g.n, g.inner).reshape(out_shape);
-#endif
   check_cpu("amax", {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
@@ -114,9 +106,7 @@ Tensor amax_impl(const Tensor& a, Geometry g, const Shape& out_shape) {
 Tensor softmax_impl(const char* op, const Tensor& a, int64_t dim, bool log) {
   check_input(op, a);
   const Geometry g = geometry(a.shape(), dim, op);
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) return cuda::softmax(a, g.outer, g.n, g.inner, log);
-#endif
   check_cpu(op, {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_compute(a);
@@ -132,9 +122,7 @@ Tensor softmax_backward_impl(const char* op, const Tensor& y, const Tensor& dy, 
   check_input(op, y);
   OCTET_CHECK(y.shape() == dy.shape(), op, ": y and dy must have the same shape (", describe_all({&y, &dy}), ")");
   const Geometry g = geometry(y.shape(), dim, op);
-#if OCTET_HAS_CUDA
   if (y.is_cuda()) return cuda::softmax_backward(y, dy, g.outer, g.n, g.inner, log);
-#endif
   check_cpu(op, {&y, &dy});
   return with_compute_type(y.dtype(), [&]<class T>() {
     const Tensor yc = to_compute(y), dyc = to_compute(dy);
@@ -216,14 +204,12 @@ Tensor sum_to(const Tensor& a, const Shape& shape) {
     passes.push_back(g);
     extents[r] = 1;  // later passes see this run as gone
   }
-#if OCTET_HAS_CUDA
   if (a.is_cuda()) {  // the first pass reads a's dtype directly; every pass writes f32
     Tensor cur = a;
     for (const Geometry& g : passes) cur = cuda::sum(cur, g.outer, g.n, g.inner, 1.f, DType::f32, "sum_to");
     if (cur.data_ptr() == a.data_ptr()) cur = cur.detach().clone();
     return cur.reshape(shape).to(a.dtype());
   }
-#endif
   check_cpu("sum_to", {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
     Tensor cur = to_compute(a);

@@ -7,9 +7,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/shape_ops_cpu.h"
-#if OCTET_HAS_CUDA
 #include "kernels/cuda/shape_ops_cuda.h"
-#endif
 
 namespace octet::kernels {
 
@@ -45,17 +43,13 @@ std::vector<int64_t> read_indices(const char* op, const Tensor& indices, int64_t
 // The raw-byte routines on the device holding the bytes.
 void permute_bytes(Device device, const void* in, void* out, const Shape& in_shape, const std::vector<int64_t>& dims,
                    size_t elem) {
-#if OCTET_HAS_CUDA
   if (device.is_cuda()) return cuda::permute(device, in, out, in_shape, dims, elem);
-#endif
   cpu::permute(in, out, in_shape, dims, elem);
 }
 
 void copy_rows(Device device, const void* src, int64_t src_stride, void* dst, int64_t dst_stride, int64_t rows,
                int64_t row_bytes) {
-#if OCTET_HAS_CUDA
   if (device.is_cuda()) return cuda::copy_rows(device, src, src_stride, dst, dst_stride, rows, row_bytes);
-#endif
   cpu::copy_rows(src, src_stride, dst, dst_stride, rows, row_bytes);
 }
 
@@ -181,13 +175,11 @@ Tensor slice_backward(const Tensor& grad, const Shape& full_shape, int64_t dim, 
   Tensor out = empty(full_shape, grad.dtype(), grad.device());
   const int64_t inner_bytes = extent_product(full_shape, d + 1, full_shape.ndim()) * grad.element_size();
   // Zero bytes are 0.0 in every floating dtype, so the band and the zeros around it are written in one pass.
-#if OCTET_HAS_CUDA
   if (grad.is_cuda()) {
     cuda::place_band(grad.device(), grad.data_ptr(), extent_product(full_shape, 0, d), full_shape[d] * inner_bytes,
                      start * inner_bytes, length * inner_bytes, out.data_ptr());
     return out;
   }
-#endif
   check_cpu(op, {&grad});
   cpu::place_band(grad.data_ptr(), extent_product(full_shape, 0, d), full_shape[d] * inner_bytes,
                   start * inner_bytes, length * inner_bytes, out.data_ptr());
@@ -237,13 +229,11 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
   Shape shape = x.shape();
   shape[d] = static_cast<int64_t>(idx.size());
   Tensor out = empty(shape, x.dtype(), x.device());
-#if OCTET_HAS_CUDA
   if (x.is_cuda()) {
     cuda::gather_rows(x.device(), x.data_ptr(), out.data_ptr(), extent_product(x.shape(), 0, d), x.size(d),
                       extent_product(x.shape(), d + 1, x.dim()), idx, x.element_size());
     return out;
   }
-#endif
   check_cpu(op, {&x});
   cpu::gather_rows(x.data_ptr(), out.data_ptr(), extent_product(x.shape(), 0, d), x.size(d),
                    extent_product(x.shape(), d + 1, x.dim()), idx, x.element_size());
@@ -263,12 +253,10 @@ Tensor index_select_backward(const Tensor& grad, const Shape& full_shape, int64_
   }
   OCTET_CHECK(match, op, ": grad ", grad.describe(), " should be full shape ", full_shape, " with dim ", d,
               " replaced by the ", idx.size(), " indices");
-#if OCTET_HAS_CUDA
   if (grad.is_cuda()) {
     return cuda::scatter_add_rows(grad, full_shape, extent_product(full_shape, 0, d), full_shape[d],
                                   extent_product(full_shape, d + 1, full_shape.ndim()), idx);
   }
-#endif
   check_cpu(op, {&grad});
   // Accumulate in the compute dtype so repeated bf16 rows are summed in f32 and rounded once.
   const Tensor g = to_compute(grad);

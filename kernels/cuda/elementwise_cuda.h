@@ -1,7 +1,7 @@
 #pragma once
-// CUDA elementwise kernels behind kernels/elementwise.cpp (CUDA builds only). The entry points have
-// checked devices, dtypes and shapes; these allocate on the input's device and launch on its
-// current stream.
+// CUDA elementwise kernels behind kernels/elementwise.cpp (plain C++: no CUDA types). The entry
+// points have checked devices, dtypes and shapes; these allocate on the input's device and launch
+// on its current stream.
 //
 // Precision matches the CPU kernels: f32, bf16 and f16 load into f32, compute in f32 and round once
 // on the way out; e4m3/e5m2 are converted to f32 and back around the same kernels (as the CPU

@@ -1,9 +1,9 @@
 #pragma once
-// CUDA reductions and softmax behind kernels/reduce.cpp (CUDA builds only). Like the CPU kernels
-// (kernels/cpu/reduce_cpu.h), each sees its contiguous input as [outer, n, inner] around the
-// reduced dim; the entry point has checked the arguments and computed that geometry. Inputs are
-// f32, bf16 or f16 (e4m3/e5m2 go through f32, as on the CPU); everything accumulates in f32.
-// f64 has no CUDA kernel and throws an error naming the op and the fix.
+// CUDA reductions and softmax behind kernels/reduce.cpp (plain C++: no CUDA types). Like the CPU
+// kernels (kernels/cpu/reduce_cpu.h), each sees its contiguous input as [outer, n, inner] around
+// the reduced dim; the entry point has checked the arguments and computed that geometry. Inputs are
+// f32, bf16 or f16 (e4m3/e5m2 go through f32, as on the CPU); everything accumulates in f32. f64
+// has no CUDA kernel and throws an error naming the op and the fix.
 #include "core/tensor.h"
 
 namespace octet::kernels::cuda {

@@ -1,5 +1,5 @@
 #pragma once
-// CUDA data movement behind kernels/shape_ops.cpp (CUDA builds only). These mirror the CPU
+// CUDA data movement behind kernels/shape_ops.cpp (plain C++: no CUDA types). These mirror the CPU
 // routines of kernels/cpu/shape_ops_cpu.h: they move raw elements of `elem` bytes, so every dtype
 // shares them, and the entry points have already checked the arguments and allocated the outputs.
 // `device` is the CUDA device holding the pointers; work goes on its current stream.

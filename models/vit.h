@@ -19,10 +19,20 @@
 
 namespace octet::models {
 
+// Built with designated initialisers, in the order below. The shape fields have no defaults: give
+// every one (-Wextra warns otherwise); the rest default to timm's:
+//   ViTConfig{.name = "tiny", .img_size = 8, .patch_size = 4, .in_chans = 1, .num_classes = 5,
+//             .embed_dim = 12, .depth = 2, .num_heads = 2, .mlp_ratio = 2.0}
 struct ViTConfig {
   std::string name;
-  int64_t img_size, patch_size, in_chans, num_classes, embed_dim, depth, num_heads;
-  double mlp_ratio = 4;
+  int64_t img_size;     // square images, img_size × img_size pixels
+  int64_t patch_size;   // square patches; img_size must be a multiple of it
+  int64_t in_chans;     // image channels
+  int64_t num_classes;  // the head's outputs
+  int64_t embed_dim;    // D, the width of every token
+  int64_t depth;        // TransformerBlocks
+  int64_t num_heads;    // attention heads; embed_dim must be a multiple of it
+  double mlp_ratio = 4;  // MLP hidden width = mlp_ratio · embed_dim
   bool qkv_bias = true;
   double drop_rate = 0, attn_drop_rate = 0, drop_path_rate = 0;
 };

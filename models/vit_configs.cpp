@@ -8,15 +8,20 @@ namespace octet::models {
 namespace {
 
 std::vector<ViTConfig> all_configs() {
-  // name, img, patch, chans, classes, dim, depth, heads, mlp_ratio
   return {
-      {"vit_tiny_patch16_224", 224, 16, 3, 1000, 192, 12, 3, 4.0},
-      {"vit_small_patch16_224", 224, 16, 3, 1000, 384, 12, 6, 4.0},
-      {"vit_base_patch16_224", 224, 16, 3, 1000, 768, 12, 12, 4.0},
-      {"vit_large_patch16_224", 224, 16, 3, 1000, 1024, 24, 16, 4.0},
-      {"vit_huge_patch16_224", 224, 16, 3, 1000, 1280, 32, 16, 4.0},
-      // A starting point for training on a CPU (49 patches of 4×4); tune it on this one line.
-      {"vit_fashion_mnist", 28, 4, 1, 10, 96, 4, 3, 2.0},
+      {.name = "vit_tiny_patch16_224", .img_size = 224, .patch_size = 16, .in_chans = 3, .num_classes = 1000,
+       .embed_dim = 192, .depth = 12, .num_heads = 3, .mlp_ratio = 4.0},
+      {.name = "vit_small_patch16_224", .img_size = 224, .patch_size = 16, .in_chans = 3, .num_classes = 1000,
+       .embed_dim = 384, .depth = 12, .num_heads = 6, .mlp_ratio = 4.0},
+      {.name = "vit_base_patch16_224", .img_size = 224, .patch_size = 16, .in_chans = 3, .num_classes = 1000,
+       .embed_dim = 768, .depth = 12, .num_heads = 12, .mlp_ratio = 4.0},
+      {.name = "vit_large_patch16_224", .img_size = 224, .patch_size = 16, .in_chans = 3, .num_classes = 1000,
+       .embed_dim = 1024, .depth = 24, .num_heads = 16, .mlp_ratio = 4.0},
+      {.name = "vit_huge_patch16_224", .img_size = 224, .patch_size = 16, .in_chans = 3, .num_classes = 1000,
+       .embed_dim = 1280, .depth = 32, .num_heads = 16, .mlp_ratio = 4.0},
+      // A starting point for training on a CPU (49 patches of 4×4); tune it here.
+      {.name = "vit_fashion_mnist", .img_size = 28, .patch_size = 4, .in_chans = 1, .num_classes = 10,
+       .embed_dim = 96, .depth = 4, .num_heads = 3, .mlp_ratio = 2.0},
   };
 }
 

@@ -23,7 +23,9 @@ using testing::throws_with;
 
 // embed_dim 16: the blocks' Linears (16 -> 48, 16 -> 16, 16 -> 32, 32 -> 16) suit FP8.
 models::ViTConfig tiny_config(int64_t depth = 2, int64_t embed_dim = 8) {
-  return {"tiny_test", 8, 4, 1, 3, embed_dim, depth, 2, 2.0, true, 0.0, 0.0, 0.1};
+  return {.name = "tiny_test", .img_size = 8, .patch_size = 4, .in_chans = 1, .num_classes = 3, .embed_dim = embed_dim,
+          .depth = depth, .num_heads = 2, .mlp_ratio = 2.0, .qkv_bias = true, .drop_rate = 0.0, .attn_drop_rate = 0.0,
+          .drop_path_rate = 0.1};
 }
 
 // A model and optimizer that have taken `steps` AdamW steps on random data; with `fp8`, each

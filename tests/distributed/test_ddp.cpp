@@ -12,6 +12,7 @@
 #include "nn/fp8.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
+#include "tests/distributed/model_testing.h"
 #include "tests/distributed/mpi_main.h"
 #include "tests/testing.h"
 
@@ -20,59 +21,27 @@ namespace {
 
 using distributed::DdpOptions;
 using distributed::DistributedDataParallel;
+using testing::Batch;
+using testing::make_vit;
+using testing::max_relative_difference;
 using testing::world;
 
 // Parameter counts that no world size divides evenly, two blocks so buckets have an order to keep.
-models::ViTConfig tiny_vit() { return {"tiny_test", 8, 4, 1, 5, 12, 2, 2, 2.0}; }
-
-std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed) {
-  Generator gen(seed);
-  return std::make_shared<models::VisionTransformer>(tiny_vit(), true, &gen);
-}
-
-struct Batch {
-  Tensor images, labels;
-};
-
-// The global batch of step `step`, the same on every rank.
-Batch global_batch(int64_t size, int step) {
-  Batch b;
-  b.images = testing::random_tensor({size, 1, 8, 8}, DType::f32, 1000 + step);
-  std::vector<int64_t> labels(size);
-  for (int64_t i = 0; i < size; ++i) labels[i] = (i * 7 + step * 3) % 5;
-  b.labels = from_vector<int64_t>(labels, {size});
-  return b;
-}
-
-// Rank r's shard: rows [r·B, (r+1)·B) of the global batch.
-Batch shard(const Batch& global, int rank, int64_t per_rank) {
-  return {global.images.narrow(rank * per_rank, per_rank), global.labels.narrow(rank * per_rank, per_rank)};
-}
+const models::ViTConfig kTinyVit = testing::tiny_vit_config("tiny_test", /*embed_dim=*/12, /*depth=*/2);
+// Step s's global batch: images from seed 1000 + s, labels (7i + 3s) mod 5.
+const testing::SeededBatches kBatches{.image_seed = 1000, .label_stride = 7, .label_step = 3};
 
 Tensor mse_loss(const Tensor& prediction, const Tensor& target) {
   const Tensor d = prediction - target;
   return mean(d * d);
 }
 
-// max |a - b| / max(1, |b|) over every parameter.
-double max_relative_difference(nn::Module& a, nn::Module& b) {
-  const auto pa = a.named_parameters(), pb = b.named_parameters();
-  double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i) {
-    const auto va = pa[i].second.to_vector<double>(), vb = pb[i].second.to_vector<double>();
-    for (size_t k = 0; k < va.size(); ++k) {
-      worst = std::max(worst, std::abs(va[k] - vb[k]) / std::max(1.0, std::abs(vb[k])));
-    }
-  }
-  return worst;
-}
-
 TEST(Ddp, FiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
   const int n = world().size(), rank = world().rank();
   const int64_t per_rank = 3, global = per_rank * n;
-  auto reference = make_vit(7);
+  auto reference = make_vit(kTinyVit, 7);
   // Every rank but 0 starts from different weights: the wrap must broadcast rank 0's.
-  auto model = make_vit(rank == 0 ? 7 : 100 + rank);
+  auto model = make_vit(kTinyVit, rank == 0 ? 7 : 100 + rank);
   DistributedDataParallel ddp(model, testing::world_group());
   EXPECT_EQ(max_relative_difference(*model, *reference), 0.0) << "the wrap did not broadcast rank 0's parameters";
 
@@ -81,7 +50,7 @@ TEST(Ddp, FiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
   optim::AdamW opt(model->parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
   double first_loss_gap = 0;
   for (int step = 0; step < 5; ++step) {
-    const Batch all = global_batch(global, step), mine = shard(all, rank, per_rank);
+    const Batch all = kBatches.global_batch(global, step), mine = all.shard(rank, per_rank);
     const Tensor ref_loss = cross_entropy((*reference)(all.images), all.labels);
     ref_loss.backward();
     ref_opt.step();
@@ -149,8 +118,8 @@ TEST(Ddp, HooksFiringOutOfRegistrationOrderGiveTheSameResult) {
 TEST(Ddp, NoSyncAccumulationMatchesOneProcess) {
   const int n = world().size(), rank = world().rank();
   const int64_t per_rank = 2, micro_batches = 3, global = per_rank * n;
-  auto reference = make_vit(11);
-  auto model = make_vit(11);
+  auto reference = make_vit(kTinyVit, 11);
+  auto model = make_vit(kTinyVit, 11);
   DistributedDataParallel ddp(model, testing::world_group());
   // Summing three micro-batches per rank and then averaging ranks adds in another order than one
   // process does: gradients differ in the last bits. Adam's update lr·m/√v normalises each
@@ -161,7 +130,7 @@ TEST(Ddp, NoSyncAccumulationMatchesOneProcess) {
   world().reset_counters();
   for (int step = 0; step < 5; ++step) {
     for (int m = 0; m < micro_batches; ++m) {
-      const Batch all = global_batch(global, 10 * step + m), mine = shard(all, rank, per_rank);
+      const Batch all = kBatches.global_batch(global, 10 * step + m), mine = all.shard(rank, per_rank);
       (cross_entropy((*reference)(all.images), all.labels) * (1.0 / micro_batches)).backward();
       const Tensor loss = cross_entropy(ddp(mine.images), mine.labels) * (1.0 / micro_batches);
       if (m + 1 < micro_batches) {
@@ -184,7 +153,7 @@ TEST(Ddp, NoSyncAccumulationMatchesOneProcess) {
 }
 
 TEST(Ddp, BucketsFollowReverseRegistrationOrderAndTheirCaps) {
-  auto model = make_vit(5);
+  auto model = make_vit(kTinyVit, 5);
   const double first_cap_mb = 0.002, cap_mb = 0.004;  // 2 kB, then 4 kB
   DistributedDataParallel ddp(model, testing::world_group(),
                               DdpOptions{.bucket_cap_mb = cap_mb, .first_bucket_cap_mb = first_cap_mb});
@@ -208,11 +177,11 @@ TEST(Ddp, BucketsFollowReverseRegistrationOrderAndTheirCaps) {
 TEST(Ddp, Bf16ReductionIsCloseToF32AndNotEqual) {
   const int n = world().size(), rank = world().rank();
   const int64_t per_rank = 3, global = per_rank * n;
-  auto reference = make_vit(21);
-  auto model = make_vit(21);
+  auto reference = make_vit(kTinyVit, 21);
+  auto model = make_vit(kTinyVit, 21);
   DistributedDataParallel ddp(model, testing::world_group(),
                               DdpOptions{.reduce_dtype = DType::bf16});
-  const Batch all = global_batch(global, 0), mine = shard(all, rank, per_rank);
+  const Batch all = kBatches.global_batch(global, 0), mine = all.shard(rank, per_rank);
   cross_entropy((*reference)(all.images), all.labels).backward();
   cross_entropy(ddp(mine.images), mine.labels).backward();
   double diff = 0, norm = 0;

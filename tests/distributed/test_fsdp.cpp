@@ -11,6 +11,7 @@
 #include "distributed/fsdp.h"
 #include "models/vit.h"
 #include "optim/optim.h"
+#include "tests/distributed/model_testing.h"
 #include "tests/distributed/mpi_main.h"
 #include "tests/testing.h"
 
@@ -20,57 +21,33 @@ namespace {
 using distributed::FsdpOptions;
 using distributed::FullyShardedDataParallel;
 using distributed::ShardingStrategy;
+using testing::Batch;
+using testing::make_vit;
+using testing::max_relative_difference;
 using testing::world;
 using testing::world_group;
 
 // 12-wide, 3 blocks: parameter counts that 2, 3 and 4 do not all divide.
-models::ViTConfig tiny_vit() { return {"tiny_fsdp", 8, 4, 1, 5, 12, 3, 2, 2.0}; }
-
-std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed) {
-  Generator gen(seed);
-  return std::make_shared<models::VisionTransformer>(tiny_vit(), true, &gen);
-}
-
-struct Batch {
-  Tensor images, labels;
-};
-
-Batch global_batch(int64_t size, int step) {
-  Batch b;
-  b.images = testing::random_tensor({size, 1, 8, 8}, DType::f32, 2000 + step);
-  std::vector<int64_t> labels(size);
-  for (int64_t i = 0; i < size; ++i) labels[i] = (i * 3 + step) % 5;
-  b.labels = from_vector<int64_t>(labels, {size});
-  return b;
-}
-
-double max_relative_difference(const std::vector<std::pair<std::string, Tensor>>& got, nn::Module& reference) {
-  const auto expected = reference.named_parameters();
-  EXPECT_EQ(got.size(), expected.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
-    EXPECT_EQ(got[i].first, expected[i].first);
-    const auto a = got[i].second.to_vector<double>(), b = expected[i].second.to_vector<double>();
-    for (size_t k = 0; k < a.size(); ++k) worst = std::max(worst, std::abs(a[k] - b[k]) / std::max(1.0, std::abs(b[k])));
-  }
-  return worst;
-}
+const models::ViTConfig kTinyVit = testing::tiny_vit_config("tiny_fsdp", /*embed_dim=*/12, /*depth=*/3);
+// Step s's global batch: images from seed 2000 + s, labels (3i + s) mod 5.
+const testing::SeededBatches kBatches{.image_seed = 2000, .label_stride = 3, .label_step = 1};
 
 // Trains 5 AdamW steps with clipping under `sharding` and checks losses and parameters against one
 // process on the whole batch.
 void expect_matches_one_process(ShardingStrategy sharding, int micro_batches) {
   const int n = world().size(), rank = world().rank();
   const int64_t per_rank = 2, global = per_rank * n;
-  auto reference = make_vit(9);
+  auto reference = make_vit(kTinyVit, 9);
   // Ranks other than 0 start elsewhere: wrapping must broadcast rank 0's weights.
-  FullyShardedDataParallel fsdp(make_vit(rank == 0 ? 9 : 50 + rank), world_group(), FsdpOptions{.sharding = sharding});
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, rank == 0 ? 9 : 50 + rank), world_group(),
+                                FsdpOptions{.sharding = sharding});
   // lr 1e-3: Adam turns last-bit differences of near-zero gradients into ~lr·ε moves (test_ddp.cpp).
   optim::AdamW ref_opt(reference->parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
   optim::AdamW opt(fsdp.parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
   for (int step = 0; step < 5; ++step) {
     double ref_loss = 0, loss = 0;
     for (int m = 0; m < micro_batches; ++m) {
-      const Batch all = global_batch(global, 10 * step + m);
+      const Batch all = kBatches.global_batch(global, 10 * step + m);
       const Tensor r = cross_entropy((*reference)(all.images), all.labels) * (1.0 / micro_batches);
       r.backward();
       ref_loss += r.item();
@@ -107,7 +84,7 @@ TEST(Fsdp, AccumulationIntoTheGradientShardMatchesOneProcess) {
 
 TEST(Fsdp, ShardsHoldOneNthOfEveryFlatParameterPlusPadding) {
   const int n = world().size();
-  auto model = make_vit(3);
+  auto model = make_vit(kTinyVit, 3);
   const int64_t total = model->num_parameters();
   FullyShardedDataParallel fsdp(model, world_group());
   const auto flats = fsdp.flat_parameters();
@@ -133,8 +110,8 @@ TEST(Fsdp, ShardsHoldOneNthOfEveryFlatParameterPlusPadding) {
 // root once (it stays gathered through the step), and every flat gradient reduce-scattered once.
 TEST(Fsdp, FullShardCommunicationMatchesTheory) {
   const int n = world().size(), rank = world().rank();
-  FullyShardedDataParallel fsdp(make_vit(4), world_group());
-  const Batch all = global_batch(2 * n, 0);
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 4), world_group());
+  const Batch all = kBatches.global_batch(2 * n, 0);
   world().reset_counters();
   cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
   const auto c = world().counters();
@@ -148,12 +125,12 @@ TEST(Fsdp, FullShardCommunicationMatchesTheory) {
 // SGD with Nesterov momentum steps the shards through the same Optimizer API.
 TEST(Fsdp, SgdOnTheShardsMatchesOneProcess) {
   const int n = world().size(), rank = world().rank();
-  auto reference = make_vit(13);
-  FullyShardedDataParallel fsdp(make_vit(13), world_group());
+  auto reference = make_vit(kTinyVit, 13);
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 13), world_group());
   optim::SGD ref_opt(reference->parameters(), 0.05, 0.9, 0.0, /*nesterov=*/true, 1e-4);
   optim::SGD opt(fsdp.parameters(), 0.05, 0.9, 0.0, /*nesterov=*/true, 1e-4);
   for (int step = 0; step < 5; ++step) {
-    const Batch all = global_batch(2 * n, step);
+    const Batch all = kBatches.global_batch(2 * n, step);
     cross_entropy((*reference)(all.images), all.labels).backward();
     ref_opt.step(), ref_opt.zero_grad();
     cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
@@ -168,16 +145,16 @@ TEST(Fsdp, SgdOnTheShardsMatchesOneProcess) {
 // 0.024 at 3, of the order of bf16's rounding of the activations and gradients in both runs.
 TEST(Fsdp, Bf16GathersTrainLikeOneBf16Process) {
   const int n = world().size(), rank = world().rank();
-  auto reference = make_vit(14);
+  auto reference = make_vit(kTinyVit, 14);
   const auto initial = reference->named_parameters();
   std::vector<std::vector<double>> start;
   for (const auto& p : initial) start.push_back(p.second.to_vector<double>());
   reference->to(DType::bf16);
-  FullyShardedDataParallel fsdp(make_vit(14), world_group(), FsdpOptions{.compute_dtype = DType::bf16});
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 14), world_group(), FsdpOptions{.compute_dtype = DType::bf16});
   optim::SGD ref_opt(reference->parameters(), 0.1);
   optim::SGD opt(fsdp.parameters(), 0.1);
   for (int step = 0; step < 3; ++step) {
-    const Batch all = global_batch(2 * n, step);
+    const Batch all = kBatches.global_batch(2 * n, step);
     cross_entropy((*reference)(all.images.to(DType::bf16)), all.labels).backward();
     ref_opt.step(), ref_opt.zero_grad();
     cross_entropy(fsdp(all.images.narrow(rank * 2, 2).to(DType::bf16)), all.labels.narrow(rank * 2, 2)).backward();
@@ -207,11 +184,11 @@ TEST(Fsdp, Bf16GathersTrainLikeOneBf16Process) {
 // 16·Ψ/N plus the padding, exactly.
 TEST(Fsdp, LedgerHoldsSixteenBytesPerShardElementWithAdamW) {
   const int n = world().size(), rank = world().rank();
-  auto model = make_vit(6);
+  auto model = make_vit(kTinyVit, 6);
   const int64_t total = model->num_parameters();
   FullyShardedDataParallel fsdp(model, world_group());
   optim::AdamW opt(fsdp.parameters(), 1e-3);
-  const Batch all = global_batch(2 * n, 0);
+  const Batch all = kBatches.global_batch(2 * n, 0);
   cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
   opt.step();
   int64_t shard = 0, padded = 0, largest_unit = 0;
@@ -241,11 +218,9 @@ TEST(Fsdp, LedgerHoldsSixteenBytesPerShardElementWithAdamW) {
 // until the end of backward (as an earlier version did) would exceed the bound.
 TEST(Fsdp, GatheredMemoryStaysWithinAFewUnitsWhateverTheDepth) {
   const int n = world().size(), rank = world().rank();
-  Generator gen(15);
-  auto model = std::make_shared<models::VisionTransformer>(models::ViTConfig{"deep_fsdp", 8, 4, 1, 5, 12, 6, 2, 2.0},
-                                                           true, &gen);
+  auto model = make_vit(testing::tiny_vit_config("deep_fsdp", /*embed_dim=*/12, /*depth=*/6), 15);
   FullyShardedDataParallel fsdp(model, world_group());
-  const Batch all = global_batch(2 * n, 0);
+  const Batch all = kBatches.global_batch(2 * n, 0);
   cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
   int64_t root = 0, unit = 0;
   for (const auto& f : fsdp.flat_parameters()) {
@@ -266,7 +241,7 @@ TEST(Fsdp, GatheredMemoryStaysWithinAFewUnitsWhateverTheDepth) {
 // backward's (the last block), when forward ends.
 TEST(Fsdp, TheFirstUnitsOfForwardAndOfBackwardArePrefetched) {
   const int n = world().size(), rank = world().rank();
-  auto model = make_vit(16);
+  auto model = make_vit(kTinyVit, 16);
   FullyShardedDataParallel fsdp(model, world_group());
   std::vector<int> before_blocks, after_forward, after_backward;
   model->patch_embed->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor&) {
@@ -274,7 +249,7 @@ TEST(Fsdp, TheFirstUnitsOfForwardAndOfBackwardArePrefetched) {
     return Tensor();
   });
   for (int step = 0; step < 2; ++step) {
-    const Batch all = global_batch(2 * n, step);
+    const Batch all = kBatches.global_batch(2 * n, step);
     const Tensor loss = cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2));
     after_forward.push_back(fsdp.units_gathered());
     loss.backward();
@@ -295,9 +270,9 @@ TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {
       if (name.find("attn.qkv") != std::string::npos || name.find("mlp.fc1") != std::string::npos) p.requires_grad_(false);
     }
   };
-  auto reference = make_vit(12);
+  auto reference = make_vit(kTinyVit, 12);
   freeze(*reference);
-  auto model = make_vit(12);
+  auto model = make_vit(kTinyVit, 12);
   freeze(*model);
   const auto before = model->named_parameters();
   std::vector<std::pair<std::string, std::vector<double>>> frozen;
@@ -313,7 +288,7 @@ TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {
   optim::AdamW ref_opt(trainable, 1e-3);
   optim::AdamW opt(fsdp.parameters(), 1e-3);
   for (int step = 0; step < 3; ++step) {
-    const Batch all = global_batch(2 * n, step);
+    const Batch all = kBatches.global_batch(2 * n, step);
     cross_entropy((*reference)(all.images), all.labels).backward();
     ref_opt.step(), ref_opt.zero_grad();
     cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();

@@ -22,6 +22,7 @@
 #include "models/vit.h"
 #include "nn/safetensors.h"
 #include "optim/optim.h"
+#include "tests/distributed/model_testing.h"
 #include "tests/distributed/mpi_main.h"
 #include "tests/testing.h"
 
@@ -32,6 +33,8 @@ namespace fs = std::filesystem;
 using distributed::FsdpOptions;
 using distributed::FullyShardedDataParallel;
 using distributed::ProcessGroup;
+using testing::Batch;
+using testing::make_vit;
 using testing::throws_with;
 using testing::world;
 
@@ -104,12 +107,7 @@ class SplitMpiGroup : public ProcessGroup {
 };
 
 // 12-wide, 3 blocks: flat parameters that 4 and 2 do not all divide, so padding moves on re-sharding.
-models::ViTConfig tiny_vit(int64_t embed_dim = 12) { return {"tiny_fsdp", 8, 4, 1, 5, embed_dim, 3, 2, 2.0}; }
-
-std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed, int64_t embed_dim = 12) {
-  Generator gen(seed);
-  return std::make_shared<models::VisionTransformer>(tiny_vit(embed_dim), true, &gen);
-}
+const models::ViTConfig kTinyVit = testing::tiny_vit_config("tiny_fsdp", /*embed_dim=*/12, /*depth=*/3);
 
 // The tests split the world into pairs and name shard files of 4 ranks: mpirun -np 4.
 std::shared_ptr<ProcessGroup> world_group() {
@@ -120,13 +118,12 @@ std::shared_ptr<ProcessGroup> world_group() {
 constexpr int64_t kGlobalBatch = 8;
 constexpr int kSaveAfter = 3, kContinueFor = 3;
 
+// Step s's global batch of kGlobalBatch: images from seed 3000 + s, labels (3i + s) mod 5.
+const testing::SeededBatches kBatches{.image_seed = 3000, .label_stride = 3, .label_step = 1};
+
 // Step `step`'s global batch; rank r of an n-rank group trains on its n-th of it.
-std::pair<Tensor, Tensor> batch_of(const ProcessGroup& group, int step) {
-  const Tensor images = testing::random_tensor({kGlobalBatch, 1, 8, 8}, DType::f32, 3000 + step);
-  std::vector<int64_t> labels(kGlobalBatch);
-  for (int64_t i = 0; i < kGlobalBatch; ++i) labels[i] = (i * 3 + step) % 5;
-  const int64_t per_rank = kGlobalBatch / group.size(), begin = group.rank() * per_rank;
-  return {images.narrow(begin, per_rank), from_vector<int64_t>(labels, {kGlobalBatch}).narrow(begin, per_rank)};
+Batch batch_of(const ProcessGroup& group, int step) {
+  return kBatches.global_batch(kGlobalBatch, step).shard(group.rank(), kGlobalBatch / group.size());
 }
 
 // AdamW steps [first, first + count); the mean loss over the group's ranks at each.
@@ -184,7 +181,7 @@ const Reference& reference() {
   static const Reference ref = [] {
     const int rank = world().rank();
     // Ranks other than 0 start elsewhere: wrapping broadcasts rank 0's weights.
-    FullyShardedDataParallel fsdp(make_vit(rank == 0 ? 9 : 50 + rank), world_group());
+    FullyShardedDataParallel fsdp(make_vit(kTinyVit, rank == 0 ? 9 : 50 + rank), world_group());
     auto optimizer = adamw(fsdp);
     train(fsdp, *optimizer, world(), 0, kSaveAfter);
     Reference r;
@@ -206,7 +203,7 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& exp
 TEST(FsdpCheckpoint, ResumesBitForBitAtTheSameWorldSize) {
   const Reference& ref = reference();
   // Other weights and another lr: the load must replace both.
-  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
   auto optimizer = adamw(fsdp, 5e-3);
   const auto info = distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
   EXPECT_EQ(info.saved_world_size, 4);
@@ -219,7 +216,7 @@ TEST(FsdpCheckpoint, ResumesAtTwoRanks) {
   const Reference& ref = reference();
   const auto pair = SplitMpiGroup::split(world().rank() / 2);
   ASSERT_EQ(pair->size(), 2);
-  FullyShardedDataParallel fsdp(make_vit(77), pair);
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), pair);
   auto optimizer = adamw(fsdp, 5e-3);
   distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
   expect_close(train(fsdp, *optimizer, *pair, kSaveAfter, kContinueFor), ref.continued, 1e-5);
@@ -228,7 +225,7 @@ TEST(FsdpCheckpoint, ResumesAtTwoRanks) {
 TEST(FsdpCheckpoint, ResumesAtOneRank) {
   const Reference& ref = reference();
   auto alone = std::make_shared<distributed::LocalProcessGroup>();
-  FullyShardedDataParallel fsdp(make_vit(77), alone);
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), alone);
   auto optimizer = adamw(fsdp, 5e-3);
   distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
   expect_close(train(fsdp, *optimizer, *alone, kSaveAfter, kContinueFor), ref.continued, 1e-5);
@@ -236,13 +233,13 @@ TEST(FsdpCheckpoint, ResumesAtOneRank) {
 
 TEST(FsdpCheckpoint, ConsolidatedExportLoadsIntoOneProcessModel) {
   const Reference& ref = reference();
-  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
   distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, nullptr);
   const std::string path = (shared_directory() / "export" / "model.safetensors").string();
   distributed::export_consolidated(path, fsdp);
   const auto gathered = fsdp.full_parameters();
 
-  models::VisionTransformer single(tiny_vit(), /*initialize=*/false);
+  models::VisionTransformer single(kTinyVit, /*initialize=*/false);
   single.load_state_dict(nn::load_safetensors(path).tensors, /*strict=*/true);
   const auto loaded = single.named_parameters();
   ASSERT_EQ(loaded.size(), gathered.size());
@@ -257,7 +254,7 @@ TEST(FsdpCheckpoint, ConsolidatedExportLoadsIntoOneProcessModel) {
 
 TEST(FsdpCheckpoint, SavingAgainReplacesTheCheckpointAndLeavesNoTemporaries) {
   const fs::path dir = shared_directory() / "resaved";
-  FullyShardedDataParallel fsdp(make_vit(5), world_group());
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 5), world_group());
   auto optimizer = adamw(fsdp);
   distributed::save_fsdp_checkpoint(dir.string(), fsdp, nullptr);  // weights only, step 0
   train(fsdp, *optimizer, world(), 0, 1);
@@ -272,7 +269,7 @@ TEST(FsdpCheckpoint, SavingAgainReplacesTheCheckpointAndLeavesNoTemporaries) {
   }
   EXPECT_TRUE(fs::exists(dir / "trainer.json"));
   EXPECT_TRUE(fs::exists(dir / "shard-3-of-4.safetensors"));
-  FullyShardedDataParallel loaded(make_vit(6), world_group());
+  FullyShardedDataParallel loaded(make_vit(kTinyVit, 6), world_group());
   auto loaded_optimizer = adamw(loaded);
   distributed::load_fsdp_checkpoint(dir.string(), loaded, loaded_optimizer.get());
   EXPECT_EQ(loaded_optimizer->step_count(0, 0), 1) << "the second save replaced the first";
@@ -285,7 +282,7 @@ TEST(FsdpCheckpoint, NoShardLoadsShardedCheckpointsAndWritesOnesThatShardedModel
   const Reference& ref = reference();
   FsdpOptions no_shard;
   no_shard.sharding = distributed::ShardingStrategy::NoShard;
-  FullyShardedDataParallel replicated(make_vit(77), world_group(), no_shard);
+  FullyShardedDataParallel replicated(make_vit(kTinyVit, 77), world_group(), no_shard);
   auto optimizer = adamw(replicated, 5e-3);
   distributed::load_fsdp_checkpoint(ref.checkpoint, replicated, optimizer.get());
   expect_close(train(replicated, *optimizer, world(), kSaveAfter, kContinueFor), ref.continued, 1e-5);
@@ -293,7 +290,7 @@ TEST(FsdpCheckpoint, NoShardLoadsShardedCheckpointsAndWritesOnesThatShardedModel
   const std::string dir = (shared_directory() / "no_shard_saved").string();
   distributed::save_fsdp_checkpoint(dir, replicated, optimizer.get());
   EXPECT_TRUE(fs::exists(fs::path(dir) / "shard-0-of-1.safetensors"));
-  FullyShardedDataParallel sharded(make_vit(78), world_group());
+  FullyShardedDataParallel sharded(make_vit(kTinyVit, 78), world_group());
   auto sharded_optimizer = adamw(sharded);
   const auto info = distributed::load_fsdp_checkpoint(dir, sharded, sharded_optimizer.get());
   EXPECT_EQ(info.saved_world_size, 1);
@@ -315,7 +312,7 @@ std::shared_ptr<models::VisionTransformer> freeze_first_block(std::shared_ptr<mo
 // Frozen parameters (a LoRA base) have flat parameters of their own, with no optimizer state: they
 // are saved and re-sharded like the others, and a model that freezes differently is refused.
 TEST(FsdpCheckpoint, FrozenFlatParametersAreSavedAndReshardedWithoutOptimizerState) {
-  FullyShardedDataParallel fsdp(freeze_first_block(make_vit(11)), world_group());
+  FullyShardedDataParallel fsdp(freeze_first_block(make_vit(kTinyVit, 11)), world_group());
   auto optimizer = adamw(fsdp);
   train(fsdp, *optimizer, world(), 0, 1);
   const std::string dir = (shared_directory() / "frozen").string();
@@ -323,7 +320,7 @@ TEST(FsdpCheckpoint, FrozenFlatParametersAreSavedAndReshardedWithoutOptimizerSta
   const auto expected = fsdp.full_parameters();
 
   auto alone = std::make_shared<distributed::LocalProcessGroup>();
-  FullyShardedDataParallel single(freeze_first_block(make_vit(12)), alone);
+  FullyShardedDataParallel single(freeze_first_block(make_vit(kTinyVit, 12)), alone);
   auto single_optimizer = adamw(single);
   distributed::load_fsdp_checkpoint(dir, single, single_optimizer.get());
   EXPECT_EQ(single_optimizer->step_count(0, 0), 1);
@@ -332,7 +329,7 @@ TEST(FsdpCheckpoint, FrozenFlatParametersAreSavedAndReshardedWithoutOptimizerSta
   for (size_t k = 0; k < got.size(); ++k) {
     EXPECT_EQ(got[k].second.to_vector<float>(), expected[k].second.to_vector<float>()) << got[k].first;
   }
-  FullyShardedDataParallel unfrozen(make_vit(12), alone);
+  FullyShardedDataParallel unfrozen(make_vit(kTinyVit, 12), alone);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir, unfrozen, nullptr); },
                           {"unit 'blocks.0'", "frozen", "is trainable"}));
 }
@@ -353,7 +350,7 @@ TEST(FsdpCheckpoint, ATruncatedShardIsAClearErrorOnEveryRankAndChangesNothing) {
     const fs::path shard = d / "shard-2-of-4.safetensors";
     fs::resize_file(shard, fs::file_size(shard) / 2);
   });
-  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
   auto optimizer = adamw(fsdp);
   const auto before = fsdp.parameters()[1].to_vector<float>();
   // At N = 4 only rank 2 reads that file; every rank reports its error.
@@ -363,7 +360,7 @@ TEST(FsdpCheckpoint, ATruncatedShardIsAClearErrorOnEveryRankAndChangesNothing) {
   EXPECT_EQ(optimizer->step_count(0, 1), 0);
   // At N = 1 every rank reads every file.
   auto alone = std::make_shared<distributed::LocalProcessGroup>();
-  FullyShardedDataParallel single(make_vit(77), alone);
+  FullyShardedDataParallel single(make_vit(kTinyVit, 77), alone);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir.string(), single, nullptr); },
                           {"shard-2-of-4.safetensors", "truncated"}));
 }
@@ -371,7 +368,7 @@ TEST(FsdpCheckpoint, ATruncatedShardIsAClearErrorOnEveryRankAndChangesNothing) {
 TEST(FsdpCheckpoint, AMissingShardOrIndexIsAClearError) {
   const fs::path no_shard = damaged_copy("no_shard", [](const fs::path& d) { fs::remove(d / "shard-1-of-4.safetensors"); });
   const fs::path no_index = damaged_copy("no_index", [](const fs::path& d) { fs::remove(d / "index.json"); });
-  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
   auto optimizer = adamw(fsdp);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(no_shard.string(), fsdp, optimizer.get()); },
                           {"shard-1-of-4.safetensors", "is missing"}));
@@ -384,15 +381,16 @@ TEST(FsdpCheckpoint, AModelWithOtherFlatParametersIsAClearError) {
   // Decayed and undecayed parameters in separate flats: more flat parameters than were saved.
   FsdpOptions split_keys;
   split_keys.flat_param_key = [](const std::string&, const Tensor& p) { return p.dim() <= 1 ? 1 : 0; };
-  FullyShardedDataParallel split(make_vit(77), world_group(), split_keys);
+  FullyShardedDataParallel split(make_vit(kTinyVit, 77), world_group(), split_keys);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, split, nullptr); },
                           {"flat parameters but this model has", "flat_param_key"}));
   // Same flats and names, other widths: the first differing parameter is named.
-  FullyShardedDataParallel wider(make_vit(77, 16), world_group());
+  const models::ViTConfig wider_vit = testing::tiny_vit_config("tiny_fsdp", /*embed_dim=*/16, /*depth=*/3);
+  FullyShardedDataParallel wider(make_vit(wider_vit, 77), world_group());
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, wider, nullptr); },
                           {"in flat parameter 0", "has shape", "same configuration"}));
   // Another optimizer.
-  FullyShardedDataParallel fsdp(make_vit(77), world_group());
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
   optim::SGD sgd(fsdp.parameters(), 0.1, 0.9);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, &sgd); },
                           {"AdamW", "SGD"}));

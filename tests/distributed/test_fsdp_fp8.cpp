@@ -17,6 +17,7 @@
 #include "nn/fp8.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
+#include "tests/distributed/model_testing.h"
 #include "tests/distributed/mpi_main.h"
 #include "tests/testing.h"
 
@@ -27,30 +28,21 @@ using distributed::Collective;
 using distributed::FsdpOptions;
 using distributed::FullyShardedDataParallel;
 using distributed::ShardingStrategy;
+using testing::Batch;
+using testing::make_vit;
 using testing::world;
 using testing::world_group;
 
 // 16 wide (the FP8 GEMM needs multiples of 16), 3 blocks. A block's four weights hold
 // 768 + 256 + 512 + 512 = 2048 elements: padded at N = 3, and cut mid-weight by the shards at every N.
-models::ViTConfig fp8_vit() { return {"fp8_fsdp", 8, 4, 1, 5, 16, 3, 2, 2.0}; }
-
-std::shared_ptr<models::VisionTransformer> make_vit(uint64_t seed) {
-  Generator gen(seed);
-  return std::make_shared<models::VisionTransformer>(fp8_vit(), true, &gen);
-}
-
-struct Batch {
-  Tensor images, labels;
-};
+const models::ViTConfig kFp8Vit = testing::tiny_vit_config("fp8_fsdp", /*embed_dim=*/16, /*depth=*/3);
+// Step s's global batch: images from seed 3000 + s, labels (3i + s) mod 5.
+const testing::SeededBatches kBatches{.image_seed = 3000, .label_stride = 3, .label_step = 1};
 
 // This rank's 2 of a global batch of 2·N (the same on every rank), images in bf16.
 Batch local_batch(int step) {
-  const int n = world().size(), rank = world().rank();
-  const int64_t size = 2 * n;
-  std::vector<int64_t> labels(size);
-  for (int64_t i = 0; i < size; ++i) labels[i] = (i * 3 + step) % 5;
-  const Tensor images = testing::random_tensor({size, 1, 8, 8}, DType::f32, 3000 + step);
-  return {images.narrow(2 * rank, 2).to(DType::bf16), from_vector<int64_t>(labels, {size}).narrow(2 * rank, 2)};
+  const Batch mine = kBatches.global_batch(2 * world().size(), step).shard(world().rank(), 2);
+  return {mine.images.to(DType::bf16), mine.labels};
 }
 
 // bf16 compute, decayed weights in flats of their own (what train_vit does): a block's decayed flat
@@ -100,8 +92,8 @@ Run train(FullyShardedDataParallel& fsdp, const nn::Fp8Recipe& recipe, int micro
 
 void expect_bit_for_bit_like_bf16_gathers(ShardingStrategy sharding, const nn::Fp8Recipe& recipe,
                                           int micro_batches = 1) {
-  FullyShardedDataParallel bf16(make_vit(21), world_group(), options(sharding, false));
-  FullyShardedDataParallel fp8(make_vit(21), world_group(), options(sharding, true));
+  FullyShardedDataParallel bf16(make_vit(kFp8Vit, 21), world_group(), options(sharding, false));
+  FullyShardedDataParallel fp8(make_vit(kFp8Vit, 21), world_group(), options(sharding, true));
   const auto a = bf16.flat_parameters(), b = fp8.flat_parameters();
   EXPECT_EQ(a.size(), b.size());
   int fp8_flats = 0;
@@ -159,7 +151,8 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
   int64_t gather[2] = {0, 0}, reduce[2] = {0, 0}, casts[2] = {0, 0};
   int64_t expected_fp8 = 0, expected_bf16 = 0, fp8_weights = 0;
   for (int use_fp8 = 0; use_fp8 < 2; ++use_fp8) {
-    FullyShardedDataParallel fsdp(make_vit(22), world_group(), options(ShardingStrategy::FullShard, use_fp8 == 1));
+    FullyShardedDataParallel fsdp(make_vit(kFp8Vit, 22), world_group(),
+                                  options(ShardingStrategy::FullShard, use_fp8 == 1));
     world().reset_counters();
     Tensor loss;
     {
@@ -194,7 +187,7 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
 // While an FP8 forward runs, an FP8 Linear's weight parameter holds no bytes: the bf16 weight is never
 // gathered. Evaluation outside the scope gathers it as usual. Afterwards nothing stays gathered.
 TEST(FsdpFp8, TheBf16WeightIsNeverGatheredInAnFp8Pass) {
-  auto model = make_vit(23);
+  auto model = make_vit(kFp8Vit, 23);
   FullyShardedDataParallel fsdp(model, world_group(), options(ShardingStrategy::FullShard, true));
   std::shared_ptr<nn::Linear> found;
   for (const auto& [name, m] : model->named_modules()) {

@@ -245,7 +245,8 @@ TEST(VisionTransformer, ConvertsToF64AndBack) {
   EXPECT_TRUE(octet::testing::all_close(logits64, f32_logits, 1e-5, 1e-5));
   EXPECT_TRUE(throws_with(
       [] {
-        VisionTransformer(ViTConfig{"bad", 8, 3, 1, 2, 8, 1, 2});
+        VisionTransformer(ViTConfig{.name = "bad", .img_size = 8, .patch_size = 3, .in_chans = 1, .num_classes = 2,
+                                    .embed_dim = 8, .depth = 1, .num_heads = 2});
       },
       {"img_size 8", "multiple of patch_size 3"}));
 }

@@ -246,7 +246,10 @@ TEST(LoRA, MarkOnlyLoraAsTrainable) {
 // ---- apply_lora on a Vision Transformer ----------------------------------------------------------
 
 // img 8, patch 4, 1 channel, 5 classes, dim 16, depth 2, heads 2, MLP hidden 32.
-models::ViTConfig tiny_vit() { return {"t", 8, 4, 1, 5, 16, 2, 2, 2.0}; }
+models::ViTConfig tiny_vit() {
+  return {.name = "t", .img_size = 8, .patch_size = 4, .in_chans = 1, .num_classes = 5, .embed_dim = 16, .depth = 2,
+          .num_heads = 2, .mlp_ratio = 2.0};
+}
 const std::vector<std::string> kBlockLinears = {"qkv", "proj", "fc1", "fc2"};
 const std::vector<std::string> kHead = {"head.weight", "head.bias"};
 

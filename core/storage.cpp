@@ -140,7 +140,9 @@ void Storage::release() {
 
 void Storage::reallocate() {
   OCTET_CHECK(owned_, "Storage::reallocate: this storage wraps memory Octet did not allocate");
-  if (data_ == nullptr) allocate();
+  if (data_ != nullptr) return;
+  allocate();
+  bump_version();
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {

@@ -2,7 +2,9 @@
 // A block of bytes on one device, shared by every tensor that views it. Host blocks are 64-byte
 // aligned (a cache line, and enough for any SIMD load); CUDA blocks come from the stream-ordered
 // allocator (core/cuda_memory.h).
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -32,9 +34,23 @@ class Storage {
   // FSDP frees a gathered unit between forward and backward this way while the autograd graph
   // still holds views of it, then gathers into the same storage again (PyTorch resizes the storage
   // to 0 for the same reason). Only for storages Octet allocated.
+  // reallocate() counts as a write (the bytes are new and undefined): it bumps the version.
   void release();
   void reallocate();
   bool allocated() const { return data_ != nullptr; }
+
+  // The write version, PyTorch's VariableVersion: shared by every tensor that views this storage and
+  // bumped by every in-place write made through Octet (Tensor::copy_ and fill_, the kernels' in-place
+  // functions and the outputs they write into, the optimizers' steps, collectives). Something derived
+  // from the bytes and cached (a Linear's FP8 weight cast, nn/fp8.h) stays good while the version it
+  // was made at is the version now. Code that writes through data_ptr() itself bumps it.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // Sets the version back to `version`, an earlier version of this storage, for a writer that has just
+  // written exactly the bytes the storage held at that version: FSDP gathering a unit again from
+  // shards that have not changed since it recorded `version` (distributed/fsdp_gather.h), so that the
+  // casts cached from the earlier gather stay good. Any other use makes caches serve stale bytes.
+  void restore_version(uint64_t version) { version_.store(version, std::memory_order_relaxed); }
 
  private:
   void allocate();
@@ -44,6 +60,7 @@ class Storage {
   Device device_;
   std::function<void(void*)> deleter_;
   bool owned_ = true;  // allocated here (not wrapped), so release/reallocate may manage it
+  std::atomic<uint64_t> version_{0};
 };
 
 // Host blocks of kHostCacheMinBytes or more are not returned to the C library when their last tensor

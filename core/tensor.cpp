@@ -160,6 +160,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   src.require_defined("copy_");
   OCTET_CHECK(src.numel() == numel(), "copy_: source ", src.describe(), " has ", src.numel(),
               " elements but the destination ", describe(), " has ", numel());
+  bump_version();
   if (src.device().is_cpu() && device().is_cpu()) {
     const Tensor converted = src.dtype() == dtype() ? src : src.detach().to(dtype());
     copy_bytes(data_ptr(), device(), converted.data_ptr(), converted.device(), nbytes());
@@ -215,6 +216,7 @@ void fill_pattern(void* out, const unsigned char* element, size_t size, int64_t 
 
 const Tensor& Tensor::fill_(double value) const {
   require_defined("fill_");
+  bump_version();
   unsigned char element[8];
   convert_elements(&value, DType::f64, element, dtype(), 1);
   if (device().is_cpu()) {

@@ -56,6 +56,10 @@ class Tensor {
   long use_count() const { return impl_.use_count(); }  // handles sharing this tensor's metadata
   TensorImpl* impl() const { return impl_.get(); }
 
+  // The storage's write version (Storage::version): in-place writers bump it, caches compare it.
+  uint64_t version() const { return storage()->version(); }
+  void bump_version() const { storage()->bump_version(); }
+
   // Raw bytes, on whichever device holds them.
   void* data_ptr() const;
   // Typed host pointer; checks that T matches the dtype and that the tensor is on the CPU.

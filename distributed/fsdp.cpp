@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 
@@ -46,6 +47,8 @@ struct FullyShardedDataParallel::State {
     int64_t numel = 0, padded = 0, shard_numel = 0;
     Tensor shard;     // f32 [shard_numel], a leaf: this rank's master weights; .grad its gradient
     Tensor gathered;  // [padded] compute dtype; its storage is released while the unit is sharded
+    // The shard's version at the last gather into `gathered`, and gathered's version after it.
+    uint64_t gathered_from = UINT64_MAX, gathered_version = 0;
     int pending = 0;  // gradients still to arrive in this pass
     bool reduced = false;
     Tensor grad_full, grad_shard;  // the reduce-scatter's input and output while it is in flight
@@ -115,9 +118,25 @@ struct FullyShardedDataParallel::State {
       } else {
         buffer.copy_(input);
       }
+      if (!fp8) carry_version(flat);
     }
     if (!unit.gather_work) unit.gather_work = std::make_shared<CompletedWork>("no_shard copy");
     if (u != 0) gathered_max = std::max(gathered_max, ++gathered_now);
+  }
+
+  // A gather from shards unchanged since the last one writes the bytes the buffer held after it:
+  // the buffer gets that gather's version back, so what was cached from those bytes (the FP8
+  // Linears' weight casts, nn::Fp8WeightCache) stays good, as in an unsharded model between
+  // optimizer steps. Every rank's shard changes together (an optimizer step, a load), so this
+  // rank's shard version stands for all of them.
+  void carry_version(Flat& flat) {
+    const uint64_t source = flat.shard.version();
+    if (source == flat.gathered_from) {
+      flat.gathered.storage()->restore_version(flat.gathered_version);
+    } else {
+      flat.gathered_from = source;
+      flat.gathered_version = flat.gathered.version();
+    }
   }
 
   void allocate_buffer(const Tensor& buffer) {
@@ -604,8 +623,9 @@ FullyShardedDataParallel::MemoryLedger FullyShardedDataParallel::memory_ledger(c
   ledger.peak_gathered = state_->peak_gathered_bytes;
   for (const auto& [name, m] : module_->named_modules()) {
     const auto* linear = dynamic_cast<const nn::Linear*>(m.get());
-    if (linear == nullptr || linear->fp8_state == nullptr || linear->fp8_state->weight_cast_external) continue;
-    for (const Tensor& t : {linear->fp8_state->weight_cast.data, linear->fp8_state->weight_cast.transposed}) {
+    if (linear == nullptr || linear->fp8_state == nullptr || linear->fp8_state->weight_cache.supplied()) continue;
+    const kernels::Fp8Cast& cast = linear->fp8_state->weight_cache.cast();
+    for (const Tensor& t : {cast.data, cast.transposed}) {
       if (t.defined() && t.storage()->allocated()) ledger.fp8_weight_casts += static_cast<int64_t>(t.nbytes());
     }
   }

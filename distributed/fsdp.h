@@ -37,23 +37,24 @@
 //             to flat parameters of their own (FlatParameterInfo::fp8). A block's weights are exactly
 //             its decayed parameters, so with a decay/no-decay flat_param_key the layout, and so the
 //             checkpoints, are the same with and without this option.
-//   per step  once per weight generation (an optimizer step, nn::invalidate_fp8_weight_casts), at the
-//             start of the first forward inside an FP8 scope: each rank measures the amax of its piece
-//             of every FP8 weight (of the shard rounded to compute_dtype, as the Linear would see the
-//             gathered weight), one all_reduce(MAX) of those few floats gives every weight's true
-//             amax, and the scales follow the recipe exactly as the Linear's own cast would set them
-//             (delayed: the history's scale, the amax recorded in its row 0; current: the scale from
-//             that amax). Each rank then casts its shard to E4M3, each weight's piece with that
-//             weight's scale, and keeps it for the generation.
+//   per step  once per change of the weights (an optimizer step or a load writes the master shards,
+//             which bumps their Storage::version), at the start of the first forward inside an FP8
+//             scope: each rank measures the amax of its piece of every FP8 weight (of the shard
+//             rounded to compute_dtype, as the Linear would see the gathered weight), one
+//             all_reduce(MAX) of those few floats gives every weight's true amax, and
+//             nn::record_weight_amax sets the scales from it, the function the Linear's own cast
+//             calls (delayed: the history's scale, the amax recorded in its row 0; current: the
+//             scale from that amax). Each rank then casts its shard to E4M3, each weight's piece
+//             with that weight's scale, and keeps it until the shards change.
 //   gather    the unit's FP8 flats are all-gathered as bytes. Once gathered, each weight's transpose
 //             (what the backward GEMM reads) is made from the gathered bytes, and each Linear is
 //             handed views of both, with the scale_inv, as its weight cast
-//             (Fp8LinearState::weight_cast_external). The GEMMs read the gathered bytes directly:
+//             (nn::Fp8WeightCache::supply). The GEMMs read the gathered bytes directly:
 //             nothing is decoded and re-quantised, and the bytes equal those the Linear would have
 //             cast from a bf16-gathered weight, so training is bit for bit the same, with half the
 //             gather bytes for those weights. The views are released and re-gathered like the
-//             bf16 buffer; backward re-gathers the same bytes (the scales stay those of the
-//             generation).
+//             bf16 buffer; backward re-gathers the same bytes (the scales stay those the shards
+//             were cast with).
 // A forward outside an FP8 scope (evaluation) gathers those weights in compute_dtype as usual. While
 // an FP8 pass is under way the FP8 Linears' weight parameters hold no data: code that reads them (not
 // the Linear's FP8 GEMMs) must run outside the FP8 scope.

@@ -15,7 +15,6 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
-#include "nn/fp8.h"
 #include "nn/safetensors.h"
 
 namespace octet::distributed {
@@ -556,7 +555,6 @@ FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedData
     shards[f].detach().copy_(params[f]);
     Tensor(shards[f]).set_grad(Tensor());  // a gradient from before the load belongs to other weights
   }
-  nn::invalidate_fp8_weight_casts();  // FP8 casts of the old weights (fp8_all_gather's shards too) are stale
   return {index.world, num_flats};
 }
 

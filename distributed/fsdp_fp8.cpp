@@ -50,18 +50,11 @@ void Fp8Flat::cast_shard(const Tensor& rounded, int64_t first, const Tensor& ama
   scale_inv_.assign(weights_.size(), Tensor());
   for (size_t i = 0; i < weights_.size(); ++i) {
     nn::Fp8LinearState& state = *weights_[i].linear->fp8_state;
-    const Tensor slot_amax = state.forward.amax_history.select(0).narrow(1, 1);  // entry 1: the weight
-    const Tensor slot_scale = state.forward.scale.narrow(1, 1), slot_scale_inv = state.forward.scale_inv.narrow(1, 1);
-    if (!recipe.is_delayed()) slot_amax.zero_();
-    kernels::fp8_amax_(amax.narrow(static_cast<int64_t>(i), 1), slot_amax);  // max(slot, amax): amaxes are >= 0
-    if (!recipe.is_delayed()) {
-      kernels::fp8_scale_from_amax_(slot_amax, slot_scale, slot_scale_inv, state.forward.fp8_dtype, recipe.margin());
-    }
-    const Tensor scale = slot_scale.clone();
-    scale_inv_[i] = slot_scale_inv.clone();
+    const nn::Fp8LinearState::Entry w = nn::record_weight_amax(state, amax.narrow(static_cast<int64_t>(i), 1), recipe);
+    scale_inv_[i] = w.scale_inv.clone();  // the slot's changes with the next scale update; the cast's must not
     const Piece p = piece(i, first, rounded.numel());
     if (p.length == 0) continue;
-    const kernels::Fp8Cast cast = kernels::fp8_cast(rounded.narrow(p.begin, p.length), scale, Tensor(),
+    const kernels::Fp8Cast cast = kernels::fp8_cast(rounded.narrow(p.begin, p.length), w.scale, Tensor(),
                                                     state.forward.fp8_dtype, /*rowwise=*/true, /*transposed=*/false);
     shard_.narrow(p.begin, p.length).copy_(cast.data);
   }
@@ -71,22 +64,17 @@ void Fp8Flat::make_transposes() {
   for (size_t i = 0; i < weights_.size(); ++i) data_t_[i].copy_(kernels::transpose_last2(data_[i]));
 }
 
-void Fp8Flat::hand_over(uint64_t generation, bool with_transposes) {
+void Fp8Flat::hand_over(const Tensor& source, bool with_transposes) {
   for (size_t i = 0; i < weights_.size(); ++i) {
-    nn::Fp8LinearState& state = *weights_[i].linear->fp8_state;
-    state.weight_cast = {data_[i], with_transposes ? data_t_[i] : Tensor(), scale_inv_[i]};
-    state.weight_cast_generation = generation;
-    state.weight_cast_storage.reset();
-    state.weight_cast_external = true;
+    weights_[i].linear->fp8_state->weight_cache.supply({data_[i], with_transposes ? data_t_[i] : Tensor(), scale_inv_[i]},
+                                                       source);
   }
 }
 
 void Fp8Flat::take_back() {
   for (const Weight& w : weights_) {
     nn::Fp8LinearState* state = w.linear->fp8_state.get();
-    if (state == nullptr || !state->weight_cast_external) continue;
-    state->weight_cast = {};
-    state->weight_cast_external = false;
+    if (state != nullptr && state->weight_cache.supplied()) state->weight_cache.clear();
   }
 }
 
@@ -99,7 +87,7 @@ void Fp8AllGather::begin_pass(const nn::Fp8Recipe* recipe, bool with_transposes,
   if (recipe != nullptr) cast_shards(*recipe, compute_dtype, group);
   for (const Entry& e : entries_) {
     if (recipe != nullptr) {
-      e.flat->hand_over(generation_, with_transposes);
+      e.flat->hand_over(e.master, with_transposes);
     } else {
       e.flat->take_back();
     }
@@ -109,9 +97,10 @@ void Fp8AllGather::begin_pass(const nn::Fp8Recipe* recipe, bool with_transposes,
 void Fp8AllGather::cast_shards(const nn::Fp8Recipe& recipe, DType compute_dtype, ProcessGroup* group) {
   std::vector<const nn::Fp8LinearState*> states;
   for (const Entry& e : entries_) e.flat->prepare_states(recipe, states);
-  const uint64_t generation = nn::fp8_weight_generation();
-  if (generation == generation_ && states == states_) return;
-  generation_ = generation;
+  std::vector<uint64_t> versions;
+  for (const Entry& e : entries_) versions.push_back(e.master.version());
+  if (versions == versions_ && states == states_) return;
+  versions_ = versions;
   states_ = states;
   if (states.empty()) return;
 

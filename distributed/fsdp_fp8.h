@@ -2,12 +2,12 @@
 // FSDP's FP8 all-gather (FsdpOptions::fp8_all_gather; distributed/fsdp.h, "FP8 all-gather", has the
 // design). Internal to distributed/fsdp.cpp: an Fp8Flat per flat parameter whose parameters are all
 // weights of FP8 Linears, and Fp8AllGather over all of them, which makes the E4M3 shards once per
-// weight generation.
+// change of the master weights (an optimizer step, a load: their Storage::version).
 //
 // It holds the flat's E4M3 buffers: the gathered bytes [padded] and the weights' transposes [numel],
 // both released while the unit is not gathered in FP8, and each weight's views of them, which it hands
-// to the weight's Linear as that Linear's weight cast. And this rank's E4M3 shard, cast once per weight
-// generation from the shard rounded to the compute dtype, piece by piece with each weight's scale.
+// to the weight's Linear as that Linear's weight cast. And this rank's E4M3 shard, cast once per change
+// of the weights from the shard rounded to the compute dtype, piece by piece with each weight's scale.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -40,19 +40,19 @@ class Fp8Flat {
   // dtype. Entry i of `amax` ← max(entry i, amax of weight i's elements in it).
   void piece_amaxes(const Tensor& rounded, int64_t first, const Tensor& amax) const;
 
-  // Given every weight's amax over all ranks (entry i of `amax`), sets each weight's scale as the
-  // Linear's own cast of the whole weight would (nn/fp8_linear.cpp): delayed scaling keeps the
-  // history's scale and records the amax in row 0; current scaling sets the scale from the amax.
-  // Then casts `rounded` (as above) into shard(), each weight's piece with its scale; padding is +0.
+  // Given every weight's amax over all ranks (entry i of `amax`), sets each weight's scale with
+  // nn::record_weight_amax, as the Linear's own cast of the whole weight does. Then casts `rounded`
+  // (as above) into shard(), each weight's piece with its scale; padding is +0.
   void cast_shard(const Tensor& rounded, int64_t first, const Tensor& amax, const nn::Fp8Recipe& recipe);
 
   // After a gather into gathered(): each weight's transpose, the operand of the backward GEMM.
   void make_transposes();
 
-  // Hands each Linear its weight cast: the views, with the transpose when `with_transposes`, the
-  // scale_inv of cast_shard, for weight generation `generation`. take_back undoes it, so that a
-  // Linear casts its own (bf16-gathered) weight again.
-  void hand_over(uint64_t generation, bool with_transposes);
+  // Supplies each Linear's weight cache with its cast: the views, with the transpose when
+  // `with_transposes`, and the scale_inv of cast_shard; good while `source` (the master shard the
+  // casts were made from) is unchanged. take_back undoes it, so that a Linear casts its own
+  // (bf16-gathered) weight again.
+  void hand_over(const Tensor& source, bool with_transposes);
   void take_back();
 
  private:
@@ -76,8 +76,9 @@ class Fp8AllGather {
   void add(std::shared_ptr<Fp8Flat> flat, Tensor master, int64_t first);
 
   // At the start of a forward. With a recipe (the forward runs in FP8): makes every flat's E4M3
-  // shard when the weights changed since the last time (a new nn::fp8_weight_generation, or FP8
-  // states replaced), then hands the Linears their casts (with transposes when `with_transposes`).
+  // shard when the weights changed since the last time (a master shard's Storage::version moved, or
+  // FP8 states were replaced), then hands the Linears their casts (with transposes when
+  // `with_transposes`).
   // Each weight's amax is max-reduced over `group` (null: one rank holds everything) from the
   // pieces, rounded to `compute_dtype` as the gathered weight would be, in one all_reduce. Without a
   // recipe: takes the casts back.
@@ -92,7 +93,7 @@ class Fp8AllGather {
     int64_t first = 0;
   };
   std::vector<Entry> entries_;
-  uint64_t generation_ = 0;  // the weight generation the E4M3 shards were made at
+  std::vector<uint64_t> versions_;  // the master shards' versions the E4M3 shards were made at
   std::vector<const nn::Fp8LinearState*> states_;  // ... and the states whose scales they used
 };
 

@@ -135,6 +135,7 @@ WorkHandle ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   check_reducible("all_reduce", tensor);
   check_average("all_reduce", tensor, op);
   count(Collective::AllReduce, static_cast<int64_t>(tensor.nbytes()));
+  tensor.bump_version();
   return do_all_reduce(tensor, op);
 }
 
@@ -148,6 +149,7 @@ WorkHandle ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& inpu
               size_, " chunks of the output ", output.describe(), " (", output.numel() * size_,
               " elements); size the input world_size × output");
   count(Collective::ReduceScatter, static_cast<int64_t>(input.nbytes()));
+  output.bump_version();
   return do_reduce_scatter(output, input, op);
 }
 
@@ -159,6 +161,7 @@ WorkHandle ProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
               size_, " × the input ", input.describe(), " (", input.numel() * size_,
               " elements); size the output world_size × input");
   count(Collective::AllGather, static_cast<int64_t>(output.nbytes()));
+  output.bump_version();
   return do_all_gather(output, input);
 }
 
@@ -181,6 +184,7 @@ WorkHandle ProcessGroup::broadcast(const Tensor& tensor, int root) {
   OCTET_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this world of ", size_,
               "; pass 0 <= root < ", size_);
   count(Collective::Broadcast, static_cast<int64_t>(tensor.nbytes()));
+  tensor.bump_version();
   return do_broadcast(tensor, root);
 }
 

@@ -161,6 +161,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
   check_arith("add_", dst, true);
   OCTET_CHECK(is_floating(dst.dtype()) || is_int(src.dtype()), "add_: cannot accumulate ", src.describe(),
               " into the integer tensor ", dst.describe(), "; convert the destination to a floating dtype");
+  dst.bump_version();
   with_arith_type(dst.dtype(), [&]<class T>() {
     check_scalar_fits<T>("add_", dst, alpha);
     if (dst.is_cuda()) return cuda::add_(dst, src, alpha);
@@ -176,6 +177,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 void mul_scalar_(const Tensor& dst, double s) {
   check_defined("mul_scalar_", {&dst});
   check_arith("mul_scalar_", dst, true);
+  dst.bump_version();
   with_arith_type(dst.dtype(), [&]<class T>() {
     check_scalar_fits<T>("mul_scalar_", dst, s);
     if (dst.is_cuda()) return cuda::mul_scalar_(dst, s);

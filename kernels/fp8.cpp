@@ -129,6 +129,7 @@ void fp8_amax_(const Tensor& x, const Tensor& amax) {
   check_defined(op, {&x, &amax});
   check_cast_input(op, x);
   check_scalar_slot(op, "amax", amax, x);
+  amax.bump_version();
   if (x.is_cuda()) return cuda::fp8_amax_(x, amax);
   check_cpu(op, {&x, &amax});
   const uint32_t bits = with_cast_input_type(x.dtype(), [&]<class X>() {
@@ -142,6 +143,9 @@ void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, double mar
   const float divisor = two_pow_margin(op, margin);
   if (groups.empty()) return;
   for (size_t i = 0; i < groups.size(); ++i) check_scaling_group(op, groups[i], i, groups[0].amax_history);
+  for (const Fp8ScalingTensors& g : groups) {
+    for (const Tensor* t : {&g.amax_history, &g.scale, &g.scale_inv}) t->bump_version();
+  }
   if (groups[0].amax_history.is_cuda()) return cuda::fp8_update_scales_(groups, divisor, algo);
   for (const Fp8ScalingTensors& g : groups) {
     check_cpu(op, {&g.amax_history, &g.scale, &g.scale_inv});
@@ -163,6 +167,8 @@ void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor&
                 "); allocate the scales with amax's shape");
   }
   check_same_device(op, {&amax, &scale, &scale_inv});
+  scale.bump_version();
+  scale_inv.bump_version();
   if (amax.is_cuda()) return cuda::fp8_scale_from_amax_(amax, scale, scale_inv, fp8_dtype, divisor);
   check_cpu(op, {&amax, &scale, &scale_inv});
   cpu::fp8_scale_from_amax(amax.data<float>(), scale.data<float>(), scale_inv.data<float>(), amax.numel(),

@@ -101,6 +101,7 @@ void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, c
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
               const Tensor& bias, bool accumulate, bool fast_accumulate) {
   check_fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias);
+  out.bump_version();
   if (a.is_cuda()) return cuda::fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate);
   (void)fast_accumulate;  // the CPU sums in f32 throughout: there is nothing faster to switch to
   fp8_gemm_cpu(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate);

@@ -67,6 +67,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (f64) check_same_dtype("gemm (f64 needs f64 everywhere)", {&a, &b, &c});
   OCTET_CHECK(!is_fp8(c.dtype()), op, ": FP8 output is not supported; write to bf16 or f32 (", c.describe(), ")");
   const int64_t stride_a = d.m * d.k, stride_b = d.b_shared ? 0 : d.k * d.n, stride_c = d.m * d.n;
+  c.bump_version();
   if (c.is_cuda()) {
     cuda::gemm(a, trans_a, b, trans_b, c, cuda::GemmProblem{d.m, d.n, d.k, d.batch, stride_a, stride_b, stride_c}, alpha,
                beta);

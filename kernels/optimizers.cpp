@@ -237,6 +237,11 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, doub
     for (const Named& n : named_tensors(t, i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
+  for (const AdamWTensors& t : tensors) {
+    for (const Tensor* w : {&t.param, &t.master, &t.exp_avg, &t.exp_avg_sq}) {
+      if (w->defined()) w->bump_version();
+    }
+  }
   if (tensors[0].param.is_cuda()) return cuda::adamw_step_multi_(tensors, constants);
   for (const AdamWTensors& t : tensors) adamw_cpu(op, t, constants);
 }
@@ -258,6 +263,11 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
     for (const Named& n : named_tensors(used.back(), i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
+  for (const SgdTensors& t : used) {
+    for (const Tensor* w : {&t.param, &t.master, &t.momentum_buffer}) {
+      if (w->defined()) w->bump_version();
+    }
+  }
   if (used[0].param.is_cuda()) return cuda::sgd_step_multi_(used, constants);
   for (const SgdTensors& t : used) sgd_cpu(op, t, constants);
 }

@@ -26,7 +26,7 @@ Tensor Linear::forward(const Tensor& x) {
     if (std::shared_ptr<const Fp8Config> config = fp8_config()) {
       const std::string reason = fp8_linear_unsupported_reason(in_features, out_features, x.dtype(), weight.dtype());
       if (reason.empty()) return fp8_linear(x, weight, bias, fp8_state, config);
-      OCTET_CHECK(fp8_state == nullptr || !fp8_state->weight_cast_external, "Linear(", in_features, " -> ",
+      OCTET_CHECK(fp8_state == nullptr || !fp8_state->weight_cache.supplied(), "Linear(", in_features, " -> ",
                   out_features, "): FSDP's FP8 all-gather supplies this layer's weight in FP8 only, but the layer "
                   "cannot run in FP8: ", reason, "; turn fp8_all_gather off, or set fp8_allowed = false on the "
                   "layer before wrapping the model");

@@ -1,7 +1,6 @@
 // FP8 recipes, the autocast scope and the bookkeeping of when scales are updated (nn/fp8.h).
 #include "nn/fp8.h"
 
-#include <atomic>
 #include <exception>
 #include <sstream>
 #include <unordered_set>
@@ -80,8 +79,8 @@ double latest_amax(const std::vector<float>& history, int64_t history_len, int64
 
 std::shared_ptr<Fp8LinearState> Fp8LinearState::create(Device device, const Fp8Recipe& recipe) {
   auto state = std::make_shared<Fp8LinearState>();
-  state->forward = make_group(recipe.amax_history_len(), 2, recipe.forward_dtype(), device);
-  state->backward = make_group(recipe.amax_history_len(), 1, recipe.backward_dtype(), device);
+  state->forward = make_group(recipe.amax_history_len(), Fp8FwdTensors::kCount, recipe.forward_dtype(), device);
+  state->backward = make_group(recipe.amax_history_len(), Fp8BwdTensors::kCount, recipe.backward_dtype(), device);
   return state;
 }
 
@@ -96,9 +95,11 @@ void Fp8LinearState::to(Device device) {
     g->scale = g->scale.to(device);
     g->scale_inv = g->scale_inv.to(device);
   }
-  weight_cast = {};
-  weight_cast_storage.reset();
-  weight_cast_external = false;
+  weight_cache.clear();
+}
+
+Fp8LinearState::Entry Fp8LinearState::entry(const kernels::Fp8ScalingTensors& group, int64_t j) {
+  return {group.scale.narrow(j, 1), group.scale_inv.narrow(j, 1), group.amax_history.select(0).narrow(j, 1)};
 }
 
 void Fp8LinearState::prepare(std::shared_ptr<Fp8LinearState>& state, Device device, const Fp8Recipe& recipe) {
@@ -113,7 +114,53 @@ Fp8LinearState::Snapshot Fp8LinearState::snapshot() const {
   const std::vector<float> fh = forward.amax_history.to_vector<float>();
   const std::vector<float> bh = backward.amax_history.to_vector<float>();
   const int64_t fl = forward.amax_history.size(0), bl = backward.amax_history.size(0);
-  return {fs[0], fs[1], bs[0], latest_amax(fh, fl, 2, 0), latest_amax(fh, fl, 2, 1), latest_amax(bh, bl, 1, 0)};
+  constexpr int64_t kIn = Fp8FwdTensors::kInput, kW = Fp8FwdTensors::kWeight, kDy = Fp8BwdTensors::kGradOutput;
+  constexpr int64_t nf = Fp8FwdTensors::kCount, nb = Fp8BwdTensors::kCount;
+  return {fs[kIn], fs[kW], bs[kDy], latest_amax(fh, fl, nf, kIn), latest_amax(fh, fl, nf, kW), latest_amax(bh, bl, nb, kDy)};
+}
+
+// ---- the weight cast ------------------------------------------------------------------------------
+
+bool Fp8WeightCache::Origin::is(const Tensor& t) const {
+  return storage.lock() == t.storage() && offset == t.storage_offset() && version == t.version();
+}
+
+bool Fp8WeightCache::Origin::is_current() const {
+  const std::shared_ptr<Storage> s = storage.lock();
+  return s != nullptr && s->version() == version;
+}
+
+const kernels::Fp8Cast* Fp8WeightCache::find(const Tensor& weight, bool need_transposed) const {
+  if (supplied_ || !cast_.data.defined() || !origin_.is(weight)) return nullptr;
+  return need_transposed && !cast_.transposed.defined() ? nullptr : &cast_;
+}
+
+void Fp8WeightCache::store(const Tensor& weight, kernels::Fp8Cast cast) {
+  cast_ = std::move(cast);
+  origin_ = Origin::of(weight);
+  supplied_ = false;
+}
+
+void Fp8WeightCache::supply(kernels::Fp8Cast cast, const Tensor& source) {
+  cast_ = std::move(cast);
+  origin_ = Origin::of(source);
+  supplied_ = true;
+}
+
+void Fp8WeightCache::clear() {
+  cast_ = {};
+  origin_ = {};
+  supplied_ = false;
+}
+
+Fp8LinearState::Entry record_weight_amax(Fp8LinearState& state, const Tensor& amax, const Fp8Recipe& recipe) {
+  const Fp8LinearState::Entry w = Fp8LinearState::entry(state.forward, Fp8FwdTensors::kWeight);
+  if (!recipe.is_delayed()) w.amax.zero_();
+  kernels::fp8_amax_(amax, w.amax);  // slot ← max(slot, amax): amaxes are >= 0
+  if (!recipe.is_delayed()) {
+    kernels::fp8_scale_from_amax_(w.amax, w.scale, w.scale_inv, state.forward.fp8_dtype, recipe.margin());
+  }
+  return w;
 }
 
 // ---- when scales are updated ----------------------------------------------------------------------
@@ -173,8 +220,6 @@ void update_scales(std::vector<PendingGroup> groups, bool forward) {
   }
 }
 
-std::atomic<uint64_t> weight_generation{1};
-
 }  // namespace
 
 Fp8Autocast::Fp8Autocast(bool enabled, Fp8Recipe recipe, AmaxReducer amax_reducer)
@@ -211,10 +256,6 @@ void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::s
   });
   pending_backward.add(config, state);
 }
-
-void invalidate_fp8_weight_casts() { weight_generation.fetch_add(1, std::memory_order_relaxed); }
-
-uint64_t fp8_weight_generation() { return weight_generation.load(std::memory_order_relaxed); }
 
 // ---- saving -------------------------------------------------------------------------------------------
 
@@ -265,7 +306,7 @@ void load_fp8_state_dict(Module& model, const std::map<std::string, Tensor>& sta
         return it->second;
       };
       const Tensor& history = get("amax_history");
-      const int64_t n = g == 0 ? 2 : 1;
+      const int64_t n = g == 0 ? Fp8FwdTensors::kCount : Fp8BwdTensors::kCount;
       OCTET_CHECK(history.dim() == 2 && history.size(1) == n && history.dtype() == DType::f32, "load_fp8_state_dict: ",
                   prefix, "amax_history is ", history.describe(), ", expected f32[L, ", n, "]");
       kernels::Fp8ScalingTensors& t = group_of(*loaded, g);

@@ -9,7 +9,7 @@
 //     loss = criterion(model(images), labels);
 //   }                                      // on exit: forward amaxes reduced, scales updated
 //   loss.backward();                       // at its end: gradient amaxes reduced, scales updated
-//   optimizer.step();                      // the optimizer invalidates the cached FP8 weights
+//   optimizer.step();                      // writes the weights: their cached FP8 casts go stale
 //
 // Formats. E4M3 (max 448, 3 mantissa bits) for what the forward multiplies: activations and weights.
 // Gradients have a wider dynamic range and tolerate less precision, so HYBRID casts them to E5M2
@@ -83,12 +83,66 @@ class Fp8Recipe {
 // Replaces a 1-D f32 tensor of amaxes with its elementwise max across data-parallel ranks, in place.
 using AmaxReducer = std::function<void(const Tensor& amaxes)>;
 
+// The entries of a Linear's two scaling groups (Transformer Engine's FP8FwdTensors and FP8BwdTensors):
+// forward.scale[Fp8FwdTensors::kWeight] is the weight's scale, and so on.
+struct Fp8FwdTensors {
+  static constexpr int64_t kInput = 0, kWeight = 1, kCount = 2;  // both E4M3
+};
+struct Fp8BwdTensors {
+  static constexpr int64_t kGradOutput = 0, kCount = 1;  // E5M2 under HYBRID
+};
+
+// A Linear's FP8 weight cast, made once and reused by every forward and backward until the weight
+// changes: the micro-batches of a step, and FSDP's re-gathers of the same weights. A cast is good
+// while the bytes it was made from are: the same storage, at the same offset, at the same write
+// version (Storage::version, bumped by every in-place write: an optimizer step, a load). A storage
+// that FSDP releases and gathers again stays the same storage, and the gather restores its version
+// when the shards have not changed, so a re-gathered unit keeps its casts as an unsharded model does.
+//
+// A wrapper may supply the cast instead (FSDP's FP8 all-gather, distributed/fsdp_fp8.h): the layer
+// then uses it as it is and never reads its own weight, whose bytes may not even be there. A
+// supplied cast is good while its source (FSDP's shard of the weight) is unchanged; a stale one is
+// an error, not a silent re-cast.
+class Fp8WeightCache {
+ public:
+  // The cast kept, when it is good for `weight` as it is now and has the transposed copy if
+  // `need_transposed`; else null. Never a supplied cast: ask supplied() first.
+  const kernels::Fp8Cast* find(const Tensor& weight, bool need_transposed) const;
+  // Keeps `cast`, made from `weight` as it is now.
+  void store(const Tensor& weight, kernels::Fp8Cast cast);
+  // Keeps `cast`, made elsewhere from `source` as it is now.
+  void supply(kernels::Fp8Cast cast, const Tensor& source);
+  bool supplied() const { return supplied_; }
+  // A supplied cast whose source has not been written since.
+  bool supplied_is_current() const { return supplied_ && origin_.is_current(); }
+  const kernels::Fp8Cast& cast() const { return cast_; }  // empty when nothing is kept
+  void clear();
+
+ private:
+  // The bytes a cast was made from.
+  struct Origin {
+    std::weak_ptr<Storage> storage;
+    size_t offset = 0;
+    uint64_t version = 0;
+    static Origin of(const Tensor& t) { return {t.storage(), t.storage_offset(), t.version()}; }
+    bool is(const Tensor& t) const;  // `t` is the tensor this origin recorded, and unwritten since
+    bool is_current() const;         // the storage still lives at the recorded version
+  };
+  kernels::Fp8Cast cast_;
+  Origin origin_;
+  bool supplied_ = false;
+};
+
 // The FP8 state of one Linear.
 struct Fp8LinearState {
-  // Index 0 is the input, 1 the weight; both E4M3.
-  kernels::Fp8ScalingTensors forward;
-  // Index 0 is the output gradient: E5M2 under HYBRID.
-  kernels::Fp8ScalingTensors backward;
+  kernels::Fp8ScalingTensors forward;   // entries Fp8FwdTensors
+  kernels::Fp8ScalingTensors backward;  // entries Fp8BwdTensors
+
+  // The [1] views of one entry's scale, scale_inv and its slot in history row 0 (the step's amax).
+  struct Entry {
+    Tensor scale, scale_inv, amax;
+  };
+  static Entry entry(const kernels::Fp8ScalingTensors& group, int64_t j);
 
   // Zero histories, unit scales, on `device`, laid out for `recipe`.
   static std::shared_ptr<Fp8LinearState> create(Device device, const Fp8Recipe& recipe);
@@ -99,20 +153,7 @@ struct Fp8LinearState {
   // moved), created afresh when missing or laid out for another recipe. What fp8_linear does first.
   static void prepare(std::shared_ptr<Fp8LinearState>& state, Device device, const Fp8Recipe& recipe);
 
-  // The weight's cast, made once per optimizer step and reused by every micro-batch until the
-  // weights change (see invalidate_fp8_weight_casts).
-  kernels::Fp8Cast weight_cast;
-  uint64_t weight_cast_generation = 0;
-  // The weight it was cast from: its storage and byte offset. A storage that FSDP releases and
-  // gathers again stays the same storage, so a unit re-gathered for the next micro-batch keeps its
-  // cast, as an unsharded model does (an address would change with the allocation).
-  std::weak_ptr<Storage> weight_cast_storage;
-  size_t weight_cast_offset = 0;
-  // Set by a wrapper that supplies the FP8 weight itself (FSDP's FP8 all-gather, distributed/fsdp.h):
-  // the layer then uses weight_cast as it is, for weight_cast_generation only, and never reads its
-  // own weight, whose bytes may not even be there. A stale or incomplete supplied cast is an error,
-  // not a silent re-cast.
-  bool weight_cast_external = false;
+  Fp8WeightCache weight_cache;
 
   // Human-readable numbers for logs and docs (reads the device: a host sync).
   // The amaxes are the last completed step's: history row L-1 when L > 1, else row 0 (current
@@ -162,11 +203,13 @@ bool fp8_enabled();
 void fp8_forward_ran(const std::shared_ptr<Fp8LinearState>& state);
 void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::shared_ptr<const Fp8Config>& config);
 
-// FP8 weight casts are cached across micro-batches and made again after this is called. The
-// optimizers call it at every step, Module::to and load_state_dict too; code that writes weights by
-// other means between forward passes must call it.
-void invalidate_fp8_weight_casts();
-uint64_t fp8_weight_generation();
+// The scale a weight is cast with, from `amax`, the amax of the whole weight ([1] f32; over every
+// rank's piece for a sharded weight). What the Linear does before casting its own weight and what
+// FSDP's FP8 all-gather does before casting its shards of it, so that the two agree by construction:
+// the amax goes to the weight's slot in history row 0 (delayed scaling keeps the larger of it and
+// what the slot holds; current scaling replaces it) and, under current scaling, sets the weight's
+// scale. Returns the weight's entry, whose scale the cast then uses.
+Fp8LinearState::Entry record_weight_amax(Fp8LinearState& state, const Tensor& amax, const Fp8Recipe& recipe);
 
 // The FP8 state of every Linear of `model` that has run in FP8, as
 // "<module path>.fp8.{forward,backward}.{scale,scale_inv,amax_history}" (for checkpoints), and its

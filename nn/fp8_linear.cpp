@@ -26,48 +26,43 @@ std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_featu
 
 namespace {
 
-// Casts `x` for entry j of a scaling group. Delayed scaling casts with the scale the history gave
-// and records x's amax in history row 0 as it goes. Current scaling measures x first, derives the
-// scale from that amax (left in row 0 for inspection) and then casts: one more pass over x.
+// Casts an activation or a gradient: entry j of a scaling group. Delayed scaling casts with the scale
+// the history gave and records x's amax in history row 0 as it goes. Current scaling measures x
+// first, derives the scale from that amax (left in row 0 for inspection) and then casts: one more
+// pass over x.
 kernels::Fp8Cast cast_entry(const Tensor& x, const kernels::Fp8ScalingTensors& group, int64_t j,
                             const Fp8Recipe& recipe, bool rowwise, bool transposed) {
-  const Tensor scale = group.scale.narrow(j, 1);
-  const Tensor amax = group.amax_history.select(0).narrow(j, 1);
-  if (recipe.is_delayed()) return kernels::fp8_cast(x, scale, amax, group.fp8_dtype, rowwise, transposed);
-  amax.zero_();
-  kernels::fp8_amax_(x, amax);
-  kernels::fp8_scale_from_amax_(amax, scale, group.scale_inv.narrow(j, 1), group.fp8_dtype, recipe.margin());
-  return kernels::fp8_cast(x, scale, Tensor(), group.fp8_dtype, rowwise, transposed);
+  const Fp8LinearState::Entry e = Fp8LinearState::entry(group, j);
+  if (recipe.is_delayed()) return kernels::fp8_cast(x, e.scale, e.amax, group.fp8_dtype, rowwise, transposed);
+  e.amax.zero_();
+  kernels::fp8_amax_(x, e.amax);
+  kernels::fp8_scale_from_amax_(e.amax, e.scale, e.scale_inv, group.fp8_dtype, recipe.margin());
+  return kernels::fp8_cast(x, e.scale, Tensor(), group.fp8_dtype, rowwise, transposed);
 }
 
-// The weight's casts, made again only when the weights may have changed since the last one (an
-// optimizer step, a load, a move) or when a transposed copy is needed and the cached cast lacks it.
+// The weight's cast: the cached one while the weight is unchanged (Fp8WeightCache), else made again
+// from its amax with record_weight_amax, which FSDP's FP8 all-gather uses for its shards too.
 const kernels::Fp8Cast& weight_cast(Fp8LinearState& state, const Tensor& weight, const Fp8Recipe& recipe,
                                     bool need_transposed) {
-  const uint64_t generation = fp8_weight_generation();
-  const kernels::Fp8Cast& cached = state.weight_cast;
-  if (state.weight_cast_external) {
-    OCTET_CHECK(cached.data.defined() && state.weight_cast_generation == generation,
+  Fp8WeightCache& cache = state.weight_cache;
+  if (cache.supplied()) {
+    OCTET_CHECK(cache.supplied_is_current(),
                 "fp8_linear: this layer's FP8 weight is supplied from outside (FSDP's FP8 all-gather) but was "
                 "made before the weights last changed (an optimizer step, a load); run the forward through the "
                 "FSDP-wrapped model, which supplies it afresh");
-    OCTET_CHECK(!need_transposed || cached.transposed.defined(),
+    OCTET_CHECK(!need_transposed || cache.cast().transposed.defined(),
                 "fp8_linear: this layer's FP8 weight is supplied from outside (FSDP's FP8 all-gather) without "
                 "the transposed copy a gradient needs: the wrapped model's forward began with gradients off; "
                 "enable them before the forward, not inside it");
-    return cached;
+    return cache.cast();
   }
-  const bool fresh = cached.data.defined() && state.weight_cast_generation == generation &&
-                     state.weight_cast_storage.lock() == weight.storage() &&
-                     state.weight_cast_offset == weight.storage_offset() &&
-                     (!need_transposed || cached.transposed.defined());
-  if (!fresh) {
-    state.weight_cast = cast_entry(weight, state.forward, 1, recipe, /*rowwise=*/true, need_transposed);
-    state.weight_cast_generation = generation;
-    state.weight_cast_storage = weight.storage();
-    state.weight_cast_offset = weight.storage_offset();
-  }
-  return state.weight_cast;
+  if (const kernels::Fp8Cast* cached = cache.find(weight, need_transposed)) return *cached;
+  const Tensor amax = zeros({1}, DType::f32, weight.device());
+  kernels::fp8_amax_(weight, amax);
+  const Fp8LinearState::Entry w = record_weight_amax(state, amax, recipe);
+  cache.store(weight, kernels::fp8_cast(weight, w.scale, Tensor(), state.forward.fp8_dtype, /*rowwise=*/true,
+                                        need_transposed));
+  return cache.cast();
 }
 
 }  // namespace
@@ -93,7 +88,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
   const Tensor x2 = x.detach().reshape({-1, in});
   const int64_t rows = x2.size(0);
 
-  const kernels::Fp8Cast xq = cast_entry(x2, state->forward, 0, recipe, /*rowwise=*/true, /*transposed=*/need_dw);
+  const kernels::Fp8Cast xq = cast_entry(x2, state->forward, Fp8FwdTensors::kInput, recipe, /*rowwise=*/true, /*transposed=*/need_dw);
   const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), recipe, /*need_transposed=*/need_dx);
   fp8_forward_ran(state);
 
@@ -115,7 +110,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
   std::shared_ptr<Fp8LinearState> st = state;
   return autograd::record("fp8_linear", y, {x, weight, bias}, [=](const autograd::Grads& g) -> autograd::Grads {
     const Tensor dy2 = g[0].reshape({-1, out});
-    const kernels::Fp8Cast dyq = cast_entry(dy2, st->backward, 0, config->recipe, /*rowwise=*/need_dx,
+    const kernels::Fp8Cast dyq = cast_entry(dy2, st->backward, Fp8BwdTensors::kGradOutput, config->recipe, /*rowwise=*/need_dx,
                                             /*transposed=*/need_dw);
     fp8_backward_ran(st, config);
     Tensor dx, dw, db;

@@ -9,7 +9,7 @@
 // Each FP8 operand is cast by one fused pass that writes the copy the forward reads and, when a
 // gradient will need it, the transposed copy the backward reads (kernels/fp8.h). Only xᵀ in FP8 and
 // its scale_inv are kept for backward: a quarter of an f32 input's bytes, half of a bf16 one's. The
-// weight's casts are made once per optimizer step (Fp8LinearState::weight_cast).
+// weight's casts are made once per change of the weight (nn::Fp8WeightCache).
 //
 // Outputs are in x's dtype, bf16 or f32 (bf16 in FP8 training: the model is bf16); dW is in the
 // weight's dtype and db in the bias's.

@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "core/grad_mode.h"
-#include "nn/fp8.h"
 
 namespace octet::nn {
 
@@ -147,7 +146,6 @@ void Module::to(Device device) {
     t.set_data(t.detach().to(device));
     if (t.grad().defined()) Tensor(t).set_grad(t.grad().to(device));
   });
-  invalidate_fp8_weight_casts();
 }
 
 void Module::to(DType dtype) {
@@ -159,7 +157,6 @@ void Module::to(DType dtype) {
     t.set_data(t.detach().to(dtype));
     if (t.grad().defined()) Tensor(t).set_grad(t.grad().to(dtype));
   });
-  invalidate_fp8_weight_casts();
 }
 
 void Module::zero_grad() {
@@ -243,7 +240,6 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
     auto it = state.find(key);
     if (it != state.end()) target.copy_(it->second);
   }
-  invalidate_fp8_weight_casts();
   return result;
 }
 

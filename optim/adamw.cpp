@@ -3,7 +3,6 @@
 #include <map>
 
 #include "kernels/optimizers.h"
-#include "nn/fp8.h"
 
 namespace octet::optim {
 
@@ -20,7 +19,6 @@ AdamW::AdamW(std::vector<Tensor> params, double lr, double beta1, double beta2, 
     : AdamW(std::vector<ParamGroup>{ParamGroup{std::move(params)}}, lr, beta1, beta2, eps, weight_decay) {}
 
 void AdamW::step() {
-  nn::invalidate_fp8_weight_casts();  // FP8 layers cast the new weights on their next forward
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const std::vector<ParamToUpdate> todo = params_with_grad(g);
     // One multi-tensor launch per distinct step count (the bias corrections depend on it); all of a

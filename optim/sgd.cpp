@@ -3,7 +3,6 @@
 #include <map>
 
 #include "kernels/optimizers.h"
-#include "nn/fp8.h"
 
 namespace octet::optim {
 
@@ -31,7 +30,6 @@ std::vector<std::string> SGD::state_buffer_names() const {
 }
 
 void SGD::step() {
-  nn::invalidate_fp8_weight_casts();  // FP8 layers cast the new weights on their next forward
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const std::vector<ParamToUpdate> todo = params_with_grad(g);
     // The first step copies the gradient into the momentum buffer instead of decaying it: one launch

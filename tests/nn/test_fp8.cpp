@@ -281,29 +281,102 @@ TEST(Fp8Linear, ASpikeSaturatesWithoutInfAndTheScaleBacksOff) {
   EXPECT_GT(run(1.0, 77) / calm, 0.5);
 }
 
-TEST(Fp8Linear, TheWeightIsCastOncePerOptimizerStep) {
+TEST(Fp8Linear, TheWeightIsCastOncePerChangeOfTheWeight) {
   auto layer = make_linear(16, 32, DType::f32, 80);
   optim::SGD sgd(layer->parameters(), 0.1);
   const Tensor r = random_tensor({4, 32}, DType::f32, 81);
+  auto cached = [&] { return layer->fp8_state->weight_cache.cast().data; };
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 82).requires_grad_(), r, DelayedScaling{});
-  const Tensor first = layer->fp8_state->weight_cast.data;
+  const Tensor first = cached();
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 83).requires_grad_(), r, DelayedScaling{});  // micro-batch 2
-  EXPECT_TRUE(layer->fp8_state->weight_cast.data.is_same(first));
-  // Freed and filled again in the same storage (what FSDP does between micro-batches): still cached.
+  EXPECT_TRUE(cached().is_same(first));
+  // Freed and filled again in the same storage with the version carried over (what FSDP's gather
+  // does between micro-batches when the shards are unchanged): still cached.
   const Tensor values = layer->weight.detach().clone();
+  const uint64_t version = layer->weight.version();
   layer->weight.storage()->release();
   layer->weight.storage()->reallocate();
   layer->weight.detach().copy_(values);
+  EXPECT_GT(layer->weight.version(), version);
+  layer->weight.storage()->restore_version(version);
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 87).requires_grad_(), r, DelayedScaling{});
-  EXPECT_TRUE(layer->fp8_state->weight_cast.data.is_same(first));
-  // Pointed at other storage without an optimizer step (param.data = ...): cast again.
+  EXPECT_TRUE(cached().is_same(first));
+  // Any in-place write makes it stale, even of the same values: cast again.
+  layer->weight.detach().copy_(values);
+  (void)step(*layer, random_tensor({4, 16}, DType::f32, 89).requires_grad_(), r, DelayedScaling{});
+  EXPECT_FALSE(cached().is_same(first));
+  const Tensor rewritten = cached();
+  // Pointed at other storage without a write (param.data = ...): cast again.
   layer->weight.set_data(values.clone());
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 88).requires_grad_(), r, DelayedScaling{});
-  EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(first));
-  const Tensor second = layer->fp8_state->weight_cast.data;
+  EXPECT_FALSE(cached().is_same(rewritten));
+  const Tensor second = cached();
   sgd.step();
   (void)step(*layer, random_tensor({4, 16}, DType::f32, 84).requires_grad_(), r, DelayedScaling{});
-  EXPECT_FALSE(layer->fp8_state->weight_cast.data.is_same(second));
+  EXPECT_FALSE(cached().is_same(second));
+}
+
+// The cast a cache keeps belongs to one weight's bytes: another view of the same storage (another
+// offset) or a write to it misses; the transposed copy is asked for separately; clear() forgets.
+TEST(Fp8WeightCache, AHitNeedsTheSameStorageOffsetAndVersion) {
+  const Tensor flat = random_tensor({2 * 16 * 16}, DType::f32, 95);
+  const Tensor a = flat.narrow(0, 256).reshape({16, 16}), b = flat.narrow(256, 256).reshape({16, 16});
+  const Tensor scale = ones({1}, DType::f32);
+  Fp8WeightCache cache;
+  EXPECT_EQ(cache.find(a, false), nullptr);
+  cache.store(a, kernels::fp8_cast(a, scale, Tensor(), DType::e4m3, /*rowwise=*/true, /*transposed=*/false));
+  ASSERT_NE(cache.find(a, false), nullptr);
+  EXPECT_EQ(cache.find(a, true), nullptr) << "no transposed copy was made";
+  EXPECT_EQ(cache.find(b, false), nullptr) << "same storage, another offset";
+  EXPECT_EQ(cache.find(a.clone(), false), nullptr) << "same values, another storage";
+  b.fill_(0.5);  // a write anywhere in the storage moves its version
+  EXPECT_EQ(cache.find(a, false), nullptr);
+  cache.store(a, kernels::fp8_cast(a, scale, Tensor(), DType::e4m3, true, true));
+  EXPECT_NE(cache.find(a, true), nullptr);
+  kernels::mul_scalar_(a, 2.0);
+  EXPECT_EQ(cache.find(a, true), nullptr);
+  cache.store(a, kernels::fp8_cast(a, scale, Tensor(), DType::e4m3, true, false));
+  cache.clear();
+  EXPECT_EQ(cache.find(a, false), nullptr);
+  EXPECT_FALSE(cache.cast().data.defined());
+  // A supplied cast is never found by find(): the Linear takes it as it is, while its source lasts.
+  cache.supply(kernels::fp8_cast(a, scale, Tensor(), DType::e4m3, true, false), b);
+  EXPECT_TRUE(cache.supplied() && cache.supplied_is_current());
+  EXPECT_EQ(cache.find(a, false), nullptr);
+  kernels::add_(b, b);
+  EXPECT_FALSE(cache.supplied_is_current());
+}
+
+// Every in-place write through Octet moves the version of the storage it writes, and it is shared by
+// every view of that storage; reading does not move it.
+TEST(StorageVersion, InPlaceWritesBumpItAndReadsDoNot) {
+  const Tensor t = random_tensor({4, 8}, DType::f32, 96);
+  const Tensor view = t.narrow(0, 2);
+  uint64_t last = t.version();
+  auto moved = [&] {
+    const bool bumped = t.version() > last && view.version() == t.version();
+    last = t.version();
+    return bumped;
+  };
+  (void)t.clone();
+  (void)t.to(DType::bf16);
+  (void)sum(t);
+  EXPECT_EQ(t.version(), last);
+  view.copy_(random_tensor({2, 8}, DType::f32, 97));
+  EXPECT_TRUE(moved()) << "copy_";
+  t.fill_(1.0);
+  EXPECT_TRUE(moved()) << "fill_";
+  kernels::add_(view, view);
+  EXPECT_TRUE(moved()) << "add_";
+  kernels::mul_scalar_(t, 3.0);
+  EXPECT_TRUE(moved()) << "mul_scalar_";
+  Tensor w = t.detach().requires_grad_();
+  w.set_grad(random_tensor({4, 8}, DType::f32, 98));
+  optim::SGD(std::vector<Tensor>{w}, 0.1).step();
+  EXPECT_TRUE(moved()) << "an optimizer step";
+  t.storage()->release();
+  t.storage()->reallocate();
+  EXPECT_TRUE(moved()) << "reallocate: new, undefined bytes";
 }
 
 // A weight cast supplied from outside (FSDP's FP8 all-gather) is used as it is: the layer never reads
@@ -317,19 +390,20 @@ TEST(Fp8Linear, ASuppliedWeightCastIsUsedAsItIsAndAStaleOneIsAnError) {
   sum(want).backward();
   const Tensor want_dx = x.grad().clone();
   Tensor(x).set_grad(Tensor());
-  layer->fp8_state->weight_cast_external = true;  // its own cast, handed back as if from outside
+  const kernels::Fp8Cast own = layer->fp8_state->weight_cache.cast();
+  layer->fp8_state->weight_cache.supply(own, layer->weight);  // its own cast, handed back as if from outside
   layer->weight.storage()->release();
   const Tensor got = (*layer)(x);
   sum(got).backward();
   EXPECT_TRUE(all_close(got, want, 0, 0));
   EXPECT_TRUE(all_close(x.grad(), want_dx, 0, 0));
-  layer->fp8_state->weight_cast.transposed = Tensor();
+  layer->fp8_state->weight_cache.supply({own.data, Tensor(), own.scale_inv}, layer->weight);
   EXPECT_TRUE(throws_with([&] { (void)(*layer)(x); }, {"supplied from outside", "transposed"}));
   {
     NoGradGuard no_grad;  // no gradient, no transposed copy needed
     EXPECT_TRUE(all_close((*layer)(x), want, 0, 0));
   }
-  invalidate_fp8_weight_casts();
+  layer->weight.bump_version();  // its source written (an optimizer step, a load)
   EXPECT_TRUE(throws_with([&] { (void)(*layer)(x); }, {"supplied from outside", "before the weights last changed"}));
   EXPECT_TRUE(throws_with([&] { (void)(*layer)(x.detach().to(DType::f16)); },
                           {"Linear(16 -> 32)", "FP8 all-gather", "f16"}));

@@ -6,73 +6,46 @@
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/log.h"
+#include "distributed/ordered_reducer.h"
 
 namespace octet::distributed {
 
 struct DistributedDataParallel::State {
   struct Slot {
-    std::string name;
     Tensor parameter;
-    int bucket = 0;
-    int64_t offset = 0;  // in the bucket's flat buffer, in elements
+    int bucket = 0, member = 0;  // its place in the bucket's slot list
+    int64_t offset = 0;          // in the bucket's flat buffer, in elements
   };
   struct Bucket {
-    Tensor flat;                // [numel] in reduce_dtype
-    std::vector<int> slots;     // indices into `slots`, in buffer order
-    int pending = 0;            // gradients still to arrive in this pass
-    WorkHandle work;            // the all-reduce in flight, once launched
+    Tensor flat;             // [numel] in reduce_dtype
+    std::vector<int> slots;  // indices into `slots`, in buffer order
+    WorkHandle work;         // the all-reduce in flight, once launched
   };
 
   std::shared_ptr<ProcessGroup> group;
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
-  std::vector<bool> arrived;  // per slot, in this pass
-  int next_to_launch = 0;     // buckets [0, next_to_launch) are launched
-  bool pass_active = false;   // a synchronised backward has started and not finished
-  bool sync = true;           // false inside no_sync()
-  bool overlap = true;        // launch buckets during backward (DdpOptions::overlap)
+  std::unique_ptr<OrderedReducer> order;  // which buckets are full, released in bucket order
+  bool sync = true;                       // false inside no_sync()
+  bool overlap = true;                    // launch buckets during backward (DdpOptions::overlap)
 
-  void begin_pass() {
-    pass_active = true;
-    next_to_launch = 0;
-    std::fill(arrived.begin(), arrived.end(), false);
-    for (Bucket& b : buckets) {
-      b.pending = static_cast<int>(b.slots.size());
-      b.work.reset();
-    }
-  }
-
-  // Launches every bucket from next_to_launch on that is full, stopping at the first that is not:
-  // bucket order is the same on every rank whatever order the hooks fire in.
   void launch_ready() {
-    while (next_to_launch < static_cast<int>(buckets.size()) && buckets[next_to_launch].pending == 0) {
-      Bucket& b = buckets[next_to_launch++];
-      b.work = group->all_reduce(b.flat, ReduceOp::Avg);
-    }
+    for (int b : order->take_ready()) buckets[b].work = group->all_reduce(buckets[b].flat, ReduceOp::Avg);
   }
 
   void on_gradient(int index) {
-    Slot& s = slots[index];
-    OCTET_CHECK(!arrived[index], "DistributedDataParallel: the gradient of ", s.name,
-                " arrived twice in one backward pass; DDP reduces each parameter once per pass");
-    arrived[index] = true;
-    Bucket& b = buckets[s.bucket];
-    b.flat.narrow(s.offset, s.parameter.numel()).copy_(s.parameter.grad().flatten());
-    --b.pending;
+    const Slot& s = slots[index];
+    order->arrive(s.bucket, s.member);
+    buckets[s.bucket].flat.narrow(s.offset, s.parameter.numel()).copy_(s.parameter.grad().flatten());
     if (overlap) launch_ready();
   }
 
   void finalize() {
-    if (!pass_active) return;
-    // A parameter this pass never reached contributes zeros, so its bucket can still be reduced
-    // (the other ranks may have used it).
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (arrived[i]) continue;
-      arrived[i] = true;
-      Bucket& b = buckets[slots[i].bucket];
-      b.flat.narrow(slots[i].offset, slots[i].parameter.numel()).zero_();
-      --b.pending;
-    }
+    if (!order->pass_active()) return;
+    order->finish_pass([&](int b, int m) {
+      const Slot& s = slots[buckets[b].slots[m]];
+      buckets[b].flat.narrow(s.offset, s.parameter.numel()).zero_();
+    });
     launch_ready();
     for (Bucket& b : buckets) {
       b.work->wait();
@@ -87,7 +60,7 @@ struct DistributedDataParallel::State {
         }
       }
     }
-    pass_active = false;
+    order->end_pass();
   }
 };
 
@@ -148,17 +121,21 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   const size_t element = dtype_size(options.reduce_dtype);
   double cap = options.first_bucket_cap_mb * 1e6;
   std::vector<std::vector<int>> members(1);
+  std::vector<std::vector<std::string>> names(1);
   int64_t bucket_numel = 0;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const int64_t n = it->second.numel();
     if (bucket_numel > 0 && static_cast<double>((bucket_numel + n) * element) > cap) {
       members.emplace_back();
+      names.emplace_back();
       bucket_numel = 0;
       cap = options.bucket_cap_mb * 1e6;
     }
     const int index = static_cast<int>(s.slots.size());
-    s.slots.push_back({it->first, it->second, static_cast<int>(members.size()) - 1, bucket_numel});
+    s.slots.push_back({it->second, static_cast<int>(members.size()) - 1, static_cast<int>(members.back().size()),
+                       bucket_numel});
     members.back().push_back(index);
+    names.back().push_back(it->first);
     bucket_numel += n;
   }
   for (auto& m : members) {
@@ -169,15 +146,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     b.slots = std::move(m);
     s.buckets.push_back(std::move(b));
   }
-  s.arrived.assign(s.slots.size(), false);
+  s.order = std::make_unique<OrderedReducer>(std::move(names), "DistributedDataParallel");
 
   std::weak_ptr<State> weak = state_;
   for (size_t i = 0; i < s.slots.size(); ++i) {
     s.slots[i].parameter.register_post_accumulate_grad_hook([weak, index = static_cast<int>(i)](Tensor&) {
       const std::shared_ptr<State> state = weak.lock();
       if (state == nullptr || !state->sync) return;  // unwrapped, or inside no_sync()
-      if (!state->pass_active) {
-        state->begin_pass();
+      if (!state->order->pass_active()) {
+        state->order->begin_pass();
         autograd::queue_callback([weak] {
           if (auto st = weak.lock()) st->finalize();
         });
@@ -202,7 +179,7 @@ std::vector<DistributedDataParallel::BucketInfo> DistributedDataParallel::bucket
   std::vector<BucketInfo> out;
   for (const State::Bucket& b : state_->buckets) {
     BucketInfo info;
-    for (int index : b.slots) info.parameters.push_back(state_->slots[index].name);
+    info.parameters = state_->order->names(static_cast<int>(&b - state_->buckets.data()));
     info.numel = b.flat.numel();
     info.bytes = b.flat.nbytes();
     out.push_back(std::move(info));

@@ -8,8 +8,8 @@
 //   loss = criterion(fsdp(x), y); loss.backward();                  // gradients land in the shards
 //   fsdp.clip_grad_norm_(1.0); optimizer.step(); optimizer.zero_grad();
 //
-// Units. The wrap policy picks modules (each nn::TransformerBlock by default); every parameter not
-// inside one belongs to the root unit. A unit's parameters are concatenated into flat parameters
+// Units. The wrap policy, a predicate, picks modules (each nn::TransformerBlock by default); every
+// parameter not inside one belongs to the root unit. A unit's parameters are concatenated into flat parameters
 // (one per flat_param_key, e.g. decayed or not), each padded to a multiple of the world size N.
 // Rank r owns the contiguous fp32 shard r of each flat parameter: a leaf tensor the optimizer steps.
 // Frozen parameters (requires_grad false: a LoRA base) go to flat parameters of their own, which are
@@ -64,19 +64,26 @@
 #include <vector>
 
 #include "distributed/process_group.h"
+#include "nn/layers.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
 namespace octet::distributed {
 
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard };
+// Which modules become units, by dotted name and module.
+using WrapPolicy = std::function<bool(const std::string& name, const nn::Module& module)>;
+// Every module of type M becomes a unit (PyTorch's ModuleWrapPolicy).
+template <class M>
+WrapPolicy wrap_modules_of_type() {
+  return [](const std::string&, const nn::Module& module) { return dynamic_cast<const M*>(&module) != nullptr; };
+}
 enum class BackwardPrefetch { BackwardPre, BackwardPost };
 ShardingStrategy parse_sharding(const std::string& name);  // "full", "grad-op", "none"
 
 struct FsdpOptions {
   ShardingStrategy sharding = ShardingStrategy::FullShard;
-  // Which modules become units (by dotted name and module); default: every nn::TransformerBlock.
-  std::function<bool(const std::string& name, const nn::Module& module)> wrap_policy = nullptr;
+  WrapPolicy wrap_policy = wrap_modules_of_type<nn::TransformerBlock>();
   // Parameters with different keys go to different flat parameters of their unit, so an optimizer
   // can treat them differently (weight decay or not). Default: one flat parameter per unit.
   std::function<int(const std::string& name, const Tensor& parameter)> flat_param_key = nullptr;

@@ -66,8 +66,8 @@ void Fp8Flat::make_transposes() {
 
 void Fp8Flat::hand_over(const Tensor& source, bool with_transposes) {
   for (size_t i = 0; i < weights_.size(); ++i) {
-    weights_[i].linear->fp8_state->weight_cache.supply({data_[i], with_transposes ? data_t_[i] : Tensor(), scale_inv_[i]},
-                                                       source);
+    const kernels::Fp8Cast cast{data_[i], with_transposes ? data_t_[i] : Tensor(), scale_inv_[i]};
+    weights_[i].linear->fp8_state->weight_cache.supply(cast, source);
   }
 }
 

@@ -116,7 +116,12 @@ Fp8LinearState::Snapshot Fp8LinearState::snapshot() const {
   const int64_t fl = forward.amax_history.size(0), bl = backward.amax_history.size(0);
   constexpr int64_t kIn = Fp8FwdTensors::kInput, kW = Fp8FwdTensors::kWeight, kDy = Fp8BwdTensors::kGradOutput;
   constexpr int64_t nf = Fp8FwdTensors::kCount, nb = Fp8BwdTensors::kCount;
-  return {fs[kIn], fs[kW], bs[kDy], latest_amax(fh, fl, nf, kIn), latest_amax(fh, fl, nf, kW), latest_amax(bh, bl, nb, kDy)};
+  return {fs[kIn],
+          fs[kW],
+          bs[kDy],
+          latest_amax(fh, fl, nf, kIn),
+          latest_amax(fh, fl, nf, kW),
+          latest_amax(bh, bl, nb, kDy)};
 }
 
 // ---- the weight cast ------------------------------------------------------------------------------

@@ -26,47 +26,6 @@ inline const Device kGpu = Device::cuda(0);
 // their element-wise bound is in tests/cuda/fp8_bound.h.
 inline double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
 
-namespace detail {
-
-// Both tensors must be defined and of one shape; `dtypes_must_match` adds their dtype. With
-// `nans_must_match`, NaNs must stand at the same places and are left out of both norms; without it a
-// NaN anywhere makes the error NaN, which fails every bound.
-inline double relative_error(const Tensor& got, const Tensor& want, bool dtypes_must_match, bool nans_must_match) {
-  EXPECT_TRUE(got.defined() && want.defined());
-  if (!got.defined() || !want.defined()) return INFINITY;
-  EXPECT_EQ(got.shape(), want.shape()) << got.describe() << " vs " << want.describe();
-  if (dtypes_must_match) {
-    EXPECT_EQ(got.dtype(), want.dtype()) << got.describe() << " vs " << want.describe();
-  }
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    if (nans_must_match && (std::isnan(w[i]) || std::isnan(g[i]))) {
-      EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << "element " << i << ": " << g[i] << " vs " << w[i];
-      continue;
-    }
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-}  // namespace detail
-
-// Same shape and dtype; any NaN fails.
-inline double relative_error(const Tensor& got, const Tensor& want) {
-  return detail::relative_error(got, want, /*dtypes_must_match=*/true, /*nans_must_match=*/false);
-}
-
-// Same shape and dtype; NaNs must stand at the same places (for ops whose CPU result may hold NaNs).
-inline double relative_error_matching_nans(const Tensor& got, const Tensor& want) {
-  return detail::relative_error(got, want, /*dtypes_must_match=*/true, /*nans_must_match=*/true);
-}
-
-// Same shape; the reference may be computed in a wider dtype than the result. Any NaN fails.
-inline double relative_error_to_reference(const Tensor& got, const Tensor& reference) {
-  return detail::relative_error(got, reference, /*dtypes_must_match=*/false, /*nans_must_match=*/false);
-}
 
 // Same shape, dtype and bytes, on any devices; a failure names the first differing byte.
 inline ::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want_any_device) {

@@ -15,6 +15,7 @@ namespace octet::models {
 namespace {
 
 using octet::testing::random_tensor;
+using octet::testing::relative_error_to_reference;
 
 // Big enough that bf16 rounding shows (dim 32, 16 patches), small enough for a quick CPU run.
 ViTConfig small_config(double drop_path = 0.0) {
@@ -30,13 +31,6 @@ ViTConfig small_config(double drop_path = 0.0) {
   c.mlp_ratio = 4;
   c.drop_path_rate = drop_path;
   return c;
-}
-
-double relative_error(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), ref += y[i] * y[i];
-  return std::sqrt(diff / ref);
 }
 
 TEST(ViTBf16, ForwardAndBackwardStayCloseToF32) {
@@ -67,7 +61,7 @@ TEST(ViTBf16, ForwardAndBackwardStayCloseToF32) {
     EXPECT_EQ(g16.dtype(), DType::bf16) << named16[i].first;
     // cls_token starts at ~1e-6 and gets tiny, noisy gradients; every other tensor is well scaled.
     if (named16[i].first == "cls_token") continue;
-    EXPECT_LT(relative_error(g16, g32), 5e-2) << named16[i].first;
+    EXPECT_LT(relative_error_to_reference(g16, g32), 5e-2) << named16[i].first;
   }
 }
 

@@ -31,20 +31,9 @@ namespace {
 
 using octet::testing::all_close;
 using octet::testing::random_tensor;
+using octet::testing::relative_error_to_reference;
 using octet::testing::throws_with;
 using Vec = std::vector<double>;
-
-// ||got - want||₂ / ||want||₂ over f64 copies.
-double relative_error(const Tensor& got, const Tensor& want) {
-  const Vec g = got.detach().to_vector<double>(), w = want.detach().to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    num += (g[i] - w[i]) * (g[i] - w[i]);
-    den += w[i] * w[i];
-  }
-  return std::sqrt(num / den);
-}
 
 bool all_finite(const Tensor& t) {
   for (double v : t.detach().to_vector<double>()) {
@@ -176,8 +165,9 @@ TEST(Fp8Linear, OutputsAndGradientsAreCloseToTheBf16Layer) {
     const Tensor y16 = (*bf16_layer)(x16);
     sum(mul(y16, r)).backward();
     EXPECT_EQ(y8.dtype(), DType::bf16);
-    const double ey = relative_error(y8, y16), ex = relative_error(x8.grad(), x16.grad());
-    const double ew = relative_error(fp8_layer->weight.grad(), bf16_layer->weight.grad());
+    const double ey = relative_error_to_reference(y8, y16);
+    const double ex = relative_error_to_reference(x8.grad(), x16.grad());
+    const double ew = relative_error_to_reference(fp8_layer->weight.grad(), bf16_layer->weight.grad());
     EXPECT_LT(ey, 0.06) << "step " << s;
     EXPECT_GT(ey, 0.005) << "step " << s;
     EXPECT_LT(ex, 0.1) << "step " << s;

@@ -20,6 +20,7 @@ namespace {
 
 using namespace octet;
 using octet::testing::random_tensor;
+using octet::testing::relative_error_to_reference;
 using octet::testing::throws_with;
 using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
 
@@ -54,13 +55,6 @@ void set_quadratic_grads(const std::vector<Tensor>& params, const std::vector<Te
   }
 }
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), ref += y[i] * y[i];
-  return std::sqrt(diff / ref);
-}
-
 void expect_param_is_rounded_master(const optim::Optimizer& opt, const std::vector<Tensor>& params) {
   const std::map<std::string, Tensor> state = opt.state_dict();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -93,8 +87,8 @@ TEST_P(MasterWeights, Bf16ParametersTrackF32TrainingAndEqualTheirRoundedMaster) 
   for (size_t i = 0; i < p32.size(); ++i) {
     // The master follows the f32 run up to bf16 rounding of the gradients; the bf16 parameter adds
     // its own rounding (2^-9 relative) on top.
-    EXPECT_LT(relative_error(state16.at("state.0." + std::to_string(i) + ".master"), p32[i]), 5e-3) << i;
-    EXPECT_LT(relative_error(p16[i], p32[i]), 1e-2) << i;
+    EXPECT_LT(relative_error_to_reference(state16.at("state.0." + std::to_string(i) + ".master"), p32[i]), 5e-3) << i;
+    EXPECT_LT(relative_error_to_reference(p16[i], p32[i]), 1e-2) << i;
   }
   // The state itself is f32, not the parameter's dtype.
   for (const auto& [key, value] : state16) {

@@ -1,0 +1,251 @@
+#include "apps/train_report.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "core/cuda_memory.h"
+#include "core/log.h"
+#include "core/trace.h"
+#include "kernels/elementwise.h"
+#include "kernels/optimizers.h"
+#include "nn/fp8.h"
+#include "nn/module_trace.h"
+
+namespace octet {
+
+using nlohmann::json;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// "1.23 GiB in use, 2.34 GiB peak, 3.45 GiB reserved" for a GPU; the CPU has no counters.
+std::string memory_summary(Device device) {
+  const cuda_memory::MemoryStats m = cuda_memory::memory_stats(device.index);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  return fmt::format("{:.2f} GiB in use, {:.2f} GiB peak, {:.2f} GiB reserved", m.in_use / gib, m.peak / gib,
+                     m.reserved / gib);
+}
+
+json memory_json(Device device) {
+  if (!device.is_cuda()) return json::object();
+  const cuda_memory::MemoryStats m = cuda_memory::memory_stats(device.index);
+  return {{"in_use_bytes", m.in_use}, {"peak_bytes", m.peak}, {"reserved_bytes", m.reserved}};
+}
+
+// "trace.json" for rank 0 of 1; "trace.rank2.json" for rank 2 of several.
+std::string trace_path(const std::string& path, int rank, int world) {
+  if (world == 1) return path;
+  const size_t dot = path.find_last_of('.'), slash = path.find_last_of('/');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = has_extension ? path.substr(0, dot) : path, ext = has_extension ? path.substr(dot) : "";
+  return fmt::format("{}.rank{}{}", stem, rank, ext);
+}
+
+}  // namespace
+
+// The FP8 numbers of one Linear (--fp8-log-layer) on log steps: its scales and amaxes, and how far
+// its FP8 output is from the bf16 output of the same input and weights, measured by a forward hook
+// (the extra GEMM and reductions are counted in those steps' step_ms).
+class Fp8LayerMonitor {
+ public:
+  Fp8LayerMonitor(std::shared_ptr<nn::Linear> layer, std::string name)
+      : layer_(std::move(layer)), name_(std::move(name)) {
+    hook_ = layer_->register_forward_hook([this](nn::Module&, const Tensor& input, const Tensor& output) {
+      if (measure_next_forward_) {
+        measure_next_forward_ = false;
+        // FSDP's FP8 all-gather hands the layer its weight in FP8 only: there is no bf16 weight to
+        // compare with, and the error is reported as null.
+        if (!layer_->weight.storage()->allocated()) return Tensor();
+        NoGradGuard no_grad;
+        // The plain path of Linear::forward: bf16 GEMM, f32 accumulation.
+        rel_error_ = relative_error(output, linear(input, layer_->weight, layer_->bias));
+      }
+      return Tensor();  // the layer's output goes on unchanged
+    });
+  }
+  ~Fp8LayerMonitor() { layer_->remove_hook(hook_); }
+  Fp8LayerMonitor(const Fp8LayerMonitor&) = delete;
+  Fp8LayerMonitor& operator=(const Fp8LayerMonitor&) = delete;
+
+  // The layer's next forward also computes its bf16 output (once: a log step's training forward).
+  void measure_next_forward() {
+    measure_next_forward_ = true;
+    rel_error_ = std::numeric_limits<double>::quiet_NaN();
+  }
+
+  // Reads the layer's state (a host sync): call it on log steps only, after the step.
+  json numbers() const {
+    OCTET_CHECK(layer_->fp8_state != nullptr, "--fp8-log-layer ", name_, " has not run in FP8; pass a Linear "
+                "of the transformer blocks");
+    const nn::Fp8LinearState::Snapshot s = layer_->fp8_state->snapshot();
+    return {{"layer", name_},
+            {"input_scale", s.input_scale},
+            {"weight_scale", s.weight_scale},
+            {"grad_output_scale", s.grad_output_scale},
+            {"input_amax", s.input_amax},
+            {"weight_amax", s.weight_amax},
+            {"grad_output_amax", s.grad_output_amax},
+            {"output_rel_error_vs_bf16", std::isnan(rel_error_) ? json(nullptr) : json(rel_error_)}};
+  }
+
+ private:
+  // ||a - b|| / ||b|| over all elements: the difference (in a's dtype) and both sums of squares (in
+  // double) on the tensors' device, so only two numbers come back to the host.
+  static double relative_error(const Tensor& a, const Tensor& b) {
+    const double diff = kernels::sum_of_squares(kernels::sub(a, b)), ref = kernels::sum_of_squares(b);
+    return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+  }
+
+  std::shared_ptr<nn::Linear> layer_;
+  std::string name_;
+  size_t hook_ = 0;
+  bool measure_next_forward_ = false;
+  double rel_error_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+TrainReport::TrainReport(const RunOptions& o, models::VisionTransformer& model, ParallelModel& parallel,
+                         const optim::Optimizer& optimizer, distributed::ProcessGroup* group,
+                         std::shared_ptr<nn::Linear> fp8_layer, int64_t first_step, int64_t total_steps)
+    : o_(o),
+      device_(Device::parse(o.device)),
+      model_(model),
+      parallel_(parallel),
+      optimizer_(optimizer),
+      group_(group),
+      rank_(group ? group->rank() : 0),
+      world_(group ? group->size() : 1),
+      first_step_(first_step),
+      total_steps_(total_steps),
+      global_batch_(o.batch_size * world_ * o.grad_accum),
+      flops_per_image_(3.0 * model.flops_per_image_forward()) {
+  if (rank_ == 0 && !o.metrics.empty()) {
+    // JSON Lines: one object per event, flushed at once so that a crashed run keeps what it logged.
+    metrics_.open(o.metrics, o.resume.empty() ? std::ios::trunc : std::ios::app);
+    OCTET_CHECK(metrics_.good(), "cannot open --metrics file ", o.metrics, " for writing; pass a writable path");
+  }
+  if (fp8_layer) fp8_monitor_ = std::make_unique<Fp8LayerMonitor>(std::move(fp8_layer), o.fp8_log_layer);
+  if (!o.trace.empty()) module_tracer_ = std::make_unique<nn::ModuleTracer>(model, /*max_depth=*/2);
+  trace_first_ = first_step + 1 < total_steps ? first_step + 1 : first_step;
+  trace_end_ = trace_first_ + o.trace_steps;
+}
+
+TrainReport::~TrainReport() = default;
+
+void TrainReport::write(const json& event) {
+  if (metrics_.is_open()) metrics_ << event.dump() << '\n' << std::flush;
+}
+
+void TrainReport::start() {
+  const bool fp8 = o_.precision == "fp8";
+  logging::info("{}: {} parameters, {:.1f} MFLOP per training image; {} steps of {} images in {}{} on {}",
+                model_.config().name, model_.num_parameters(), flops_per_image_ / 1e6, total_steps_, global_batch_,
+                o_.precision, fp8 ? " (" + fp8_recipe_from(o_.fp8).describe() + ")" : "",
+                device_.is_cuda() ? device_.str() : fmt::format("the CPU ({} thread(s))", o_.threads));
+  if (group_) logging::info("{}; {} images per rank per step", parallel_.describe(), o_.batch_size);
+  if (parallel_.has_ledger()) {
+    const json ledger = parallel_.ledger(optimizer_);
+    logging::info("memory ledger (rank 0, at the start): {} parameter shard bytes; gradients and AdamW state follow "
+                  "at the first step", ledger["parameters_bytes"].get<int64_t>());
+  }
+  if (device_.is_cuda()) logging::info("{} memory after setup: {}", device_.str(), memory_summary(device_));
+  write({{"event", "start"}, {"model", model_.config().name}, {"parameters", model_.num_parameters()},
+         {"total_steps", total_steps_}, {"flags", run_flags(o_)}, {"memory", memory_json(device_)}});
+  run_start_ = Clock::now();
+}
+
+void TrainReport::begin_step(int64_t step) {
+  if (module_tracer_ && step == trace_first_) trace::start(rank_);
+  step_start_ = Clock::now();
+  step_start_us_ = trace::now_us();
+  log_now_ = (step + 1) % o_.log_every == 0 || step + 1 == total_steps_;
+  ledger_now_ = parallel_.has_ledger() && (step == first_step_ || log_now_);
+  if (fp8_monitor_ && log_now_) fp8_monitor_->measure_next_forward();
+}
+
+void TrainReport::read_ledger() { ledger_ = ledger_now_ ? parallel_.ledger(optimizer_) : json(); }
+
+void TrainReport::end_step(int64_t step, double lr, const StepResult& result) {
+  // The loss every rank logs is the mean over the ranks: the loss of the whole global batch, as one
+  // process would log it.
+  Tensor logged_loss = result.loss.detach();
+  if (group_) {
+    logged_loss = logged_loss.clone();
+    group_->all_reduce(logged_loss, distributed::ReduceOp::Avg)->wait();
+  }
+  const double loss = logged_loss.item();  // on a GPU this waits for the step to finish
+  OCTET_CHECK(std::isfinite(loss), "the loss became ", loss, " at step ", step,
+              "; lower --lr, raise --warmup-steps or set --clip-grad");
+  const double step_seconds = seconds_since(step_start_);
+  const int64_t epoch = result.batch.epoch;
+  if (trace::enabled()) {
+    trace::complete(fmt::format("step {}", step), "step", "compute", step_start_us_, trace::now_us());
+    if (step == trace_end_ || step == total_steps_) {
+      trace::stop();
+      const std::string path = trace_path(o_.trace, rank_, world_);
+      trace::write(path);
+      logging::info("trace of steps {}..{} written to {}{}", trace_first_ + 1, step, path,
+                    world_ > 1 ? " (one file per rank)" : "");
+    }
+  }
+
+  json event = {{"event", "step"}, {"step", step}, {"epoch", epoch}, {"loss", loss}, {"lr", lr},
+                {"images_per_sec", static_cast<double>(global_batch_) / step_seconds}, {"step_ms", 1e3 * step_seconds}};
+  if (device_.is_cuda()) event["memory"] = memory_json(device_);
+  if (fp8_monitor_ && log_now_) event["fp8"] = fp8_monitor_->numbers();
+  if (ledger_now_) {
+    event["memory_ledger"] = ledger_;
+    if (step == first_step_ + 1) log_first_ledger(ledger_);
+  }
+  write(event);
+
+  window_seconds_ += step_seconds, window_loss_ += loss, ++window_steps_;
+  if (!log_now_) return;
+  const double ips = static_cast<double>(global_batch_ * window_steps_) / window_seconds_;
+  const std::string memory = device_.is_cuda() ? " | " + memory_summary(device_) : "";
+  logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{}",
+                step, total_steps_, epoch, window_loss_ / window_steps_, lr, ips,
+                1e3 * window_seconds_ / window_steps_, ips * flops_per_image_ / 1e9, memory);
+  window_seconds_ = window_loss_ = 0, window_steps_ = 0;
+  if (fp8_monitor_) log_fp8(event["fp8"]);
+}
+
+void TrainReport::log_first_ledger(const json& l) const {
+  logging::info("memory ledger (rank 0, bytes): parameters {} + gradients {} + optimizer {} = {} sharded; "
+                "gathered units and gradients in flight peaked at {} ({} units at once){}",
+                l["parameters_bytes"].get<int64_t>(), l["gradients_bytes"].get<int64_t>(),
+                l["optimizer_bytes"].get<int64_t>(), l["sharded_total_bytes"].get<int64_t>(),
+                l["peak_gathered_bytes"].get<int64_t>(), l["max_units_gathered"].get<int>(),
+                o_.precision == "fp8"
+                    ? fmt::format("; the FP8 Linears' own weight casts hold {}{}",
+                                  l["fp8_weight_casts_bytes"].get<int64_t>(),
+                                  o_.fp8_all_gather ? " (--fp8-all-gather: they view the gathered units)"
+                                                    : " (all blocks' weights; --fp8-all-gather makes it 0)")
+                    : "");
+}
+
+void TrainReport::log_fp8(const json& n) const {
+  logging::info("fp8 {} | scale x {:.4g} w {:.4g} dy {:.4g} | amax x {:.4g} w {:.4g} dy {:.4g} | "
+                "output error vs bf16 {:.3e}",
+                o_.fp8_log_layer, n["input_scale"].get<double>(), n["weight_scale"].get<double>(),
+                n["grad_output_scale"].get<double>(), n["input_amax"].get<double>(), n["weight_amax"].get<double>(),
+                n["grad_output_amax"].get<double>(),
+                n["output_rel_error_vs_bf16"].is_null() ? std::nan("") : n["output_rel_error_vs_bf16"].get<double>());
+}
+
+void TrainReport::eval(int64_t step, int64_t epoch, const EvalResult& result) {
+  logging::info("eval at step {}: test accuracy {:.2f}%, test loss {:.4f} ({:.0f} s elapsed)", step,
+                100 * result.accuracy, result.loss, seconds_since(run_start_));
+  write({{"event", "eval"}, {"step", step}, {"epoch", epoch}, {"accuracy", result.accuracy}, {"loss", result.loss},
+         {"elapsed_s", seconds_since(run_start_)}});
+}
+
+void TrainReport::end(int64_t step) {
+  write({{"event", "end"}, {"step", step}, {"elapsed_s", seconds_since(run_start_)}});
+}
+
+}  // namespace octet

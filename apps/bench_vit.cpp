@@ -5,12 +5,13 @@
 //   build/bin/bench_vit --device cpu                       the Fashion-MNIST model, batch 128
 //   build/bin/bench_vit --device cpu --model vit_tiny_patch16_224 --batch-size 8
 //
-// One step is forward, cross-entropy, backward and the optimizer (SGD with momentum 0.9 by default,
-// as the PyTorch comparator bench/pytorch_reference.py runs it), on synthetic images and labels made
+// One step is train_vit's (apps/train_step.h) in one process: forward, cross-entropy, backward and
+// the optimizer (SGD with momentum 0.9 by default, as the PyTorch comparator
+// bench/pytorch_reference.py runs it), without gradient clipping, on synthetic images and labels made
 // once on the device. Under --precision fp8 the forward runs inside an Fp8Autocast scope with the
-// --fp8-* recipe, exactly as train_vit's step (the FLOP count is the same; only the GEMMs' precision
-// changes). It prints the median step time, images/s, achieved TFLOP/s, MFU and peak
-// memory, then the same figures as one JSON line (tools/gpu_check.sh builds its table from it).
+// --fp8-* recipe (the FLOP count is the same; only the GEMMs' precision changes). It prints the
+// median step time, images/s, achieved TFLOP/s, MFU and peak memory, then the same figures as one
+// JSON line (tools/gpu_check.sh builds its table from it).
 //
 // FLOPs come from the config: flops_per_image_forward() counts the model's GEMM and
 // attention-matmul FLOPs; a training image costs three times that (backward's two GEMMs per forward
@@ -32,10 +33,12 @@
 #include <vector>
 
 #include "apps/fp8_flags.h"
+#include "apps/train_step.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/random.h"
+#include "data/loader.h"
 #include "kernels/threads.h"
 #include "models/vit.h"
 #include "nn/fp8.h"
@@ -199,27 +202,29 @@ int main(int argc, char** argv) {
       optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(model.named_parameters(), 1e-3, 0.05),
                                                  1e-3);
     }
-    nn::CrossEntropyLoss criterion;
     // Made once and kept on the device: the benchmark measures the step, not the input pipeline.
-    const Tensor images = randn({batch_size, config.in_chans, config.img_size, config.img_size}, gen).to(device);
+    data::Batch batch;
+    batch.images = randn({batch_size, config.in_chans, config.img_size, config.img_size}, gen).to(device);
     std::vector<int64_t> label_values(static_cast<size_t>(batch_size));
     for (int64_t i = 0; i < batch_size; ++i) label_values[static_cast<size_t>(i)] = i % config.num_classes;
-    const Tensor labels = from_vector(label_values, {batch_size}, DType::i64, device);
+    batch.labels = from_vector(label_values, {batch_size}, DType::i64, device);
 
     std::vector<double> forward_s, backward_s, optimizer_s, step_s;
     StepMarks marks(device);
+    // The marks split the step into forward (with the FP8 scales' update as its scope ends), backward
+    // and optimizer (step and zero_grad).
+    const TrainStep train_step{.model = model,
+                               .criterion = nn::CrossEntropyLoss(),
+                               .optimizer = *optimizer,
+                               .backward = [](const Tensor& loss, bool /*last_micro_batch*/) { loss.backward(); },
+                               .fp8 = fp8,
+                               .fp8_recipe = fp8_recipe,
+                               .hooks = {.after_forward = [&] { marks.mark(1); },
+                                         .after_backward = [&] { marks.mark(2); }}};
     Tensor loss;
     for (int s = 0; s < warmup + steps; ++s) {
       marks.mark(0);
-      {
-        nn::Fp8Autocast fp8_scope(fp8, fp8_recipe);  // off unless --precision fp8; as train_vit's step
-        loss = criterion(model(images), labels);
-      }  // the forward scales' update, when the scope ends, is timed with the forward
-      marks.mark(1);
-      loss.backward();
-      marks.mark(2);
-      optimizer->step();
-      optimizer->zero_grad();
+      loss = train_step([&] { return batch; }).loss;
       marks.mark(3);
       const std::array<double, 3> t = marks.intervals();
       if (s < warmup) continue;

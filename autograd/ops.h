@@ -84,5 +84,11 @@ Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen =
 // softmax(q·kᵀ·scale)·v over [B, H, S, D]; scale defaults to 1/sqrt(D).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     std::optional<double> scale = std::nullopt);
+// The same attention over the qkv projection's output as it is: qkv [B, S, 3·H·D], each token's
+// features q's H heads, then k's, then v's (timm's layout) -> [B, S, H·D], heads side by side, ready
+// for the output projection. No permute or select runs in either direction: the kernels read q, k
+// and v through strides, and the backward writes dq, dk and dv straight into one [B, S, 3·H·D]
+// gradient. scale defaults to 1/sqrt(D).
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, std::optional<double> scale = std::nullopt);
 
 }  // namespace octet

@@ -145,4 +145,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                 });
 }
 
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, std::optional<double> scale) {
+  OCTET_CHECK(num_heads > 0 && qkv.dim() == 3 && qkv.size(2) % (3 * num_heads) == 0 && qkv.size(2) > 0,
+              "packed_qkv_attention: qkv must be [B, S, 3·H·D] for ", num_heads, " heads (the qkv projection's output), got ",
+              qkv.describe(), "; its last dim must be a positive multiple of 3·num_heads = ", 3 * num_heads);
+  const int64_t b = qkv.size(0), n = qkv.size(1), d = qkv.size(2) / (3 * num_heads);
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
+  const Tensor packed = qkv.detach().reshape({b, n, 3, num_heads, d});  // a view: same memory
+  kernels::AttentionOutput r = kernels::packed_attention_forward(packed, s);
+  const Tensor out = r.out.reshape({b, n, num_heads * d});
+  return record("packed_qkv_attention", out, {qkv},
+                [=, out_heads = r.out.detach(), lse = r.lse](const Grads& g) -> Grads {
+                  const Tensor dout = g[0].reshape({b, n, num_heads, d});
+                  return {kernels::packed_attention_backward(dout, packed, out_heads, lse, s).reshape(qkv.shape())};
+                });
+}
+
 }  // namespace octet

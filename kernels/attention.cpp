@@ -1,4 +1,5 @@
-// Entry points for attention: shape checks that name q, k and v, then the backend.
+// Entry points for attention, in both layouts (kernels/attention_layout.h): shape checks that name
+// the operands, then the backend.
 //   CPU: unfused, widening low-precision inputs to the compute type (f32, or f64 for f64) and
 //        rounding the results back to q's dtype once.
 //   CUDA: cuDNN's fused kernels when they take the inputs (bf16/f16, head dim <= 128 and a multiple
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "kernels/attention_layout.h"
 #include "kernels/common.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cuda/attention_cuda.h"
@@ -54,10 +56,12 @@ bool env_is_one(const char* name) {
   return value != nullptr && std::string(value) == "1";
 }
 
-// Why the fused cuDNN path is not taken for these inputs, or "" when it may be.
-std::string fused_attention_refusal(const Tensor& q, const Tensor& k, const Tensor& v) {
+// Why the fused cuDNN path is not taken, or "" when it may be: the environment first, then what the
+// backend says about the inputs (`backend_reason`, called only when the environment allows).
+template <class Reason>
+std::string fused_attention_refusal(Reason&& backend_reason) {
   if (env_is_one("OCTET_DISABLE_CUDNN_ATTENTION")) return "OCTET_DISABLE_CUDNN_ATTENTION=1 forces the unfused path";
-  return cuda::cudnn_attention_unsupported_reason(q, k, v);
+  return backend_reason();
 }
 
 // "9.19.0 (cudnnGetVersion() = 91900)": cuDNN 9 numbers its releases major·10000 + minor·100 + patch.
@@ -68,18 +72,18 @@ std::string cudnn_version_text() {
 }
 
 // The fixed start "attention: no fused cuDNN plan" is what scripts grep logs for: keep it.
-std::string no_fused_plan_text(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                               const std::string& why) {
-  return std::string("attention: no fused cuDNN plan for ") + op + " (" + describe_qkv(q, k, v) + ", dtype " +
-         dtype_name(q.dtype()) + ", cuDNN " + cudnn_version_text() + "): " + why;
+// `operands` describes the inputs ("q: ..., k: ..., v: ..." or "qkv: ...").
+std::string no_fused_plan_text(const char* op, const std::string& operands, DType dtype, const std::string& why) {
+  return std::string("attention: no fused cuDNN plan for ") + op + " (" + operands + ", dtype " + dtype_name(dtype) +
+         ", cuDNN " + cudnn_version_text() + "): " + why;
 }
 
 // Called where the unfused GPU kernels are about to run: throws under OCTET_REQUIRE_FUSED_ATTENTION=1,
 // else warns the first time in the process, and counts the call.
-void take_unfused_path(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const std::string& why,
+void take_unfused_path(const char* op, const std::string& operands, DType dtype, const std::string& why,
                        std::atomic<int64_t>& counter) {
   if (env_is_one("OCTET_REQUIRE_FUSED_ATTENTION")) {
-    OCTET_FAIL(no_fused_plan_text(op, q, k, v, why),
+    OCTET_FAIL(no_fused_plan_text(op, operands, dtype, why),
                ". OCTET_REQUIRE_FUSED_ATTENTION=1 forbids the unfused GPU kernels. cuDNN's fused attention needs "
                "bf16 or f16 q, k and v, a head dim up to 128 that is a multiple of 8, 16-byte aligned tensors, "
                "OCTET_DISABLE_CUDNN_ATTENTION unset, and a cuDNN with an engine for this graph on this GPU (9.10.2 or "
@@ -90,21 +94,21 @@ void take_unfused_path(const char* op, const Tensor& q, const Tensor& k, const T
   std::call_once(warned, [&] {
     logging::warn("{}; running the unfused GPU kernels instead (slower, and more memory for long sequences). "
                   "Logged once per process; OCTET_REQUIRE_FUSED_ATTENTION=1 makes it an error",
-                  no_fused_plan_text(op, q, k, v, why));
+                  no_fused_plan_text(op, operands, dtype, why));
   });
   counter.fetch_add(1, std::memory_order_relaxed);
 }
 
 AttentionOutput attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   constexpr const char* op = "attention_forward";
-  std::string why = fused_attention_refusal(q, k, v);
+  std::string why = fused_attention_refusal([&] { return cuda::cudnn_attention_unsupported_reason(q, k, v); });
   if (why.empty()) {
     if (auto fused = cuda::cudnn_attention_forward(q, k, v, scale, why)) {
       path_counters().fused_forward.fetch_add(1, std::memory_order_relaxed);
       return *fused;
     }
   }
-  take_unfused_path(op, q, k, v, why, path_counters().unfused_forward);
+  take_unfused_path(op, describe_qkv(q, k, v), q.dtype(), why, path_counters().unfused_forward);
   return cuda::unfused_attention_forward(q, k, v, scale);
 }
 
@@ -113,15 +117,57 @@ AttentionGrads attention_backward_cuda(const Tensor& dout, const Tensor& q, cons
   constexpr const char* op = "attention_backward";
   // Both GPU paths read dout and out in q's dtype (a no-op in training, where they already are).
   const Tensor dout_q = dout.detach().to(q.dtype()), out_q = out.detach().to(q.dtype());
-  std::string why = fused_attention_refusal(q, k, v);
+  std::string why = fused_attention_refusal([&] { return cuda::cudnn_attention_unsupported_reason(q, k, v); });
   if (why.empty()) {
     if (auto fused = cuda::cudnn_attention_backward(dout_q, q, k, v, out_q, lse, scale, why)) {
       path_counters().fused_backward.fetch_add(1, std::memory_order_relaxed);
       return *fused;
     }
   }
-  take_unfused_path(op, q, k, v, why, path_counters().unfused_backward);
+  take_unfused_path(op, describe_qkv(q, k, v), q.dtype(), why, path_counters().unfused_backward);
   return cuda::unfused_attention_backward(dout_q, q, k, v, out_q, lse, scale);
+}
+
+
+AttentionOutput packed_attention_forward_cuda(const Tensor& qkv, double scale) {
+  constexpr const char* op = "packed_attention_forward";
+  std::string why = fused_attention_refusal([&] { return cuda::cudnn_packed_attention_unsupported_reason(qkv); });
+  if (why.empty()) {
+    if (auto fused = cuda::cudnn_packed_attention_forward(qkv, scale, why)) {
+      path_counters().fused_forward.fetch_add(1, std::memory_order_relaxed);
+      return *fused;
+    }
+  }
+  take_unfused_path(op, "qkv: " + qkv.describe(), qkv.dtype(), why, path_counters().unfused_forward);
+  return cuda::unfused_packed_attention_forward(qkv, scale);
+}
+
+Tensor packed_attention_backward_cuda(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                      double scale) {
+  constexpr const char* op = "packed_attention_backward";
+  const Tensor dout_q = dout.detach().to(qkv.dtype()), out_q = out.detach().to(qkv.dtype());
+  std::string why = fused_attention_refusal([&] { return cuda::cudnn_packed_attention_unsupported_reason(qkv); });
+  if (why.empty()) {
+    if (auto fused = cuda::cudnn_packed_attention_backward(dout_q, qkv, out_q, lse, scale, why)) {
+      path_counters().fused_backward.fetch_add(1, std::memory_order_relaxed);
+      return *fused;
+    }
+  }
+  take_unfused_path(op, "qkv: " + qkv.describe(), qkv.dtype(), why, path_counters().unfused_backward);
+  return cuda::unfused_packed_attention_backward(dout_q, qkv, out_q, lse, scale);
+}
+
+// The [B, H, S, D] sizes of a packed qkv [B, S, 3, H, D].
+AttentionDims packed_dims(const Tensor& qkv) {
+  return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)};
+}
+
+void check_packed_qkv(const char* op, const Tensor& qkv) {
+  check_defined(op, {&qkv});
+  check_floating(op, qkv);
+  OCTET_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, op, ": qkv must be [B, S, 3, H, D], the qkv projection's output [B, S, 3·H·D] "
+              "reshaped with its heads spelled out; got ", qkv.describe());
+  OCTET_CHECK(qkv.size(3) >= 1 && qkv.size(4) >= 1, op, ": qkv ", qkv.describe(), " needs at least one head and a nonzero head dim");
 }
 
 }  // namespace
@@ -142,9 +188,11 @@ AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor
   Tensor lse = empty({b, h, s}, ct, q.device());
   if (out.numel() > 0) {
     const Tensor qc = to_compute(q), kc = to_compute(k), vc = to_compute(v);
+    const AttentionDims z{b, h, s, sk, d};
+    const HeadStrides qs = query_strides(AttentionLayout::kBhsd, z), ks = key_strides(AttentionLayout::kBhsd, z);
     with_compute_type(ct, [&]<class T>() {
-      cpu::attention_forward<T>(qc.data<T>(), kc.data<T>(), vc.data<T>(), out.data<T>(), lse.data<T>(), b * h, s, sk, d,
-                                static_cast<T>(scale));
+      cpu::attention_forward<T>({qc.data<T>(), qs}, {kc.data<T>(), ks}, {vc.data<T>(), ks}, {out.data<T>(), qs},
+                                lse.data<T>(), z, static_cast<T>(scale));
     });
   }
   return {out.to(q.dtype()), lse};
@@ -179,12 +227,73 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
     // what the forward actually returned.
     const Tensor qc = to_compute(q), kc = to_compute(k), vc = to_compute(v);
     const Tensor doc = dout.detach().to(ct), oc = out.detach().to(ct);
+    const AttentionDims z{b, h, s, sk, d};
+    const HeadStrides qs = query_strides(AttentionLayout::kBhsd, z), ks = key_strides(AttentionLayout::kBhsd, z);
     with_compute_type(ct, [&]<class T>() {
-      cpu::attention_backward<T>(doc.data<T>(), qc.data<T>(), kc.data<T>(), vc.data<T>(), oc.data<T>(), lse.data<T>(),
-                                 dq.data<T>(), dk.data<T>(), dv.data<T>(), b * h, s, sk, d, static_cast<T>(scale));
+      cpu::attention_backward<T>({doc.data<T>(), qs}, {qc.data<T>(), qs}, {kc.data<T>(), ks}, {vc.data<T>(), ks},
+                                 {oc.data<T>(), qs}, lse.data<T>(), {dq.data<T>(), qs}, {dk.data<T>(), ks},
+                                 {dv.data<T>(), ks}, z, static_cast<T>(scale));
     });
   }
   return {dq.to(q.dtype()), dk.to(q.dtype()), dv.to(q.dtype())};
+}
+
+AttentionOutput packed_attention_forward(const Tensor& qkv, double scale) {
+  constexpr const char* op = "packed_attention_forward";
+  check_packed_qkv(op, qkv);
+  if (qkv.is_cuda()) return packed_attention_forward_cuda(qkv, scale);
+  check_cpu(op, {&qkv});
+  const AttentionDims z = packed_dims(qkv);
+  const DType ct = compute_dtype(qkv.dtype());
+  Tensor out = empty({z.b, z.s, z.h, z.d}, ct, qkv.device());
+  Tensor lse = empty({z.b, z.h, z.s}, ct, qkv.device());
+  if (out.numel() > 0) {
+    const Tensor c = to_compute(qkv);
+    const HeadStrides qs = query_strides(AttentionLayout::kPacked, z);
+    with_compute_type(ct, [&]<class T>() {
+      const T* base = c.data<T>();
+      cpu::attention_forward<T>({base, qs}, {base + packed_k_offset(z), qs}, {base + packed_v_offset(z), qs},
+                                {out.data<T>(), output_strides(AttentionLayout::kPacked, z)}, lse.data<T>(), z,
+                                static_cast<T>(scale));
+    });
+  }
+  return {out.to(qkv.dtype()), lse};
+}
+
+Tensor packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                 double scale) {
+  constexpr const char* op = "packed_attention_backward";
+  check_packed_qkv(op, qkv);
+  check_defined(op, {&dout, &out, &lse});
+  check_same_device(op, {&qkv, &dout, &out, &lse});
+  check_floating(op, dout);
+  check_floating(op, out);
+  const AttentionDims z = packed_dims(qkv);
+  const Shape out_shape{z.b, z.s, z.h, z.d};
+  OCTET_CHECK(dout.shape() == out_shape && out.shape() == out_shape, op, ": dout and out must be [B, S, H, D] = ",
+              out_shape, " for qkv ", qkv.describe(), " (dout: ", dout.describe(), ", out: ", out.describe(), ")");
+  const DType ct = qkv.is_cuda() ? DType::f32 : compute_dtype(qkv.dtype());
+  OCTET_CHECK(lse.shape() == Shape({z.b, z.h, z.s}) && lse.dtype() == ct, op, ": lse ", lse.describe(), " should be ",
+              dtype_name(ct), Shape({z.b, z.h, z.s}), ", as packed_attention_forward returns it (qkv: ", qkv.describe(),
+              ")");
+  if (qkv.is_cuda()) return packed_attention_backward_cuda(dout, qkv, out, lse, scale);
+  check_cpu(op, {&qkv, &dout, &out, &lse});
+  Tensor dqkv = empty(qkv.shape(), ct, qkv.device());
+  if (dqkv.numel() > 0) {
+    // Every element of dqkv is some head's row of dq, dk or dv, so all of it is written.
+    const Tensor c = to_compute(qkv), doc = dout.detach().to(ct), oc = out.detach().to(ct);
+    const HeadStrides qs = query_strides(AttentionLayout::kPacked, z);
+    const HeadStrides os = output_strides(AttentionLayout::kPacked, z);
+    with_compute_type(ct, [&]<class T>() {
+      const T* base = c.data<T>();
+      T* grad = dqkv.data<T>();
+      cpu::attention_backward<T>({doc.data<T>(), os}, {base, qs}, {base + packed_k_offset(z), qs},
+                                 {base + packed_v_offset(z), qs}, {oc.data<T>(), os}, lse.data<T>(), {grad, qs},
+                                 {grad + packed_k_offset(z), qs}, {grad + packed_v_offset(z), qs}, z,
+                                 static_cast<T>(scale));
+    });
+  }
+  return dqkv.to(qkv.dtype());
 }
 
 }  // namespace octet::kernels

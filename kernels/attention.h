@@ -1,7 +1,11 @@
 #pragma once
-// Scaled dot-product attention, unfused: the reference the fused GPU kernels are checked against.
-//   q, k, v, out: [B, H, S, D]    (k and v may have their own sequence length Sk)
-//   out = softmax(q·kᵀ·scale)·v, non-causal.
+// Scaled dot-product attention, out = softmax(q·kᵀ·scale)·v, non-causal, in two layouts:
+//   attention_forward/backward         q, k, v, out: [B, H, S, D] (k and v may have their own Sk)
+//   packed_attention_forward/backward  q, k and v read in place from the qkv projection's output
+//                                      [B, S, 3, H, D]; out is [B, S, H, D]; dq, dk and dv are
+//                                      written into one [B, S, 3, H, D] gradient. This is what
+//                                      nn::MultiheadAttention runs: no permutes, no selects, no
+//                                      zero-padded gradient buffers (kernels/attention_layout.h).
 // Forward saves the per-row log-sum-exp (f32) instead of the probabilities, as fused attention
 // does; backward recomputes the probabilities from it.
 //
@@ -27,6 +31,15 @@ struct AttentionGrads {
 };
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale);
+
+// qkv [B, S, 3, H, D] (timm's qkv Linear output [B, S, 3·H·D] with its heads spelled out) ->
+// out [B, S, H, D] in qkv's dtype (a view of [B, S, H·D], what `proj` takes) and lse [B, H, S]
+// (f32; f64 for f64 qkv on the CPU).
+AttentionOutput packed_attention_forward(const Tensor& qkv, double scale);
+// dout and out [B, S, H, D] -> dqkv [B, S, 3, H, D] in qkv's dtype: dq, dk and dv side by side, as
+// the gradient of the qkv projection's output needs them.
+Tensor packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                 double scale);
 
 // Which GPU path attention_forward and attention_backward took, counted per process over every
 // device since the process started: `fused` is cuDNN's fused SDPA, `unfused` the GPU kernels of

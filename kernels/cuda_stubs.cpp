@@ -55,6 +55,22 @@ AttentionGrads unfused_attention_backward(const Tensor&, const Tensor& q, const 
                                           const Tensor&, const Tensor&, double) {
   no_cuda("unfused_attention_backward", {&q, &k, &v});
 }
+std::string cudnn_packed_attention_unsupported_reason(const Tensor& qkv) {
+  no_cuda("cudnn_packed_attention_unsupported_reason", {&qkv});
+}
+std::optional<AttentionOutput> cudnn_packed_attention_forward(const Tensor& qkv, double, std::string&) {
+  no_cuda("cudnn_packed_attention_forward", {&qkv});
+}
+std::optional<Tensor> cudnn_packed_attention_backward(const Tensor&, const Tensor& qkv, const Tensor&, const Tensor&,
+                                                      double, std::string&) {
+  no_cuda("cudnn_packed_attention_backward", {&qkv});
+}
+AttentionOutput unfused_packed_attention_forward(const Tensor& qkv, double) {
+  no_cuda("unfused_packed_attention_forward", {&qkv});
+}
+Tensor unfused_packed_attention_backward(const Tensor&, const Tensor& qkv, const Tensor&, const Tensor&, double) {
+  no_cuda("unfused_packed_attention_backward", {&qkv});
+}
 
 // ---- elementwise_cuda.h ----
 

@@ -25,14 +25,12 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t num_heads, bool qkv_
 Tensor MultiheadAttention::forward(const Tensor& x) {
   OCTET_CHECK(x.dim() == 3 && x.size(2) == dim, "MultiheadAttention(dim ", dim, "): input ", x.describe(),
               " must be [B, N, ", dim, "]");
-  const int64_t B = x.size(0), N = x.size(1);
-  // qkv(x) [B, N, 3·dim] read as [B, N, 3, H, hd], then moved to [3, B, H, N, hd]: q, k and v are
-  // then contiguous blocks along dim 0 (timm's reshape + permute, so checkpoints load as they are).
-  const Tensor qkv_heads = permute(reshape((*qkv)(x), {B, N, 3, num_heads, head_dim}), {2, 0, 3, 1, 4});
-  const Tensor q = select(qkv_heads, 0, 0), k = select(qkv_heads, 0, 1), v = select(qkv_heads, 0, 2);
-  const Tensor heads = scaled_dot_product_attention(q, k, v);  // [B, H, N, hd]
-  const Tensor merged = reshape(permute(heads, {0, 2, 1, 3}), {B, N, dim});
-  return (*proj_drop)((*proj)(merged));
+  // qkv(x) is [B, N, 3·dim], read as [B, N, 3, H, hd] (timm's layout, so checkpoints load as they
+  // are). The attention reads q, k and v out of it in place and writes its output as [B, N, H·hd],
+  // heads side by side as `proj` expects: no permutes, no selects, and in backward one qkv-shaped
+  // gradient instead of three zero-padded ones summed.
+  const Tensor heads = packed_qkv_attention((*qkv)(x), num_heads);  // [B, N, dim]
+  return (*proj_drop)((*proj)(heads));
 }
 
 }  // namespace octet::nn

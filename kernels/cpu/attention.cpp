@@ -19,6 +19,9 @@
 // The softmax backward needs Σ_j P_ij·dP_ij per row; that equals Σ_d dout_id·out_id (expand dP and
 // out = P·v), which costs O(S·D) instead of O(S·Sk) and is what flash attention computes too.
 //
+// Every operand is read (and every result written) in place through its row stride, the leading
+// dimension OpenBLAS takes, so the packed qkv layout costs no copies (kernels/attention_layout.h).
+//
 // Heads are independent, so they are split across OpenMP threads (a contiguous range of heads per
 // thread); each thread runs its heads one at a time with OpenBLAS on that thread, so one head's score
 // matrix stays in cache between its GEMMs and its row passes. For f32 the row passes use the
@@ -69,12 +72,14 @@ OCTET_SIMD_CLONES void probabilities_f32(float* x, const float* lse, int64_t row
 }
 
 // dS = P ⊙ (dP − δ) in place over dP, δ_r = Σ_c dout_rc·out_rc.
-OCTET_SIMD_CLONES void softmax_grad_f32(const float* p, float* ds, const float* dout, const float* out, int64_t rows,
-                                        int64_t n, int64_t d) {
+OCTET_SIMD_CLONES void softmax_grad_f32(const float* p, float* ds, const float* dout, int64_t ld_dout,
+                                        const float* out, int64_t ld_out, int64_t rows, int64_t n, int64_t d) {
   for (int64_t r = 0; r < rows; ++r) {
     float delta = 0;
+    const float* dout_row = dout + r * ld_dout;
+    const float* out_row = out + r * ld_out;
 #pragma omp simd reduction(+ : delta)
-    for (int64_t c = 0; c < d; ++c) delta += dout[r * d + c] * out[r * d + c];
+    for (int64_t c = 0; c < d; ++c) delta += dout_row[c] * out_row[c];
     const float* prow = p + r * n;
     float* row = ds + r * n;
 #pragma omp simd
@@ -104,17 +109,17 @@ void probabilities(double* x, const double* lse, int64_t rows, int64_t n) {
 }
 void probabilities(float* x, const float* lse, int64_t rows, int64_t n) { probabilities_f32(x, lse, rows, n); }
 
-void softmax_grad(const double* p, double* ds, const double* dout, const double* out, int64_t rows, int64_t n,
-                  int64_t d) {
+void softmax_grad(const double* p, double* ds, const double* dout, int64_t ld_dout, const double* out, int64_t ld_out,
+                  int64_t rows, int64_t n, int64_t d) {
   for (int64_t r = 0; r < rows; ++r) {
     double delta = 0;
-    for (int64_t c = 0; c < d; ++c) delta += dout[r * d + c] * out[r * d + c];
+    for (int64_t c = 0; c < d; ++c) delta += dout[r * ld_dout + c] * out[r * ld_out + c];
     for (int64_t j = 0; j < n; ++j) ds[r * n + j] = p[r * n + j] * (ds[r * n + j] - delta);
   }
 }
-void softmax_grad(const float* p, float* ds, const float* dout, const float* out, int64_t rows, int64_t n,
-                  int64_t d) {
-  softmax_grad_f32(p, ds, dout, out, rows, n, d);
+void softmax_grad(const float* p, float* ds, const float* dout, int64_t ld_dout, const float* out, int64_t ld_out,
+                  int64_t rows, int64_t n, int64_t d) {
+  softmax_grad_f32(p, ds, dout, ld_dout, out, ld_out, rows, n, d);
 }
 
 // Heads are worth a thread each once there is this much matmul work in all of them.
@@ -135,52 +140,54 @@ void for_each_head(int64_t bh, int64_t work_per_head, size_t scratch_size, F&& f
 }  // namespace
 
 template <class T>
-void attention_forward(const T* q, const T* k, const T* v, T* out, T* lse, int64_t bh, int64_t s, int64_t sk, int64_t d,
-                       T scale) {
-  for_each_head<T>(bh, 2 * s * sk * d, static_cast<size_t>(s * sk), [&](int64_t h, T* p) {
-    const T* qh = q + h * s * d;
-    const T* kh = k + h * sk * d;
-    const T* vh = v + h * sk * d;
-    gemm_on_caller_thread<T>(false, true, s, sk, d, scale, qh, d, kh, d, T(0), p, sk);  // X = s · q·kᵀ
-    softmax_rows(p, lse + h * s, s, sk);                                                 // P, lse
-    gemm_on_caller_thread<T>(false, false, s, d, sk, T(1), p, sk, vh, d, T(0), out + h * s * d, d);  // P·v
+void attention_forward(HeadMatrix<const T> q, HeadMatrix<const T> k, HeadMatrix<const T> v, HeadMatrix<T> out, T* lse,
+                       const AttentionDims& z, T scale) {
+  const int64_t s = z.s, sk = z.sk, d = z.d;
+  for_each_head<T>(z.b * z.h, 2 * s * sk * d, static_cast<size_t>(s * sk), [&](int64_t h, T* p) {
+    const T* qh = q.head(h, z.h);
+    const T* kh = k.head(h, z.h);
+    const T* vh = v.head(h, z.h);
+    gemm_on_caller_thread<T>(false, true, s, sk, d, scale, qh, q.ld(), kh, k.ld(), T(0), p, sk);  // X = s · q·kᵀ
+    softmax_rows(p, lse + h * s, s, sk);                                                            // P, lse
+    gemm_on_caller_thread<T>(false, false, s, d, sk, T(1), p, sk, vh, v.ld(), T(0), out.head(h, z.h), out.ld());
   });
 }
 
 template <class T>
-void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, T* dq, T* dk,
-                        T* dv, int64_t bh, int64_t s, int64_t sk, int64_t d, T scale) {
+void attention_backward(HeadMatrix<const T> dout, HeadMatrix<const T> q, HeadMatrix<const T> k, HeadMatrix<const T> v,
+                        HeadMatrix<const T> out, const T* lse, HeadMatrix<T> dq, HeadMatrix<T> dk, HeadMatrix<T> dv,
+                        const AttentionDims& z, T scale) {
+  const int64_t s = z.s, sk = z.sk, d = z.d;
   const size_t scores = static_cast<size_t>(s * sk);
-  for_each_head<T>(bh, 5 * s * sk * d, 2 * scores, [&](int64_t h, T* scratch) {
+  for_each_head<T>(z.b * z.h, 5 * s * sk * d, 2 * scores, [&](int64_t h, T* scratch) {
     T* p = scratch;
     T* ds = scratch + scores;
-    const T* qh = q + h * s * d;
-    const T* kh = k + h * sk * d;
-    const T* vh = v + h * sk * d;
-    const T* douth = dout + h * s * d;
+    const T* qh = q.head(h, z.h);
+    const T* kh = k.head(h, z.h);
+    const T* vh = v.head(h, z.h);
+    const T* douth = dout.head(h, z.h);
     // P = exp(s · q·kᵀ − lse)
-    gemm_on_caller_thread<T>(false, true, s, sk, d, scale, qh, d, kh, d, T(0), p, sk);
+    gemm_on_caller_thread<T>(false, true, s, sk, d, scale, qh, q.ld(), kh, k.ld(), T(0), p, sk);
     probabilities(p, lse + h * s, s, sk);
     // dv = Pᵀ·dout
-    gemm_on_caller_thread<T>(true, false, sk, d, s, T(1), p, sk, douth, d, T(0), dv + h * sk * d, d);
+    gemm_on_caller_thread<T>(true, false, sk, d, s, T(1), p, sk, douth, dout.ld(), T(0), dv.head(h, z.h), dv.ld());
     // dP = dout·vᵀ, then dS = P ⊙ (dP − δ) in place
-    gemm_on_caller_thread<T>(false, true, s, sk, d, T(1), douth, d, vh, d, T(0), ds, sk);
-    softmax_grad(p, ds, douth, out + h * s * d, s, sk, d);
+    gemm_on_caller_thread<T>(false, true, s, sk, d, T(1), douth, dout.ld(), vh, v.ld(), T(0), ds, sk);
+    softmax_grad(p, ds, douth, dout.ld(), out.head(h, z.h), out.ld(), s, sk, d);
     // dq = s · dS·k,  dk = s · dSᵀ·q
-    gemm_on_caller_thread<T>(false, false, s, d, sk, scale, ds, sk, kh, d, T(0), dq + h * s * d, d);
-    gemm_on_caller_thread<T>(true, false, sk, d, s, scale, ds, sk, qh, d, T(0), dk + h * sk * d, d);
+    gemm_on_caller_thread<T>(false, false, s, d, sk, scale, ds, sk, kh, k.ld(), T(0), dq.head(h, z.h), dq.ld());
+    gemm_on_caller_thread<T>(true, false, sk, d, s, scale, ds, sk, qh, q.ld(), T(0), dk.head(h, z.h), dk.ld());
   });
 }
 
-template void attention_forward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t,
-                                       int64_t, int64_t, float);
-template void attention_forward<double>(const double*, const double*, const double*, double*, double*, int64_t, int64_t,
-                                        int64_t, int64_t, double);
-template void attention_backward<float>(const float*, const float*, const float*, const float*, const float*,
-                                        const float*, float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                                        float);
-template void attention_backward<double>(const double*, const double*, const double*, const double*, const double*,
-                                         const double*, double*, double*, double*, int64_t, int64_t, int64_t, int64_t,
-                                         double);
+#define OCTET_INSTANTIATE_ATTENTION(T)                                                                               \
+  template void attention_forward<T>(HeadMatrix<const T>, HeadMatrix<const T>, HeadMatrix<const T>, HeadMatrix<T>, T*, \
+                                     const AttentionDims&, T);                                                       \
+  template void attention_backward<T>(HeadMatrix<const T>, HeadMatrix<const T>, HeadMatrix<const T>,                  \
+                                      HeadMatrix<const T>, HeadMatrix<const T>, const T*, HeadMatrix<T>,              \
+                                      HeadMatrix<T>, HeadMatrix<T>, const AttentionDims&, T);
+OCTET_INSTANTIATE_ATTENTION(float)
+OCTET_INSTANTIATE_ATTENTION(double)
+#undef OCTET_INSTANTIATE_ATTENTION
 
 }  // namespace octet::kernels::cpu

@@ -1,18 +1,32 @@
 #pragma once
 // CPU attention backend: unfused, in the compute type T (float or double), over B·H independent heads
-// stored contiguously. The entry points in kernels/attention.cpp check shapes and widen the inputs.
+// whose rows sit where kernels/attention_layout.h says (the [B, H, S, D] layout or the packed qkv).
+// The entry points in kernels/attention.cpp check shapes and widen the inputs.
 #include <cstdint>
+
+#include "kernels/attention_layout.h"
 
 namespace octet::kernels::cpu {
 
-// q [BH, S, D], k and v [BH, Sk, D] -> out [BH, S, D] and lse [BH, S].
+// One attention operand: its first element and the strides of its heads' rows (D is contiguous).
 template <class T>
-void attention_forward(const T* q, const T* k, const T* v, T* out, T* lse, int64_t bh, int64_t s, int64_t sk, int64_t d,
-                       T scale);
+struct HeadMatrix {
+  T* data = nullptr;
+  HeadStrides strides;
+  T* head(int64_t bh, int64_t heads) const { return data + strides.head_offset(bh, heads); }
+  int64_t ld() const { return strides.row; }
+};
+
+// q [S, D], k and v [Sk, D] per head -> out [S, D] per head and lse, contiguous [B·H, S].
+template <class T>
+void attention_forward(HeadMatrix<const T> q, HeadMatrix<const T> k, HeadMatrix<const T> v, HeadMatrix<T> out, T* lse,
+                       const AttentionDims& z, T scale);
 
 // Gradients of out with respect to q, k and v given dout, recomputing the probabilities from lse.
+// dq, dk and dv may interleave in one buffer (the packed layout): each head writes only its rows.
 template <class T>
-void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, T* dq, T* dk,
-                        T* dv, int64_t bh, int64_t s, int64_t sk, int64_t d, T scale);
+void attention_backward(HeadMatrix<const T> dout, HeadMatrix<const T> q, HeadMatrix<const T> k, HeadMatrix<const T> v,
+                        HeadMatrix<const T> out, const T* lse, HeadMatrix<T> dq, HeadMatrix<T> dk, HeadMatrix<T> dv,
+                        const AttentionDims& z, T scale);
 
 }  // namespace octet::kernels::cpu

@@ -19,8 +19,14 @@
 // matmul takes its operands as [.., M, K] and [.., K, N]; the transposes of P, dS and Kᵀ inside
 // the backward graph are "reshape" operations with swapped strides.
 //
-// Plans are built once per (device, B, H, S, Sk, D, dtype, scale, direction) and cached; each call
-// then only fills a variant pack (the data pointers) and executes on the device's current stream.
+// q, k, v, out and their gradients are described to cuDNN with the strides of their memory, so the
+// same graphs serve both layouts of kernels/attention_layout.h: separate [B, H, S, D] tensors, and
+// q, k and v read straight out of the packed qkv [B, S, 3, H, D] (out [B, S, H, D], dq, dk and dv
+// written back into one packed gradient), which is how the model runs.
+//
+// Plans are built once per (device, layout, B, H, S, Sk, D, dtype, scale, direction) and cached;
+// each call then only fills a variant pack (the data pointers) and executes on the device's current
+// stream.
 #include <cudnn.h>
 #include <cuda_runtime_api.h>
 
@@ -37,6 +43,7 @@
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
+#include "kernels/attention_layout.h"
 #include "kernels/cuda/attention_cuda.h"
 
 namespace octet::kernels::cuda {
@@ -117,6 +124,10 @@ class GraphBuilder {
   TensorRef tensor(const char* name, int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type) {
     return make_tensor(name, uid, dims, strides, type, false, false);
   }
+  // The backward's f32 dQ accumulator: in memory, in the F16x16 reordering the frontend declares for it.
+  TensorRef accumulator(const char* name, int64_t uid, const Dims& dims, const Dims& strides) {
+    return make_tensor(name, uid, dims, strides, CUDNN_DATA_FLOAT, false, false, CUDNN_TENSOR_REORDERING_F16x16);
+  }
   // A tensor that lives only inside the fused kernel.
   TensorRef virtual_tensor(const char* name, const Dims& dims, const Dims& strides, cudnnDataType_t type) {
     return make_tensor(name, next_virtual_uid_++, dims, strides, type, true, false);
@@ -188,7 +199,8 @@ class GraphBuilder {
 
  private:
   TensorRef make_tensor(const char* name, int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
-                        bool is_virtual, bool by_value) {
+                        bool is_virtual, bool by_value,
+                        cudnnBackendTensorReordering_t reordering = CUDNN_TENSOR_REORDERING_NONE) {
     Descriptor& t = own(CUDNN_BACKEND_TENSOR_DESCRIPTOR, name, "tensor");
     const int64_t alignment = 16;
     t.set(ATTR(CUDNN_ATTR_TENSOR_DATA_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &type);
@@ -198,6 +210,9 @@ class GraphBuilder {
     t.set(ATTR(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), CUDNN_TYPE_INT64, 1, &alignment);
     if (is_virtual) t.set(ATTR(CUDNN_ATTR_TENSOR_IS_VIRTUAL), CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
     if (by_value) t.set(ATTR(CUDNN_ATTR_TENSOR_IS_BY_VALUE), CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    if (reordering != CUDNN_TENSOR_REORDERING_NONE) {
+      t.set(ATTR(CUDNN_ATTR_TENSOR_REORDERING_MODE), CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reordering);
+    }
     t.finalize();
     return {t.get(), uid};
   }
@@ -289,11 +304,12 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
 
 struct PlanKey {
   int device;
+  AttentionLayout layout;
   int64_t b, h, s, sk, d;
   DType dtype;
   double scale;
   bool backward;
-  auto tie() const { return std::tie(device, b, h, s, sk, d, dtype, scale, backward); }
+  auto tie() const { return std::tie(device, layout, b, h, s, sk, d, dtype, scale, backward); }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
 
@@ -379,25 +395,30 @@ enum Uid : int64_t {
   kQ = 1, kK, kV, kScale, kOut, kStats, kDout, kDq, kDk, kDv, kOne, kSoftmaxSum, kDqAccum
 };
 
-struct Sizes {
-  int64_t b, h, s, sk, d;
-};
+using Sizes = AttentionDims;
 Sizes sizes_of(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
+Sizes packed_sizes_of(const Tensor& qkv) { return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)}; }
 
-// Layouts shared by both graphs. q, k, v and their gradients are [B, H, S, D] with the strides of
-// their memory; Kᵀ (and Vᵀ) are the same memory with the last two dims and strides swapped.
+Dims row_major(const HeadStrides& st) { return {st.batch, st.head, st.row, 1}; }
+
+// Layouts shared by both graphs. q, k, v, out and their gradients are [B, H, S, D] described with
+// the strides of their memory in `layout`; Kᵀ (and Vᵀ) are the same memory with the last two dims
+// and strides swapped. The dQ accumulator is the engine's own contiguous [B, H, S, D] buffer.
 struct Layouts {
   Dims q, q_strides, kv, kv_strides, kt, kt_strides, scores, scores_strides, scores_t_strides, row, row_strides;
-  Dims scores_t;
+  Dims scores_t, o_strides, accum_strides;
 };
-Layouts layouts_of(const Sizes& z) {
+Layouts layouts_of(const Sizes& z, AttentionLayout layout) {
   Layouts l;
+  const HeadStrides ks = key_strides(layout, z);
   l.q = {z.b, z.h, z.s, z.d};
-  l.q_strides = contiguous_strides(l.q);
+  l.q_strides = row_major(query_strides(layout, z));
+  l.o_strides = row_major(output_strides(layout, z));
+  l.accum_strides = contiguous_strides(l.q);
   l.kv = {z.b, z.h, z.sk, z.d};
-  l.kv_strides = contiguous_strides(l.kv);
+  l.kv_strides = row_major(ks);
   l.kt = {z.b, z.h, z.d, z.sk};
-  l.kt_strides = {l.kv_strides[0], l.kv_strides[1], 1, z.d};
+  l.kt_strides = {ks.batch, ks.head, 1, ks.row};
   l.scores = {z.b, z.h, z.s, z.sk};
   l.scores_strides = contiguous_strides(l.scores);
   l.scores_t = {z.b, z.h, z.sk, z.s};  // Pᵀ, dSᵀ: the score matrix read column-major
@@ -407,14 +428,14 @@ Layouts layouts_of(const Sizes& z) {
   return l;
 }
 
-void build_forward_graph(GraphBuilder& g, const Sizes& z, cudnnDataType_t io) {
-  const Layouts l = layouts_of(z);
+void build_forward_graph(GraphBuilder& g, const Sizes& z, AttentionLayout layout, cudnnDataType_t io) {
+  const Layouts l = layouts_of(z, layout);
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   const TensorRef q = g.tensor("Q", kQ, l.q, l.q_strides, io);
   const TensorRef kt = g.tensor("K^T", kK, l.kt, l.kt_strides, io);
   const TensorRef v = g.tensor("V", kV, l.kv, l.kv_strides, io);
   const TensorRef scale = g.scalar("scale", kScale);
-  const TensorRef out = g.tensor("O", kOut, l.q, l.q_strides, io);
+  const TensorRef out = g.tensor("O", kOut, l.q, l.o_strides, io);
   const TensorRef stats = g.tensor("stats", kStats, l.row, l.row_strides, f32);
 
   const TensorRef x = g.virtual_tensor("Q·K^T", l.scores, l.scores_strides, f32);
@@ -438,14 +459,14 @@ void build_forward_graph(GraphBuilder& g, const Sizes& z, cudnnDataType_t io) {
   g.matmul("P·V", p, v, out);
 }
 
-void build_backward_graph(GraphBuilder& g, const Sizes& z, cudnnDataType_t io) {
-  const Layouts l = layouts_of(z);
+void build_backward_graph(GraphBuilder& g, const Sizes& z, AttentionLayout layout, cudnnDataType_t io) {
+  const Layouts l = layouts_of(z, layout);
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   const TensorRef q = g.tensor("Q", kQ, l.q, l.q_strides, io);
   const TensorRef kt = g.tensor("K^T", kK, l.kt, l.kt_strides, io);
   const TensorRef vt = g.tensor("V^T", kV, l.kt, l.kt_strides, io);
-  const TensorRef out = g.tensor("O", kOut, l.q, l.q_strides, io);
-  const TensorRef dout = g.tensor("dO", kDout, l.q, l.q_strides, io);
+  const TensorRef out = g.tensor("O", kOut, l.q, l.o_strides, io);
+  const TensorRef dout = g.tensor("dO", kDout, l.q, l.o_strides, io);
   const TensorRef stats = g.tensor("stats", kStats, l.row, l.row_strides, f32);
   const TensorRef scale = g.scalar("scale", kScale);
   const TensorRef one = g.scalar("one", kOne);
@@ -454,7 +475,7 @@ void build_backward_graph(GraphBuilder& g, const Sizes& z, cudnnDataType_t io) {
   const TensorRef dv = g.tensor("dV", kDv, l.kv, l.kv_strides, io);
   // Two f32 buffers in memory that the engine fills itself: δ per row and the dQ accumulator.
   const TensorRef softmax_sum = g.tensor("softmax sum", kSoftmaxSum, l.row, l.row_strides, f32);
-  const TensorRef dq_accum = g.tensor("dQ accumulator", kDqAccum, l.q, l.q_strides, f32);
+  const TensorRef dq_accum = g.accumulator("dQ accumulator", kDqAccum, l.q, l.accum_strides);
 
   // δ = rowsum(dO ⊙ O). The product's strides are the frontend's (only the dims of a virtual
   // tensor that is reduced right away matter).
@@ -515,20 +536,104 @@ std::string known_cudnn_bug(bool backward, int64_t sk) {
   return {};
 }
 
-}  // namespace
-
-std::string cudnn_attention_unsupported_reason(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) {
-    return std::string(dtype_name(q.dtype())) + " tensors (cuDNN fused attention takes bf16 or f16)";
+// Why cuDNN's fused attention cannot take a dtype and head dim at all, or "".
+std::string unsupported_reason(DType dtype, int64_t d) {
+  if (dtype != DType::bf16 && dtype != DType::f16) {
+    return std::string(dtype_name(dtype)) + " tensors (cuDNN fused attention takes bf16 or f16)";
   }
-  const int64_t d = q.size(3);
   if (d > 128 || d % 8 != 0) {
     return "head dim " + std::to_string(d) + " (cuDNN fused attention takes head dims up to 128, multiples of 8)";
   }
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v)) {
-    return "q, k or v not 16-byte aligned (views at odd offsets)";
-  }
   return {};
+}
+
+// The operands of one forward or backward, already placed in memory the way `layout` says. For the
+// packed layout k and v (dk and dv) point into the same buffer as q (dq).
+struct Operands {
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr, *dout = nullptr;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+
+const void* offset_bytes(const void* p, int64_t elements, DType dtype) {
+  return static_cast<const char*>(p) + elements * static_cast<int64_t>(dtype_size(dtype));
+}
+void* offset_bytes(void* p, int64_t elements, DType dtype) {
+  return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(dtype));
+}
+
+// Runs the forward graph; `like` gives the device and dtype. False with why_not when no plan builds.
+bool run_forward(const Tensor& like, AttentionLayout layout, const Sizes& z, const Operands& ops, void* out, void* lse,
+                 double scale, std::string& why_not) {
+  why_not = known_cudnn_bug(false, z.sk);
+  if (!why_not.empty()) return false;
+  std::lock_guard<std::mutex> lock(cudnn_mutex());
+  octet::cuda::DeviceGuard device(like.device().index);
+  const cudnnHandle_t handle = handle_for(like.device().index);
+  const cudnnDataType_t io = cudnn_dtype(like.dtype());
+  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, false};
+  const Plan* plan =
+      find_plan(key, handle, [&](GraphBuilder& g) { build_forward_graph(g, z, layout, io); }, why_not);
+  if (plan == nullptr) return false;
+  float scale_value = static_cast<float>(scale);
+  const std::vector<int64_t> uids = {kQ, kK, kV, kScale, kOut, kStats};
+  const std::vector<void*> pointers = {const_cast<void*>(ops.q), const_cast<void*>(ops.k), const_cast<void*>(ops.v),
+                                       &scale_value, out, lse};
+  execute(handle, *plan, uids, pointers, like, "cuDNN attention forward");
+  return true;
+}
+
+// Runs the backward graph, writing ops.dq, ops.dk and ops.dv. Needs at least one query and one key.
+bool run_backward(const Tensor& like, AttentionLayout layout, const Sizes& z, const Operands& ops, const Tensor& lse,
+                  double scale, std::string& why_not) {
+  why_not = known_cudnn_bug(true, z.sk);
+  if (!why_not.empty()) return false;
+  std::lock_guard<std::mutex> lock(cudnn_mutex());
+  octet::cuda::DeviceGuard device(like.device().index);
+  const cudnnHandle_t handle = handle_for(like.device().index);
+  const cudnnDataType_t io = cudnn_dtype(like.dtype());
+  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, true};
+  const Plan* plan =
+      find_plan(key, handle, [&](GraphBuilder& g) { build_backward_graph(g, z, layout, io); }, why_not);
+  if (plan == nullptr) return false;
+
+  // The engine's own f32 buffers (the frontend carves them out of its workspace).
+  Tensor softmax_sum = empty({z.b, z.h, z.s}, DType::f32, like.device());
+  Tensor dq_accum = empty({z.b, z.h, z.s, z.d}, DType::f32, like.device());
+  if (cudnnGetVersion() < 90600) {  // from 9.6 the engine clears the accumulator itself
+    const cudaStream_t stream = octet::cuda::current_stream(like.device().index);
+    octet::cuda::check(cudaMemsetAsync(dq_accum.data_ptr(), 0, dq_accum.nbytes(), stream),
+                       "cuDNN attention backward: zero the dQ accumulator");
+  }
+  float scale_value = static_cast<float>(scale);
+  float one = 1.0f;
+  const std::vector<int64_t> uids = {kQ,  kK,  kV,  kOut, kDout, kStats,     kScale,
+                                     kOne, kDq, kDk, kDv,  kSoftmaxSum, kDqAccum};
+  const std::vector<void*> pointers = {const_cast<void*>(ops.q),    const_cast<void*>(ops.k),
+                                       const_cast<void*>(ops.v),    const_cast<void*>(ops.out),
+                                       const_cast<void*>(ops.dout), lse.data_ptr(),
+                                       &scale_value,                &one,
+                                       ops.dq,                      ops.dk,
+                                       ops.dv,                      softmax_sum.data_ptr(),
+                                       dq_accum.data_ptr()};
+  execute(handle, *plan, uids, pointers, like, "cuDNN attention backward");
+  return true;
+}
+
+}  // namespace
+
+std::string cudnn_attention_unsupported_reason(const Tensor& q, const Tensor& k, const Tensor& v) {
+  std::string why = unsupported_reason(q.dtype(), q.size(3));
+  if (why.empty() && (!aligned16(q) || !aligned16(k) || !aligned16(v))) {
+    why = "q, k or v not 16-byte aligned (views at odd offsets)";
+  }
+  return why;
+}
+
+std::string cudnn_packed_attention_unsupported_reason(const Tensor& qkv) {
+  // With D a multiple of 8, k and v start H·D·2 bytes apart: aligned whenever qkv is.
+  std::string why = unsupported_reason(qkv.dtype(), qkv.size(4));
+  if (why.empty() && !aligned16(qkv)) why = "qkv not 16-byte aligned (a view at an odd offset)";
+  return why;
 }
 
 std::optional<AttentionOutput> cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
@@ -537,22 +642,24 @@ std::optional<AttentionOutput> cudnn_attention_forward(const Tensor& q, const Te
   Tensor out = empty(q.shape(), q.dtype(), q.device());
   Tensor lse = empty({z.b, z.h, z.s}, DType::f32, q.device());
   if (out.numel() == 0) return AttentionOutput{out, lse};
-  why_not = known_cudnn_bug(false, z.sk);
-  if (!why_not.empty()) return std::nullopt;
+  const Operands ops{q.data_ptr(), k.data_ptr(), v.data_ptr()};
+  if (!run_forward(q, AttentionLayout::kBhsd, z, ops, out.data_ptr(), lse.data_ptr(), scale, why_not)) {
+    return std::nullopt;
+  }
+  return AttentionOutput{out, lse};
+}
 
-  std::lock_guard<std::mutex> lock(cudnn_mutex());
-  octet::cuda::DeviceGuard device(q.device().index);
-  const cudnnHandle_t handle = handle_for(q.device().index);
-  const cudnnDataType_t io = cudnn_dtype(q.dtype());
-  const PlanKey key{q.device().index, z.b, z.h, z.s, z.sk, z.d, q.dtype(), scale, false};
-  const Plan* plan = find_plan(key, handle, [&](GraphBuilder& g) { build_forward_graph(g, z, io); }, why_not);
-  if (plan == nullptr) return std::nullopt;
-
-  float scale_value = static_cast<float>(scale);
-  const std::vector<int64_t> uids = {kQ, kK, kV, kScale, kOut, kStats};
-  const std::vector<void*> pointers = {q.data_ptr(), k.data_ptr(), v.data_ptr(), &scale_value, out.data_ptr(),
-                                       lse.data_ptr()};
-  execute(handle, *plan, uids, pointers, q, "cuDNN attention forward");
+std::optional<AttentionOutput> cudnn_packed_attention_forward(const Tensor& qkv, double scale, std::string& why_not) {
+  const Sizes z = packed_sizes_of(qkv);
+  Tensor out = empty({z.b, z.s, z.h, z.d}, qkv.dtype(), qkv.device());
+  Tensor lse = empty({z.b, z.h, z.s}, DType::f32, qkv.device());
+  if (out.numel() == 0) return AttentionOutput{out, lse};
+  const void* base = qkv.data_ptr();
+  const Operands ops{base, offset_bytes(base, packed_k_offset(z), qkv.dtype()),
+                     offset_bytes(base, packed_v_offset(z), qkv.dtype())};
+  if (!run_forward(qkv, AttentionLayout::kPacked, z, ops, out.data_ptr(), lse.data_ptr(), scale, why_not)) {
+    return std::nullopt;
+  }
   return AttentionOutput{out, lse};
 }
 
@@ -564,44 +671,43 @@ std::optional<AttentionGrads> cudnn_attention_backward(const Tensor& dout, const
     why_not = "dout, out or lse not 16-byte aligned (views at odd offsets)";
     return std::nullopt;
   }
-  why_not = known_cudnn_bug(true, z.sk);
-  if (!why_not.empty()) return std::nullopt;
   Tensor dq = empty(q.shape(), q.dtype(), q.device());
   Tensor dk = empty(k.shape(), q.dtype(), q.device());
   Tensor dv = empty(v.shape(), q.dtype(), q.device());
   if (dk.numel() == 0) return AttentionGrads{dq, dk, dv};
-  const cudaStream_t stream = octet::cuda::current_stream(q.device().index);
   if (q.numel() == 0) {  // no queries: nothing flows to k and v
+    const cudaStream_t stream = octet::cuda::current_stream(q.device().index);
     octet::cuda::check(cudaMemsetAsync(dk.data_ptr(), 0, dk.nbytes(), stream), "cuDNN attention backward: zero dk");
     octet::cuda::check(cudaMemsetAsync(dv.data_ptr(), 0, dv.nbytes(), stream), "cuDNN attention backward: zero dv");
     return AttentionGrads{dq, dk, dv};
   }
-
-  std::lock_guard<std::mutex> lock(cudnn_mutex());
-  octet::cuda::DeviceGuard device(q.device().index);
-  const cudnnHandle_t handle = handle_for(q.device().index);
-  const cudnnDataType_t io = cudnn_dtype(q.dtype());
-  const PlanKey key{q.device().index, z.b, z.h, z.s, z.sk, z.d, q.dtype(), scale, true};
-  const Plan* plan = find_plan(key, handle, [&](GraphBuilder& g) { build_backward_graph(g, z, io); }, why_not);
-  if (plan == nullptr) return std::nullopt;
-
-  // The engine's own f32 buffers (the frontend carves them out of its workspace).
-  Tensor softmax_sum = empty({z.b, z.h, z.s}, DType::f32, q.device());
-  Tensor dq_accum = empty({z.b, z.h, z.s, z.d}, DType::f32, q.device());
-  if (cudnnGetVersion() < 90600) {  // from 9.6 the engine clears the accumulator itself
-    octet::cuda::check(cudaMemsetAsync(dq_accum.data_ptr(), 0, dq_accum.nbytes(), stream),
-                       "cuDNN attention backward: zero the dQ accumulator");
-  }
-  float scale_value = static_cast<float>(scale);
-  float one = 1.0f;
-  const std::vector<int64_t> uids = {kQ,  kK,  kV,  kOut, kDout, kStats,     kScale,
-                                     kOne, kDq, kDk, kDv,  kSoftmaxSum, kDqAccum};
-  const std::vector<void*> pointers = {q.data_ptr(),  k.data_ptr(),  v.data_ptr(),           out.data_ptr(),
-                                       dout.data_ptr(), lse.data_ptr(), &scale_value,         &one,
-                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),          softmax_sum.data_ptr(),
-                                       dq_accum.data_ptr()};
-  execute(handle, *plan, uids, pointers, q, "cuDNN attention backward");
+  Operands ops{q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()};
+  ops.dq = dq.data_ptr();
+  ops.dk = dk.data_ptr();
+  ops.dv = dv.data_ptr();
+  if (!run_backward(q, AttentionLayout::kBhsd, z, ops, lse, scale, why_not)) return std::nullopt;
   return AttentionGrads{dq, dk, dv};
+}
+
+std::optional<Tensor> cudnn_packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                                      const Tensor& lse, double scale, std::string& why_not) {
+  const Sizes z = packed_sizes_of(qkv);
+  if (!aligned16(dout) || !aligned16(out) || !aligned16(lse)) {
+    why_not = "dout, out or lse not 16-byte aligned (views at odd offsets)";
+    return std::nullopt;
+  }
+  Tensor dqkv = empty(qkv.shape(), qkv.dtype(), qkv.device());
+  if (dqkv.numel() == 0) return dqkv;  // S = Sk: no queries means no keys either
+  const DType dt = qkv.dtype();
+  const void* base = qkv.data_ptr();
+  void* grad = dqkv.data_ptr();
+  Operands ops{base, offset_bytes(base, packed_k_offset(z), dt), offset_bytes(base, packed_v_offset(z), dt),
+               out.data_ptr(), dout.data_ptr()};
+  ops.dq = grad;
+  ops.dk = offset_bytes(grad, packed_k_offset(z), dt);
+  ops.dv = offset_bytes(grad, packed_v_offset(z), dt);
+  if (!run_backward(qkv, AttentionLayout::kPacked, z, ops, lse, scale, why_not)) return std::nullopt;
+  return dqkv;
 }
 
 size_t cudnn_attention_cached_plans() {

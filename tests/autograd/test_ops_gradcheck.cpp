@@ -306,6 +306,37 @@ TEST(OpsGradcheck, Attention) {
   EXPECT_GRADCHECK([](const Inputs& t) { return scaled_dot_product_attention(t[0], t[1], t[2], 0.7); }, {q2, k2, v2});
 }
 
+TEST(OpsGradcheck, PackedQkvAttention) {
+  // qkv [B, S, 3·H·D]: 3 heads of dim 2 over 5 tokens; 1 head of dim 3 over 7 tokens, explicit scale.
+  const Tensor qkv1 = param({2, 5, 3 * 3 * 2}, 78);
+  EXPECT_GRADCHECK([](const Inputs& t) { return packed_qkv_attention(t[0], 3); }, {qkv1});
+  const Tensor qkv2 = param({1, 7, 3 * 1 * 3}, 79);
+  EXPECT_GRADCHECK([](const Inputs& t) { return packed_qkv_attention(t[0], 1, 0.6); }, {qkv2});
+}
+
+TEST(OpsGradcheck, PackedQkvAttentionEqualsPermuteSelectAttention) {
+  // The formulation it replaces: reshape, permute to [3, B, H, S, D], select q, k, v, attend, permute
+  // back. Same values (f64), and the same gradient for the same upstream gradient.
+  const int64_t B = 2, S = 5, H = 3, D = 4;
+  const Tensor qkv = param({B, S, 3 * H * D}, 90);
+  const Tensor qkv_ref = qkv.detach().clone().requires_grad_();
+  const Tensor packed = packed_qkv_attention(qkv, H);
+  const Tensor heads = permute(reshape(qkv_ref, {B, S, 3, H, D}), {2, 0, 3, 1, 4});
+  const Tensor att = scaled_dot_product_attention(select(heads, 0, 0), select(heads, 0, 1), select(heads, 0, 2));
+  const Tensor unpacked = reshape(permute(att, {0, 2, 1, 3}), {B, S, H * D});
+  EXPECT_TRUE(testing::all_close(packed, unpacked, 1e-13, 1e-12));
+  const Tensor upstream = param({B, S, H * D}, 91).detach();
+  sum(packed * upstream).backward();
+  sum(unpacked * upstream).backward();
+  EXPECT_TRUE(testing::all_close(qkv.grad(), qkv_ref.grad(), 1e-13, 1e-12));
+}
+
+TEST(OpsGradcheck, PackedQkvAttentionErrorsNameTheShape) {
+  EXPECT_TRUE(testing::throws_with([] { packed_qkv_attention(param({2, 5, 10}, 1), 2); },
+                                   {"packed_qkv_attention", "[2, 5, 10]", "3·num_heads = 6"}));
+  EXPECT_TRUE(testing::throws_with([] { packed_qkv_attention(param({5, 12}, 1), 2); }, {"[5, 12]"}));
+}
+
 TEST(OpsGradcheck, SmallNetwork) {
   // patchify -> linear -> layer_norm -> attention -> gelu -> select -> linear -> cross_entropy.
   const Tensor images = param({2, 1, 4, 4}, 80), w1 = param({4, 4}, 81), b1 = param({4}, 82);

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/ops.h"
 #include "core/log.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_cuda.h"
@@ -382,6 +383,110 @@ TEST(CudaAttention, ForwardOnOnePathBackwardOnTheOther) {
                                                                    scale_for(c), why_not);
   ASSERT_TRUE(fused_grads.has_value()) << cudnn_text() << ": " << why_not;
   expect_backward_close(*fused_grads, p, 1e-2, "cuDNN backward of the unfused forward");
+}
+
+// ---- the packed layout: qkv [B, S, 3, H, D] read in place, out [B, S, H, D], one dqkv -------------
+
+// Random qkv and dout in `dtype` on the GPU, and the float64 CPU packed forward and backward of
+// exactly those (rounded) values. (The CPU packed kernels are checked against plain loops in
+// tests/kernels/test_attention.cpp.)
+struct PackedProblem {
+  Case c;
+  Tensor qkv, dout;        // on the GPU
+  AttentionOutput ref;     // f64, cpu: out [B, S, H, D], lse [B, H, S]
+  Tensor ref_dqkv;         // f64, cpu
+};
+PackedProblem make_packed_problem(const Case& c, DType dtype, uint64_t seed) {
+  const Tensor qkv = testing::random_tensor({c.b, c.s, 3, c.h, c.d}, dtype, seed);
+  const Tensor dout = testing::random_tensor({c.b, c.s, c.h, c.d}, dtype, seed + 1);
+  const Tensor qkv64 = qkv.to(DType::f64);
+  const AttentionOutput ref = kernels::packed_attention_forward(qkv64, scale_for(c));
+  const Tensor dqkv = kernels::packed_attention_backward(dout.to(DType::f64), qkv64, ref.out, ref.lse, scale_for(c));
+  const Device gpu = Device::cuda(0);
+  return {c, qkv.to(gpu), dout.to(gpu), ref, dqkv};
+}
+
+void expect_packed_close(const AttentionOutput& fwd, const Tensor& dqkv, const PackedProblem& p, double tolerance,
+                         const std::string& what) {
+  EXPECT_EQ(fwd.lse.dtype(), DType::f32) << what;
+  EXPECT_LE(relative_error_to_reference(fwd.out, p.ref.out), tolerance) << what << " " << p.c << ": out";
+  EXPECT_LE(max_abs_error(fwd.lse, p.ref.lse), tolerance) << what << " " << p.c << ": lse";
+  // dq, dk and dv separately: a wrong offset into the packed gradient shows as one part's error.
+  const Tensor got = dqkv.to(Device::cpu()).to(DType::f64);
+  for (int64_t part = 0; part < 3; ++part) {
+    EXPECT_LE(relative_error_to_reference(octet::select(got, 2, part), octet::select(p.ref_dqkv, 2, part)), tolerance)
+        << what << " " << p.c << ": part " << part << " (0 dq, 1 dk, 2 dv) of dqkv";
+  }
+}
+
+// The model's shapes: ViT-B/L (64), ViT-H (80) and 128-wide heads, S = 197 and 257 (224² and
+// 256² images with a class token), and odd lengths (S = Sk in this layout).
+const std::vector<Case> kPackedFusedCases = {
+    {2, 3, 197, 197, 64}, {2, 4, 257, 257, 80}, {1, 2, 50, 50, 80}, {2, 2, 17, 17, 128}, {3, 5, 33, 33, 64},
+};
+
+TEST(CudaAttention, CudnnPackedForwardAndBackwardMatchCpuInBf16) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : kPackedFusedCases) {
+    const PackedProblem p = make_packed_problem(c, DType::bf16, 51);
+    std::string why_not;
+    const std::optional<AttentionOutput> fwd = kernels::cuda::cudnn_packed_attention_forward(p.qkv, scale_for(c), why_not);
+    ASSERT_TRUE(fwd.has_value()) << c << ": " << cudnn_text() << " built no packed forward plan: " << why_not;
+    EXPECT_EQ(fwd->out.shape(), (Shape{c.b, c.s, c.h, c.d}));
+    const std::optional<Tensor> dqkv =
+        kernels::cuda::cudnn_packed_attention_backward(p.dout, p.qkv, fwd->out, fwd->lse, scale_for(c), why_not);
+    ASSERT_TRUE(dqkv.has_value()) << c << ": " << cudnn_text() << " built no packed backward plan: " << why_not;
+    EXPECT_EQ(dqkv->shape(), p.qkv.shape());
+    expect_packed_close(*fwd, *dqkv, p, 1e-2, "cuDNN packed");
+  }
+}
+
+TEST(CudaAttention, DispatcherRunsThePackedLayoutFused) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : kPackedFusedCases) {
+    const PackedProblem p = make_packed_problem(c, DType::bf16, 55);
+    std::ostringstream what;
+    what << "packed bf16 " << c;
+    const AttentionPathCounts before = kernels::attention_path_counts();
+    const AttentionOutput fwd = kernels::packed_attention_forward(p.qkv, scale_for(c));
+    const Tensor dqkv = kernels::packed_attention_backward(p.dout, p.qkv, fwd.out, fwd.lse, scale_for(c));
+    expect_attention_fused(before, 1, 1, what.str());
+    expect_packed_close(fwd, dqkv, p, 1e-2, "dispatched packed");
+  }
+}
+
+TEST(CudaAttention, UnfusedPackedMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  AllowUnfused allow;
+  // f32 (cuDNN takes none), head dims cuDNN refuses (20, 136), and bf16 forced off cuDNN.
+  const std::vector<std::pair<Case, DType>> cases = {
+      {{2, 3, 17, 17, 20}, DType::f32}, {{1, 2, 50, 50, 136}, DType::f32}, {{2, 3, 197, 197, 64}, DType::bf16}};
+  for (const auto& [c, dtype] : cases) {
+    const PackedProblem p = make_packed_problem(c, dtype, 61);
+    const AttentionOutput fwd = kernels::cuda::unfused_packed_attention_forward(p.qkv, scale_for(c));
+    const Tensor dqkv = kernels::cuda::unfused_packed_attention_backward(p.dout, p.qkv, fwd.out, fwd.lse, scale_for(c));
+    expect_packed_close(fwd, dqkv, p, dtype == DType::f32 ? 1e-5 : 1e-2, "unfused packed");
+  }
+}
+
+// A forward on one path and the backward on the other agree: both keep lse in f32 natural log, and
+// both write dq, dk and dv into the same places of dqkv.
+TEST(CudaAttention, PackedPathsMixForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  AllowUnfused allow;
+  const Case c{2, 4, 65, 65, 80};
+  const PackedProblem p = make_packed_problem(c, DType::bf16, 71);
+  std::string why_not;
+  const auto fused = kernels::cuda::cudnn_packed_attention_forward(p.qkv, scale_for(c), why_not);
+  ASSERT_TRUE(fused.has_value()) << cudnn_text() << ": " << why_not;
+  const Tensor unfused_grads =
+      kernels::cuda::unfused_packed_attention_backward(p.dout, p.qkv, fused->out, fused->lse, scale_for(c));
+  expect_packed_close(*fused, unfused_grads, p, 1e-2, "fused forward, unfused backward");
+  const AttentionOutput unfused = kernels::cuda::unfused_packed_attention_forward(p.qkv, scale_for(c));
+  const auto fused_grads =
+      kernels::cuda::cudnn_packed_attention_backward(p.dout, p.qkv, unfused.out, unfused.lse, scale_for(c), why_not);
+  ASSERT_TRUE(fused_grads.has_value()) << cudnn_text() << ": " << why_not;
+  expect_packed_close(unfused, *fused_grads, p, 1e-2, "unfused forward, fused backward");
 }
 
 }  // namespace

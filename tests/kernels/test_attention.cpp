@@ -300,5 +300,147 @@ TEST(Attention, ErrorsNameTheShapes) {
   EXPECT_TRUE(octet::testing::throws_with([&] { attention_backward(fwd.out, q, k, v, fwd.out, lse64, 1); }, {"lse", "f64"}));
 }
 
+// ---- the packed layout: q, k, v read in place from qkv [B, S, 3, H, D] ------------------------------
+
+// Index of element (b, h, i, c) of a [B, H, S, D] head-major tensor, and of the same element in the
+// packed qkv [B, S, 3, H, D] (part 0, 1, 2 = q, k, v) and the packed output [B, S, H, D].
+int64_t bhsd(const Dims& n, int64_t b, int64_t h, int64_t i, int64_t c) { return ((b * n.h + h) * n.s + i) * n.d + c; }
+int64_t packed(const Dims& n, int64_t b, int64_t i, int64_t part, int64_t h, int64_t c) {
+  return (((b * n.s + i) * 3 + part) * n.h + h) * n.d + c;
+}
+int64_t packed_out(const Dims& n, int64_t b, int64_t i, int64_t h, int64_t c) {
+  return ((b * n.s + i) * n.h + h) * n.d + c;
+}
+
+// Part `part` of a packed qkv gathered into the head-major order the reference works in.
+std::vector<double> unpack(const std::vector<double>& qkv, const Dims& n, int64_t part) {
+  std::vector<double> x(static_cast<size_t>(n.b * n.h * n.s * n.d));
+  for (int64_t b = 0; b < n.b; ++b)
+    for (int64_t h = 0; h < n.h; ++h)
+      for (int64_t i = 0; i < n.s; ++i)
+        for (int64_t c = 0; c < n.d; ++c) x[bhsd(n, b, h, i, c)] = qkv[packed(n, b, i, part, h, c)];
+  return x;
+}
+
+// Odd sequence lengths and head counts, and S that is not a multiple of 8 or 16 (50 is
+// vit_fashion_mnist's, 197 ViT-B/16's at 224²).
+const std::vector<Dims> kPackedShapes = {{1, 1, 1, 1, 8},    {2, 3, 7, 7, 8},    {1, 5, 13, 13, 16},
+                                         {2, 3, 50, 50, 64}, {1, 2, 17, 17, 80}, {1, 4, 197, 197, 32}};
+
+class PackedAttentionTest : public ::testing::TestWithParam<std::tuple<Dims, DType>> {};
+
+TEST_P(PackedAttentionTest, ForwardMatchesFloat64Reference) {
+  const auto [n, dtype] = GetParam();
+  const Tensor qkv = random_tensor({n.b, n.s, 3, n.h, n.d}, dtype, 500);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(n.d));
+  const auto res = kernels::packed_attention_forward(qkv, scale);
+  ASSERT_EQ(res.out.shape(), (Shape{n.b, n.s, n.h, n.d}));
+  ASSERT_EQ(res.out.dtype(), dtype);
+  ASSERT_EQ(res.lse.shape(), (Shape{n.b, n.h, n.s}));
+  const auto all = qkv.to_vector<double>();
+  std::vector<double> lse;
+  const auto ref = ref_forward(unpack(all, n, 0), unpack(all, n, 1), unpack(all, n, 2), n, scale, &lse);
+  std::vector<double> expected(ref.size());  // [B, H, S, D] -> [B, S, H, D]
+  for (int64_t b = 0; b < n.b; ++b)
+    for (int64_t h = 0; h < n.h; ++h)
+      for (int64_t i = 0; i < n.s; ++i)
+        for (int64_t c = 0; c < n.d; ++c) expected[packed_out(n, b, i, h, c)] = ref[bhsd(n, b, h, i, c)];
+  const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+  EXPECT_TRUE(all_close(res.out, expected, tol, tol));
+  EXPECT_TRUE(all_close(res.lse, lse, tol, tol));
+}
+
+TEST_P(PackedAttentionTest, BackwardWritesDqDkDvIntoOnePackedGradient) {
+  const auto [n, dtype] = GetParam();
+  const Tensor qkv = random_tensor({n.b, n.s, 3, n.h, n.d}, dtype, 600);
+  const Tensor dout = random_tensor({n.b, n.s, n.h, n.d}, dtype, 601);
+  const double scale = 0.5 / std::sqrt(static_cast<double>(n.d)) + 0.1;
+  const auto fwd = kernels::packed_attention_forward(qkv, scale);
+  const Tensor dqkv = kernels::packed_attention_backward(dout, qkv, fwd.out, fwd.lse, scale);
+  ASSERT_EQ(dqkv.shape(), qkv.shape());
+  ASSERT_EQ(dqkv.dtype(), dtype);
+  const auto all = qkv.to_vector<double>(), dout_packed = dout.to_vector<double>();
+  std::vector<double> dout_heads(dout_packed.size());
+  for (int64_t b = 0; b < n.b; ++b)
+    for (int64_t h = 0; h < n.h; ++h)
+      for (int64_t i = 0; i < n.s; ++i)
+        for (int64_t c = 0; c < n.d; ++c) dout_heads[bhsd(n, b, h, i, c)] = dout_packed[packed_out(n, b, i, h, c)];
+  const auto ref = ref_backward(dout_heads, unpack(all, n, 0), unpack(all, n, 1), unpack(all, n, 2), n, scale);
+  std::vector<double> expected(all.size());
+  const std::vector<double>* parts[3] = {&ref.dq, &ref.dk, &ref.dv};
+  for (int64_t part = 0; part < 3; ++part)
+    for (int64_t b = 0; b < n.b; ++b)
+      for (int64_t h = 0; h < n.h; ++h)
+        for (int64_t i = 0; i < n.s; ++i)
+          for (int64_t c = 0; c < n.d; ++c) expected[packed(n, b, i, part, h, c)] = (*parts[part])[bhsd(n, b, h, i, c)];
+  const double tol = dtype == DType::f64 ? 1e-11 : 2e-5;
+  EXPECT_TRUE(all_close(dqkv, expected, tol, tol));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PackedAttentionTest,
+                         ::testing::Combine(::testing::ValuesIn(kPackedShapes),
+                                            ::testing::Values(DType::f32, DType::f64)));
+
+// The packed kernels run the same arithmetic as the [B, H, S, D] ones, only through strides: in f32
+// (bf16 storage) both layouts give the same bits.
+TEST(PackedAttention, EqualsTheHeadMajorKernelsBitForBit) {
+  const Dims n{2, 3, 50, 50, 64};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Tensor qkv = random_tensor({n.b, n.s, 3, n.h, n.d}, dtype, 700);
+    const Tensor dout = random_tensor({n.b, n.s, n.h, n.d}, dtype, 701);
+    const double scale = 0.125;
+    // The head-major copies: [B, S, 3, H, D] -> [3, B, H, S, D], made with plain loops.
+    Tensor heads[3], dout_heads = empty({n.b, n.h, n.s, n.d}, dtype);
+    const auto all = qkv.to_vector<double>(), dv = dout.to_vector<double>();
+    for (int64_t part = 0; part < 3; ++part) {
+      heads[part] = from_vector(unpack(all, n, part), {n.b, n.h, n.s, n.d}, dtype);
+    }
+    std::vector<double> dh(dv.size());
+    for (int64_t b = 0; b < n.b; ++b)
+      for (int64_t h = 0; h < n.h; ++h)
+        for (int64_t i = 0; i < n.s; ++i)
+          for (int64_t c = 0; c < n.d; ++c) dh[bhsd(n, b, h, i, c)] = dv[packed_out(n, b, i, h, c)];
+    dout_heads = from_vector(dh, {n.b, n.h, n.s, n.d}, dtype);
+    const auto packed_fwd = kernels::packed_attention_forward(qkv, scale);
+    const auto ref_fwd = kernels::attention_forward(heads[0], heads[1], heads[2], scale);
+    EXPECT_EQ(packed_fwd.lse.to_vector<double>(), ref_fwd.lse.to_vector<double>()) << dtype_name(dtype);
+    const Tensor dqkv = kernels::packed_attention_backward(dout, qkv, packed_fwd.out, packed_fwd.lse, scale);
+    const auto ref_grads = kernels::attention_backward(dout_heads, heads[0], heads[1], heads[2], ref_fwd.out,
+                                                       ref_fwd.lse, scale);
+    const auto out_v = packed_fwd.out.to_vector<double>(), ref_out = ref_fwd.out.to_vector<double>();
+    const auto grad_v = dqkv.to_vector<double>();
+    const auto dq = ref_grads.dq.to_vector<double>(), dk = ref_grads.dk.to_vector<double>(),
+               dvv = ref_grads.dv.to_vector<double>();
+    int64_t out_mismatch = 0, grad_mismatch = 0;
+    for (int64_t b = 0; b < n.b; ++b)
+      for (int64_t h = 0; h < n.h; ++h)
+        for (int64_t i = 0; i < n.s; ++i)
+          for (int64_t c = 0; c < n.d; ++c) {
+            out_mismatch += out_v[packed_out(n, b, i, h, c)] != ref_out[bhsd(n, b, h, i, c)];
+            grad_mismatch += grad_v[packed(n, b, i, 0, h, c)] != dq[bhsd(n, b, h, i, c)];
+            grad_mismatch += grad_v[packed(n, b, i, 1, h, c)] != dk[bhsd(n, b, h, i, c)];
+            grad_mismatch += grad_v[packed(n, b, i, 2, h, c)] != dvv[bhsd(n, b, h, i, c)];
+          }
+    EXPECT_EQ(out_mismatch, 0) << dtype_name(dtype);
+    EXPECT_EQ(grad_mismatch, 0) << dtype_name(dtype);
+  }
+}
+
+TEST(PackedAttention, ErrorsNameTheShapes) {
+  const Tensor qkv = random_tensor({2, 5, 3, 2, 8});
+  const Tensor four_d = random_tensor({2, 5, 6, 8}), two_parts = random_tensor({2, 5, 2, 2, 8});
+  using kernels::packed_attention_backward;
+  using kernels::packed_attention_forward;
+  EXPECT_TRUE(testing::throws_with([&] { packed_attention_forward(four_d, 1); },
+                                   {"packed_attention_forward", "[B, S, 3, H, D]", "[2, 5, 6, 8]"}));
+  EXPECT_TRUE(testing::throws_with([&] { packed_attention_forward(two_parts, 1); }, {"[2, 5, 2, 2, 8]"}));
+  const auto fwd = packed_attention_forward(qkv, 1.0);
+  const Tensor bad_dout = random_tensor({2, 5, 2, 7}), bad_lse = random_tensor({2, 5, 2});
+  EXPECT_TRUE(testing::throws_with([&] { packed_attention_backward(bad_dout, qkv, fwd.out, fwd.lse, 1); },
+                                   {"packed_attention_backward", "[2, 5, 2, 8]", "[2, 5, 2, 7]"}));
+  EXPECT_TRUE(testing::throws_with([&] { packed_attention_backward(fwd.out, qkv, fwd.out, bad_lse, 1); },
+                                   {"packed_attention_backward", "lse", "[2, 5, 2]", "[2, 2, 5]"}));
+}
+
 }  // namespace
 }  // namespace octet

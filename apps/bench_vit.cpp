@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,6 +38,7 @@
 #include "core/cuda_memory.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/op_ledger.h"
 #include "core/random.h"
 #include "data/loader.h"
 #include "kernels/threads.h"
@@ -142,6 +144,89 @@ double default_peak_tflops(const std::string& name, const std::string& precision
   return pcie ? 51 : 67;
 }
 
+// What one benchmark run trains: the model in --precision on the device, its optimizer, and one
+// batch of synthetic images and labels, made once and kept on the device (the benchmark measures
+// the step, not the input pipeline).
+struct RunSpec {
+  models::ViTConfig config;
+  std::string precision, optimizer_name;
+  int64_t batch_size;
+  Device device;
+};
+struct Run {
+  std::unique_ptr<models::VisionTransformer> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  data::Batch batch;
+
+  explicit Run(const RunSpec& spec) {
+    Generator gen(0);
+    const models::ViTConfig& config = spec.config;
+    model = std::make_unique<models::VisionTransformer>(config, /*initialize=*/true, &gen);
+    if (spec.precision == "bf16" || spec.precision == "fp8") model->to(DType::bf16);
+    model->to(spec.device);
+    if (spec.optimizer_name == "sgd") {
+      optimizer = std::make_unique<optim::SGD>(model->parameters(), 1e-3, 0.9);
+    } else {
+      optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(model->named_parameters(), 1e-3, 0.05),
+                                                 1e-3);
+    }
+    const int64_t b = spec.batch_size;
+    batch.images = randn({b, config.in_chans, config.img_size, config.img_size}, gen).to(spec.device);
+    std::vector<int64_t> label_values(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) label_values[static_cast<size_t>(i)] = i % config.num_classes;
+    batch.labels = from_vector(label_values, {b}, DType::i64, spec.device);
+  }
+};
+
+// The op ledgers (core/op_ledger.h) of one training step (the second: the first may differ, e.g.
+// FP8's first scales) of the spec's model with `depth` blocks: forward + backward, and the optimizer.
+struct StepLedger {
+  OpTallies forward_backward, optimizer;
+};
+StepLedger ledger_of_step(RunSpec spec, int64_t depth, const nn::Fp8Recipe& fp8_recipe) {
+  spec.config.depth = depth;
+  Run run(spec);
+  std::unique_ptr<OpLedger> optimizer_ledger;  // takes over from `ledger` once backward is done
+  const TrainStep train_step{.model = *run.model,
+                             .criterion = nn::CrossEntropyLoss(),
+                             .optimizer = *run.optimizer,
+                             .backward = [](const Tensor& loss, bool) { loss.backward(); },
+                             .fp8 = spec.precision == "fp8",
+                             .fp8_recipe = fp8_recipe,
+                             .hooks = {.after_backward = [&] { optimizer_ledger = std::make_unique<OpLedger>(); }}};
+  train_step([&] { return run.batch; });
+  optimizer_ledger.reset();
+  OpLedger ledger;
+  train_step([&] { return run.batch; });
+  StepLedger out{ledger.ops(), optimizer_ledger->ops()};
+  optimizer_ledger.reset();
+  return out;
+}
+
+// --ledger: one block's forward + backward (a depth-2 step minus a depth-1 step: the same stem,
+// head and loss, one block more), and a whole step's, optimizer included (the depth-1 step plus
+// depth - 1 blocks, each with its parameters' share of the optimizer), per image. Counting needs
+// no full-depth model, so ViT-Huge counts on the CPU at a small batch.
+int print_ledger(const RunSpec& spec, const nn::Fp8Recipe& fp8_recipe) {
+  const StepLedger one = ledger_of_step(spec, 1, fp8_recipe), two = ledger_of_step(spec, 2, fp8_recipe);
+  const OpTallies block = ledger_difference(two.forward_backward, one.forward_backward);
+  const OpTallies block_optimizer = ledger_difference(two.optimizer, one.optimizer);
+  const int64_t more = spec.config.depth - 1;
+  const OpTallies step =
+      ledger_plus(ledger_plus(ledger_plus(one.forward_backward, block, more), one.optimizer), block_optimizer, more);
+  const double images = static_cast<double>(spec.batch_size);
+  std::printf("op ledger: model %s (depth %lld), %s, %s, batch %lld, on %s\n", spec.config.name.c_str(),
+              static_cast<long long>(spec.config.depth), spec.precision.c_str(), spec.optimizer_name.c_str(),
+              static_cast<long long>(spec.batch_size), spec.device.str().c_str());
+  std::printf("\none transformer block, forward + backward (calls per step; bytes and FLOPs per image):\n");
+  std::printf("%s", ledger_table(block, images).c_str());
+  std::printf("\none training step, %lld blocks, with the loss and the optimizer (calls per step; bytes and FLOPs "
+              "per image):\n",
+              static_cast<long long>(spec.config.depth));
+  std::printf("%s", ledger_table(step, images).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +254,9 @@ int main(int argc, char** argv) {
                  "the device's peak for MFU (default: NVIDIA's datasheet figure for an H100/H200, dense bf16 989 "
                  "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)");
   app.add_option("--threads", threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
+  bool ledger = false;
+  app.add_flag("--ledger", ledger,
+               "count what a step moves instead of timing it: the op ledger per block and per step, per image");
   try {
     app.parse(argc, argv);
     check_fp8_options(precision, fp8_options);
@@ -189,25 +277,14 @@ int main(int argc, char** argv) {
     if (peak_tflops < 0) peak_tflops = default_peak_tflops(name, precision);
 
     const models::ViTConfig config = models::vit_config(model_name);
-    Generator gen(0);
-    models::VisionTransformer model(config, /*initialize=*/true, &gen);
     const bool fp8 = precision == "fp8";
     const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(fp8_options);
-    if (precision == "bf16" || fp8) model.to(DType::bf16);
-    model.to(device);
-    std::unique_ptr<optim::Optimizer> optimizer;
-    if (optimizer_name == "sgd") {
-      optimizer = std::make_unique<optim::SGD>(model.parameters(), 1e-3, 0.9);
-    } else {
-      optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(model.named_parameters(), 1e-3, 0.05),
-                                                 1e-3);
-    }
-    // Made once and kept on the device: the benchmark measures the step, not the input pipeline.
-    data::Batch batch;
-    batch.images = randn({batch_size, config.in_chans, config.img_size, config.img_size}, gen).to(device);
-    std::vector<int64_t> label_values(static_cast<size_t>(batch_size));
-    for (int64_t i = 0; i < batch_size; ++i) label_values[static_cast<size_t>(i)] = i % config.num_classes;
-    batch.labels = from_vector(label_values, {batch_size}, DType::i64, device);
+    const RunSpec spec{config, precision, optimizer_name, batch_size, device};
+    if (ledger) return print_ledger(spec, fp8_recipe);
+    Run run(spec);
+    models::VisionTransformer& model = *run.model;
+    const std::unique_ptr<optim::Optimizer>& optimizer = run.optimizer;
+    const data::Batch& batch = run.batch;
 
     std::vector<double> forward_s, backward_s, optimizer_s, step_s;
     StepMarks marks(device);

@@ -3,7 +3,18 @@
 // main GEMM shape in the same run, with a per-op-kind breakdown of where the step's time goes.
 //
 //   build/bin/bench_vit_ops [--batch 128] [--patch 4] [--dim 128] [--depth 6] [--heads 4] [--mlp-ratio 4]
-//                           [--iters 10] [--json FILE]
+//                           [--image 28] [--channels 1] [--qkv packed|select|split] [--iters 10] [--json FILE]
+//   build/bin/bench_vit_ops --ledger [...]    what one step moves, per op, per image and per block
+//
+// --qkv picks how attention gets q, k and v: `packed` (what nn::MultiheadAttention runs: attention
+// reads them in place from the qkv projection's output), or the permute-based formulations it
+// replaced, `select` (three selects, the old nn path) and `split`. Kept so that both can be
+// measured in one binary.
+//
+// --ledger counts instead of timing: it runs one step under the op ledger (core/op_ledger.h) at
+// depth 1 and at depth 2 and prints the ledger per image, and per block (depth 2 minus depth 1).
+// Counting moves no time, so ViT-Huge's dimensions fit on the CPU at a small batch:
+//   build/bin/bench_vit_ops --ledger --image 224 --channels 3 --patch 16 --dim 1280 --heads 16 --batch 2
 //
 // The step is forward + backward on a fixed random batch (the optimizer update is left out: it
 // touches each parameter once and is small next to the activations). Model FLOPs are 3 x the
@@ -35,6 +46,7 @@
 
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
+#include "core/op_ledger.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
@@ -63,6 +75,7 @@ struct Config {
   int64_t batch = 128, patch = 4, dim = 128, depth = 6, heads = 4;
   double mlp_ratio = 4;
   int64_t image = 28, channels = 1, classes = 10;
+  std::string qkv = "packed";  // packed, select or split
   int64_t grid() const { return image / patch; }
   int64_t patches() const { return grid() * grid(); }
   int64_t tokens() const { return patches() + 1; }
@@ -150,7 +163,6 @@ struct Block {
 
 struct Model {
   Config c;
-  bool qkv_split = false;
   Tensor embed_w, embed_b, cls, pos, norm_w, norm_b, head_w, head_b;
   std::vector<Block> blocks;
   std::vector<Tensor> params;
@@ -217,21 +229,26 @@ struct Model {
     for (const Block& blk : blocks) {
       Tensor h = prof.op("layer_norm", [&] { return layer_norm(x, blk.ln1_w, blk.ln1_b); });
       Tensor qkv = prof.op("gemm qkv", [&] { return linear(h, blk.qkv_w, blk.qkv_b); });
-      qkv = prof.op("reshape/permute/split", [&] { return reshape(qkv, {b, t, 3, nh, hd}); });
-      qkv = prof.op("reshape/permute/split", [&] { return permute(qkv, {2, 0, 3, 1, 4}); });
-      // q, k and v: three selects along dim 0, as nn::MultiheadAttention takes them, or one split.
-      std::vector<Tensor> parts;
-      if (qkv_split) {
-        parts = prof.ops("reshape/permute/split", [&] { return split(qkv, {1, 1, 1}, 0); });
-        for (Tensor& p : parts) p = prof.op("reshape/permute/split", [&] { return reshape(p, {b, nh, t, hd}); });
+      Tensor a;
+      if (c.qkv == "packed") {
+        a = prof.op("attention", [&] { return packed_qkv_attention(qkv, nh); });
       } else {
-        for (int64_t i = 0; i < 3; ++i) {
-          parts.push_back(prof.op("reshape/permute/split", [&] { return select(qkv, 0, i); }));
+        qkv = prof.op("reshape/permute/split", [&] { return reshape(qkv, {b, t, 3, nh, hd}); });
+        qkv = prof.op("reshape/permute/split", [&] { return permute(qkv, {2, 0, 3, 1, 4}); });
+        // q, k and v: three selects along dim 0 (the old nn::MultiheadAttention), or one split.
+        std::vector<Tensor> parts;
+        if (c.qkv == "split") {
+          parts = prof.ops("reshape/permute/split", [&] { return split(qkv, {1, 1, 1}, 0); });
+          for (Tensor& p : parts) p = prof.op("reshape/permute/split", [&] { return reshape(p, {b, nh, t, hd}); });
+        } else {
+          for (int64_t i = 0; i < 3; ++i) {
+            parts.push_back(prof.op("reshape/permute/split", [&] { return select(qkv, 0, i); }));
+          }
         }
+        a = prof.op("attention", [&] { return scaled_dot_product_attention(parts[0], parts[1], parts[2]); });
+        a = prof.op("reshape/permute/split", [&] { return permute(a, {0, 2, 1, 3}); });
+        a = prof.op("reshape/permute/split", [&] { return reshape(a, {b, t, d}); });
       }
-      Tensor a = prof.op("attention", [&] { return scaled_dot_product_attention(parts[0], parts[1], parts[2]); });
-      a = prof.op("reshape/permute/split", [&] { return permute(a, {0, 2, 1, 3}); });
-      a = prof.op("reshape/permute/split", [&] { return reshape(a, {b, t, d}); });
       a = prof.op("gemm proj", [&] { return linear(a, blk.proj_w, blk.proj_b); });
       x = prof.op("residual add", [&] { return add(x, a); });
       h = prof.op("layer_norm", [&] { return layer_norm(x, blk.ln2_w, blk.ln2_b); });
@@ -277,6 +294,39 @@ std::vector<uint32_t> grad_bits(const Model& m) {
   return bits;
 }
 
+// The ledger of one forward + backward of a model with c's dimensions and `depth` blocks.
+OpTallies ledger_of_step(Config c, int64_t depth) {
+  c.depth = depth;
+  Generator gen(7);
+  Model model(c, gen);
+  const Tensor images = randn({c.batch, c.channels, c.image, c.image}, gen);
+  std::vector<int64_t> label_values(static_cast<size_t>(c.batch));
+  for (int64_t i = 0; i < c.batch; ++i) label_values[i] = (i * 7 + 3) % c.classes;
+  const Tensor labels = from_vector(label_values, {c.batch});
+  Profile off;
+  OpLedger ledger;
+  model.step(images, labels, off);
+  return ledger.ops();
+}
+
+// One step's ledger per image, and one block's per image (depth 2 minus depth 1: the same stem,
+// head and loss, one block more).
+int print_ledger(const Config& c) {
+  const OpTallies one = ledger_of_step(c, 1), two = ledger_of_step(c, 2);
+  const OpTallies block = ledger_difference(two, one);
+  const double b = static_cast<double>(c.batch);
+  std::printf("op ledger: image %ld, %ld channel(s), patch %ld (%ld tokens), dim %ld, heads %ld, mlp %g, f32, batch "
+              "%ld; q, k, v: %s\n",
+              long(c.image), long(c.channels), long(c.patch), long(c.tokens()), long(c.dim), long(c.heads),
+              c.mlp_ratio, long(c.batch), c.qkv.c_str());
+  std::printf("\none block, forward + backward (calls per step; bytes and FLOPs per image):\n");
+  std::printf("%s", ledger_table(block, b).c_str());
+  std::printf("\na whole step at depth 2 (stem, 2 blocks, head, loss; no optimizer; calls per step; bytes and "
+              "FLOPs per image):\n");
+  std::printf("%s", ledger_table(two, b).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,9 +334,11 @@ int main(int argc, char** argv) {
   Config c;
   int iters = 10, warmup = 2, profiled = 3;
   std::string json_path;
-  bool qkv_split = false;
+  bool ledger = false;
   app.add_option("--batch", c.batch, "images per step")->check(CLI::PositiveNumber);
-  app.add_option("--patch", c.patch, "patch size (28 must be a multiple)")->check(CLI::PositiveNumber);
+  app.add_option("--image", c.image, "image height and width")->check(CLI::PositiveNumber);
+  app.add_option("--channels", c.channels, "image channels")->check(CLI::PositiveNumber);
+  app.add_option("--patch", c.patch, "patch size (must divide --image)")->check(CLI::PositiveNumber);
   app.add_option("--dim", c.dim, "embedding width")->check(CLI::PositiveNumber);
   app.add_option("--depth", c.depth, "transformer blocks")->check(CLI::PositiveNumber);
   app.add_option("--heads", c.heads, "attention heads (must divide dim)")->check(CLI::PositiveNumber);
@@ -295,16 +347,18 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--profiled", profiled, "extra steps that collect the per-op breakdown")->check(CLI::PositiveNumber);
   app.add_option("--json", json_path, "also write the results as JSON");
-  app.add_flag("--qkv-split", qkv_split, "take q, k, v with one split instead of nn's three selects");
+  app.add_option("--qkv", c.qkv, "how attention takes q, k, v: packed (nn's), select or split (the permute paths)")
+      ->check(CLI::IsMember({"packed", "select", "split"}));
+  app.add_flag("--ledger", ledger, "count what one step moves (op ledger) instead of timing it");
   CLI11_PARSE(app, argc, argv);
   if (c.image % c.patch != 0 || c.dim % c.heads != 0) {
-    std::fprintf(stderr, "bench_vit_ops: the patch must divide 28 and the heads must divide dim\n");
+    std::fprintf(stderr, "bench_vit_ops: the patch must divide the image and the heads must divide dim\n");
     return 2;
   }
+  if (ledger) return print_ledger(c);
 
   Generator gen(7);
   Model model(c, gen);
-  model.qkv_split = qkv_split;
   const Tensor images = randn({c.batch, c.channels, c.image, c.image}, gen);
   std::vector<int64_t> label_values(static_cast<size_t>(c.batch));
   for (int64_t i = 0; i < c.batch; ++i) label_values[i] = (i * 7 + 3) % c.classes;
@@ -371,9 +425,9 @@ int main(int argc, char** argv) {
   threads = omp_get_max_threads();
 #endif
   std::printf("config: patch %ld (%ld tokens), dim %ld, depth %ld, heads %ld, mlp %g, batch %ld; %ld parameters; "
-              "%d OpenMP threads; q, k, v by %s\n",
+              "%d OpenMP threads; q, k, v: %s\n",
               long(c.patch), long(c.tokens()), long(c.dim), long(c.depth), long(c.heads), c.mlp_ratio,
-              long(c.batch), long(model.num_parameters()), threads, qkv_split ? "split" : "select");
+              long(c.batch), long(model.num_parameters()), threads, c.qkv.c_str());
   std::printf("step %.2f ms (median of %d, min %.2f; CPU time %.2f ms)   %.0f images/s   epoch of 60000: %.0f s\n",
               step * 1e3, iters, *std::min_element(step_s.begin(), step_s.end()) * 1e3, median(step_cpu_s) * 1e3,
               c.batch / step, 60000.0 / c.batch * step);

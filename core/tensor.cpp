@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/op_ledger.h"
+
 #include <algorithm>
 
 #include <cmath>
@@ -124,6 +126,8 @@ Tensor Tensor::to(DType target) const {
   require_defined("to");
   if (target == dtype()) return *this;
   refuse_if_recording(*this, "to(dtype)", "octet::cast");
+  LedgerOp ledger("cast");
+  ledger.read(*this).write_bytes(numel() * static_cast<int64_t>(dtype_size(target)));
   if (device().is_cpu()) {
     Tensor out = empty(shape(), target, Device::cpu());
     convert_elements(data_ptr(), dtype(), out.data_ptr(), target, numel());
@@ -142,6 +146,8 @@ Tensor Tensor::to(Device target) const {
   require_defined("to");
   if (target == device()) return *this;
   refuse_if_recording(*this, "to(device)", "octet::to_device");
+  LedgerOp ledger("to_device");
+  ledger.read(*this).write(*this);
   Tensor out = empty(shape(), dtype(), target);
   copy_bytes(out.data_ptr(), target, data_ptr(), device(), nbytes());
   return out;
@@ -150,6 +156,8 @@ Tensor Tensor::to(Device target) const {
 Tensor Tensor::clone() const {
   require_defined("clone");
   refuse_if_recording(*this, "clone", "octet::clone");
+  LedgerOp ledger("clone");
+  ledger.read(*this).write(*this);
   Tensor out = empty(shape(), dtype(), device());
   copy_bytes(out.data_ptr(), device(), data_ptr(), device(), nbytes());
   return out;
@@ -160,6 +168,8 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   src.require_defined("copy_");
   OCTET_CHECK(src.numel() == numel(), "copy_: source ", src.describe(), " has ", src.numel(),
               " elements but the destination ", describe(), " has ", numel());
+  LedgerOp ledger("copy_");
+  ledger.read(src).write(*this);
   bump_version();
   if (src.device().is_cpu() && device().is_cpu()) {
     const Tensor converted = src.dtype() == dtype() ? src : src.detach().to(dtype());
@@ -216,6 +226,8 @@ void fill_pattern(void* out, const unsigned char* element, size_t size, int64_t 
 
 const Tensor& Tensor::fill_(double value) const {
   require_defined("fill_");
+  LedgerOp ledger("fill_");
+  ledger.write(*this);
   bump_version();
   unsigned char element[8];
   convert_elements(&value, DType::f64, element, dtype(), 1);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/op_ledger.h"
 #include "kernels/attention_layout.h"
 #include "kernels/common.h"
 #include "kernels/cpu/attention_cpu.h"
@@ -157,6 +158,12 @@ Tensor packed_attention_backward_cuda(const Tensor& dout, const Tensor& qkv, con
   return cuda::unfused_packed_attention_backward(dout_q, qkv, out_q, lse, scale);
 }
 
+// Matrix-product FLOPs: the forward's q·kᵀ and P·v; the backward's five products (q·kᵀ again, to
+// rebuild P, then dv, dP, dq and dk), 2 per multiply-add.
+double forward_flops(const AttentionDims& z) { return 4.0 * static_cast<double>(z.b * z.h) * z.s * z.sk * z.d; }
+double backward_flops(const AttentionDims& z) { return 2.5 * forward_flops(z); }
+int64_t lse_bytes(const AttentionDims& z) { return z.b * z.h * z.s * 4; }
+
 // The [B, H, S, D] sizes of a packed qkv [B, S, 3, H, D].
 AttentionDims packed_dims(const Tensor& qkv) {
   return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)};
@@ -180,6 +187,9 @@ AttentionPathCounts attention_path_counts() {
 AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   constexpr const char* op = "attention_forward";
   check_qkv(op, q, k, v);
+  const AttentionDims dims{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  LedgerOp ledger(op, OpClass::kMatmul);
+  ledger.read({&q, &k, &v}).write(q).write_bytes(lse_bytes(dims)).flops(forward_flops(dims));
   if (q.is_cuda()) return attention_forward_cuda(q, k, v, scale);
   check_cpu(op, {&q, &k, &v});
   const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), sk = k.size(2);
@@ -203,6 +213,13 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   constexpr const char* op = "attention_backward";
   check_qkv(op, q, k, v);
   check_defined(op, {&dout, &out, &lse});
+  const AttentionDims dims{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  LedgerOp ledger(op, OpClass::kMatmul);
+  ledger.read({&dout, &q, &k, &v, &out, &lse})
+      .write(q)
+      .write(k)
+      .write(v)
+      .flops(backward_flops(dims));
   check_same_device(op, {&q, &dout, &out, &lse});
   OCTET_CHECK(dout.shape() == q.shape() && out.shape() == q.shape(), op,
               ": dout and out must have q's shape (dout: ", dout.describe(), ", out: ", out.describe(), ", ",
@@ -241,6 +258,11 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
 AttentionOutput packed_attention_forward(const Tensor& qkv, double scale) {
   constexpr const char* op = "packed_attention_forward";
   check_packed_qkv(op, qkv);
+  const AttentionDims dims = packed_dims(qkv);
+  LedgerOp ledger(op, OpClass::kMatmul);
+  ledger.read(qkv)
+      .write_bytes(qkv.numel() / 3 * static_cast<int64_t>(qkv.element_size()) + lse_bytes(dims))
+      .flops(forward_flops(dims));
   if (qkv.is_cuda()) return packed_attention_forward_cuda(qkv, scale);
   check_cpu(op, {&qkv});
   const AttentionDims z = packed_dims(qkv);
@@ -269,6 +291,8 @@ Tensor packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   check_floating(op, dout);
   check_floating(op, out);
   const AttentionDims z = packed_dims(qkv);
+  LedgerOp ledger(op, OpClass::kMatmul);
+  ledger.read({&dout, &qkv, &out, &lse}).write(qkv).flops(backward_flops(z));
   const Shape out_shape{z.b, z.s, z.h, z.d};
   OCTET_CHECK(dout.shape() == out_shape && out.shape() == out_shape, op, ": dout and out must be [B, S, H, D] = ",
               out_shape, " for qkv ", qkv.describe(), " (dout: ", dout.describe(), ", out: ", out.describe(), ")");

@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/elementwise_cpu.h"
 #include "kernels/cuda/elementwise_cuda.h"
@@ -49,10 +50,12 @@ void check_scalar_fits(const char* op, const Tensor& t, double s) {
 }
 
 Tensor binary_op(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b, bool integers_ok) {
+  LedgerOp ledger(op);
   check_same_device(op, {&a, &b});
   check_same_dtype(op, {&a, &b});
   check_arith(op, a, integers_ok);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
+  ledger.read({&a, &b}).write_bytes(shape.numel() * static_cast<int64_t>(a.element_size()));
   if (a.is_cuda()) return cuda::binary(kind, a, b, shape, op);
   check_cpu(op, {&a, &b});
   return with_arith_type(a.dtype(), [&]<class T>() {
@@ -64,8 +67,10 @@ Tensor binary_op(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b
 }
 
 Tensor unary_op(const char* op, UnaryOp kind, const Tensor& a, bool integers_ok) {
+  LedgerOp ledger(op);
   check_defined(op, {&a});
   check_arith(op, a, integers_ok);
+  ledger.read(a).write(a);
   if (a.is_cuda()) return cuda::unary(kind, a, op);
   check_cpu(op, {&a});
   return with_arith_type(a.dtype(), [&]<class T>() {
@@ -77,8 +82,10 @@ Tensor unary_op(const char* op, UnaryOp kind, const Tensor& a, bool integers_ok)
 }
 
 Tensor scalar_op(const char* op, ScalarOp kind, const Tensor& a, double s, bool integers_ok) {
+  LedgerOp ledger(op);
   check_defined(op, {&a});
   check_arith(op, a, integers_ok);
+  ledger.read(a).write(a);
   return with_arith_type(a.dtype(), [&]<class T>() {
     check_scalar_fits<T>(op, a, s);
     if (a.is_cuda()) return cuda::scalar(kind, a, s, op);
@@ -142,10 +149,12 @@ Tensor sign(const Tensor& a) { return unary_op("sign", UnaryOp::sign, a, true); 
 
 // Any dtype: a broadcast only moves elements, so it copies raw bytes.
 Tensor broadcast_to(const Tensor& a, const Shape& shape) {
+  LedgerOp ledger("broadcast_to");
   check_defined("broadcast_to", {&a});
   for (int64_t d : shape) OCTET_CHECK(d >= 0, "broadcast_to: negative extent in target shape ", shape);
   OCTET_CHECK(broadcasts_to(a.shape(), shape), "broadcast_to: cannot broadcast ", a.describe(), " to ", shape,
               " (aligned from the right, each extent must equal the target's or be 1)");
+  ledger.read(a).write_bytes(shape.numel() * static_cast<int64_t>(a.element_size()));
   if (a.is_cuda()) return cuda::broadcast_to(a, shape);
   check_cpu("broadcast_to", {&a});
   Tensor out = empty(shape, a.dtype());
@@ -155,6 +164,8 @@ Tensor broadcast_to(const Tensor& a, const Shape& shape) {
 
 // dst += alpha * src. dst's dtype decides the arithmetic; src is converted to it first.
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
+  LedgerOp ledger("add_");
+  ledger.read({&dst, &src}).write(dst);
   check_same_device("add_", {&dst, &src});
   OCTET_CHECK(dst.shape() == src.shape(), "add_: shapes differ (", describe_all({&dst, &src}),
               "); in-place accumulation needs equal shapes, broadcast or sum_to first");
@@ -175,7 +186,9 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 
 // dst *= s, rounding once to dst's dtype.
 void mul_scalar_(const Tensor& dst, double s) {
+  LedgerOp ledger("mul_scalar_");
   check_defined("mul_scalar_", {&dst});
+  ledger.read(dst).write(dst);
   check_arith("mul_scalar_", dst, true);
   dst.bump_version();
   with_arith_type(dst.dtype(), [&]<class T>() {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/float_formats.h"
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cuda/fp8_cuda.h"
@@ -106,6 +107,9 @@ Fp8Cast fp8_cast(const Tensor& x, const Tensor& scale, const Tensor& amax, DType
   int64_t rows, cols;
   rows_and_cols(x, rows, cols);
   const int64_t padded_rows = (rows + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
+  LedgerOp ledger(op);
+  ledger.read({&x, &scale}).write_bytes((rowwise ? rows * cols : 0) + (transposed ? cols * padded_rows : 0) + 4);
+  if (amax.defined()) ledger.read(amax).write(amax);
   if (x.is_cuda()) return cuda::fp8_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows);
   check_cpu(op, {&x, &scale});
   if (amax.defined()) check_cpu(op, {&amax});
@@ -129,6 +133,8 @@ void fp8_amax_(const Tensor& x, const Tensor& amax) {
   check_defined(op, {&x, &amax});
   check_cast_input(op, x);
   check_scalar_slot(op, "amax", amax, x);
+  LedgerOp ledger(op);
+  ledger.read({&x, &amax}).write(amax);
   amax.bump_version();
   if (x.is_cuda()) return cuda::fp8_amax_(x, amax);
   check_cpu(op, {&x, &amax});
@@ -143,6 +149,10 @@ void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, double mar
   const float divisor = two_pow_margin(op, margin);
   if (groups.empty()) return;
   for (size_t i = 0; i < groups.size(); ++i) check_scaling_group(op, groups[i], i, groups[0].amax_history);
+  LedgerOp ledger(op);
+  for (const Fp8ScalingTensors& g : groups) {
+    ledger.read({&g.amax_history, &g.scale}).write(g.amax_history).write(g.scale).write(g.scale_inv);
+  }
   for (const Fp8ScalingTensors& g : groups) {
     for (const Tensor* t : {&g.amax_history, &g.scale, &g.scale_inv}) t->bump_version();
   }
@@ -167,6 +177,8 @@ void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor&
                 "); allocate the scales with amax's shape");
   }
   check_same_device(op, {&amax, &scale, &scale_inv});
+  LedgerOp ledger(op);
+  ledger.read({&amax, &scale}).write(scale).write(scale_inv);
   scale.bump_version();
   scale_inv.bump_version();
   if (amax.is_cuda()) return cuda::fp8_scale_from_amax_(amax, scale, scale_inv, fp8_dtype, divisor);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/float_formats.h"
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cuda/fp8_gemm_cuda.h"
@@ -101,6 +102,12 @@ void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, c
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
               const Tensor& bias, bool accumulate, bool fast_accumulate) {
   check_fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias);
+  LedgerOp ledger("fp8_gemm", OpClass::kMatmul);
+  // a [M, K] and b [N, K] give out [M, N].
+  ledger.read({&a, &scale_inv_a, &b, &scale_inv_b, &bias}).write(out).flops(2.0 * static_cast<double>(a.size(0)) *
+                                                                            static_cast<double>(b.size(0)) *
+                                                                            static_cast<double>(a.size(1)));
+  if (accumulate) ledger.read(out);
   out.bump_version();
   if (a.is_cuda()) return cuda::fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate);
   (void)fast_accumulate;  // the CPU sums in f32 throughout: there is nothing faster to switch to

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cuda/gemm_cuda.h"
@@ -67,6 +68,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (f64) check_same_dtype("gemm (f64 needs f64 everywhere)", {&a, &b, &c});
   OCTET_CHECK(!is_fp8(c.dtype()), op, ": FP8 output is not supported; write to bf16 or f32 (", c.describe(), ")");
   const int64_t stride_a = d.m * d.k, stride_b = d.b_shared ? 0 : d.k * d.n, stride_c = d.m * d.n;
+  LedgerOp ledger(op, OpClass::kMatmul);
+  ledger.read({&a, &b}).write(c).flops(2.0 * static_cast<double>(d.m) * static_cast<double>(d.n) *
+                                       static_cast<double>(d.k) * static_cast<double>(d.batch));
+  if (beta != 0.0) ledger.read(c);
   c.bump_version();
   if (c.is_cuda()) {
     cuda::gemm(a, trans_a, b, trans_b, c, cuda::GemmProblem{d.m, d.n, d.k, d.batch, stride_a, stride_b, stride_c}, alpha,
@@ -87,6 +92,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, std::optional<DType> out_dtype) {
+  // Counted as the gemm it runs.
   check_defined("matmul", {&a, &b});
   const GemmDims d = gemm_dims(a, trans_a, b, trans_b, "matmul");
   const DType dtype = out_dtype.value_or(is_fp8(a.dtype()) ? DType::f32 : a.dtype());

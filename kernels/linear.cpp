@@ -1,5 +1,6 @@
 #include "kernels/linear.h"
 
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/elementwise.h"
@@ -69,6 +70,10 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias)
   const int64_t out = weight.size(0);
   const Tensor x2 = rows_of(x);
   const int64_t rows = x2.size(0);
+  LedgerOp ledger(op, OpClass::kMatmul);
+  ledger.read({&x, &weight, &bias})
+      .write_bytes(rows * out * static_cast<int64_t>(dtype_size(writable(x.dtype()))))
+      .flops(2.0 * static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(weight.size(1)));
   const Tensor w = as_operand(weight, x);
   Shape y_shape = x.shape();
   y_shape.back() = out;
@@ -107,6 +112,12 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
   const Tensor dy2 = rows_of(dy), x2 = rows_of(x);
   const int64_t rows = dy2.size(0);
   LinearGrads grads;
+  LedgerOp ledger(op, OpClass::kMatmul);
+  const double gemm_flops = 2.0 * static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
+  ledger.read(dy);
+  if (need_dx) ledger.read(weight).write(x).flops(gemm_flops);
+  if (need_dweight) ledger.read(x).write(weight).flops(gemm_flops);
+  if (need_dbias) ledger.write_bytes(out * static_cast<int64_t>(dtype_size(writable(weight.dtype()))));
 
   if (need_dx) {
     Tensor dx = empty({rows, in}, x.dtype(), x.device());

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/nn_ops_cpu.h"
 #include "kernels/cuda/nn_ops_cuda.h"
@@ -95,7 +96,10 @@ void check_dropout_p(const char* op, const Tensor& x, double p) {
 
 LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   constexpr const char* op = "layernorm_forward";
+  LedgerOp ledger(op);
   const int64_t C = check_layernorm_args(op, x, weight, bias);
+  const int64_t stat_bytes = 2 * (C > 0 ? x.numel() / C : 0) * static_cast<int64_t>(dtype_size(compute_dtype(x.dtype())));
+  ledger.read({&x, &weight, &bias}).write(x).write_bytes(stat_bytes);
   OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
   if (x.is_cuda()) return cuda::layernorm_forward(x, weight, bias, eps);
   check_cpu(op, {&x});
@@ -116,6 +120,9 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) {
   constexpr const char* op = "layernorm_backward";
+  LedgerOp ledger(op);
+  ledger.read({&dy, &x, &weight, &mean, &rstd}).write(x);
+  if (weight.defined()) ledger.write(weight).write(weight);  // dweight, dbias
   const int64_t C = check_layernorm_args(op, x, weight, Tensor());
   check_defined(op, {&dy, &x, &mean, &rstd});
   check_same_dtype(op, {&dy, &x});
@@ -150,6 +157,8 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
   constexpr const char* op = "gelu_forward";
+  LedgerOp ledger(op);
+  ledger.read(x).write(x);
   check_defined(op, {&x});
   check_floating(op, x);
   if (x.is_cuda()) return cuda::gelu_forward(x, approximation);
@@ -164,6 +173,8 @@ Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
 
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation) {
   constexpr const char* op = "gelu_backward";
+  LedgerOp ledger(op);
+  ledger.read({&dy, &x}).write(x);
   check_defined(op, {&dy, &x});
   check_floating(op, x);
   check_same_dtype(op, {&dy, &x});
@@ -184,6 +195,8 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double label_smoothing,
                                          int64_t ignore_index) {
   constexpr const char* op = "cross_entropy_forward";
+  LedgerOp ledger(op);
+  ledger.read({&logits, &targets}).write_bytes((logits.dim() > 0 ? logits.size(0) + 1 : 1) * 4);  // lse, loss
   check_cross_entropy_args(op, logits, targets, label_smoothing);
   if (logits.is_cuda()) return cuda::cross_entropy_forward(logits, targets, label_smoothing, ignore_index);
   int64_t counted = 0;
@@ -202,6 +215,8 @@ CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& tar
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                               double label_smoothing, int64_t ignore_index) {
   constexpr const char* op = "cross_entropy_backward";
+  LedgerOp ledger(op);
+  ledger.read({&logits, &targets, &lse, &dloss}).write(logits);
   check_cross_entropy_args(op, logits, targets, label_smoothing);
   const int64_t N = logits.size(0), C = logits.size(1);
   const DType cd = compute_dtype(logits.dtype());
@@ -235,6 +250,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 namespace {
 
 Tensor dropout_dispatch(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset) {
+  LedgerOp ledger(op);
+  ledger.read(in).write(in);  // the mask is drawn, never stored
   // p = 0 keeps everything and scales by 1: skip the generator, but still return a fresh tensor.
   if (p == 0.0) return in.detach().clone();
   if (in.is_cuda()) return cuda::dropout_apply(in, p, seed, offset);

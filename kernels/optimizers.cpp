@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/float_formats.h"
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/optimizers_cpu.h"
 #include "kernels/cuda/optimizers_cuda.h"
@@ -237,6 +238,11 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, doub
     for (const Named& n : named_tensors(t, i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
+  LedgerOp ledger(op);
+  for (const AdamWTensors& t : tensors) {
+    ledger.read({&t.param, &t.grad, &t.master, &t.exp_avg, &t.exp_avg_sq});
+    ledger.write(t.param).write(t.master).write(t.exp_avg).write(t.exp_avg_sq);
+  }
   for (const AdamWTensors& t : tensors) {
     for (const Tensor* w : {&t.param, &t.master, &t.exp_avg, &t.exp_avg_sq}) {
       if (w->defined()) w->bump_version();
@@ -263,6 +269,11 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
     for (const Named& n : named_tensors(used.back(), i)) all.push_back(n);
   }
   check_no_overlap(op, std::move(all));
+  LedgerOp ledger(op);
+  for (const SgdTensors& t : used) {
+    ledger.read({&t.param, &t.grad, &t.master, &t.momentum_buffer});
+    ledger.write(t.param).write(t.master).write(t.momentum_buffer);
+  }
   for (const SgdTensors& t : used) {
     for (const Tensor* w : {&t.param, &t.master, &t.momentum_buffer}) {
       if (w->defined()) w->bump_version();
@@ -288,6 +299,8 @@ double sum_of_squares_cpu(const char* op, const Tensor& t) {
 
 double sum_of_squares(const Tensor& t) {
   const char* op = "sum_of_squares";
+  LedgerOp ledger(op);
+  ledger.read(t).write_bytes(8);
   check_defined(op, {&t});
   check_floating(op, t);
   if (t.is_cuda()) return cuda::sum_of_squares_multi({t});
@@ -296,6 +309,9 @@ double sum_of_squares(const Tensor& t) {
 
 double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
   const char* op = "sum_of_squares_multi";
+  LedgerOp ledger(op);
+  for (const Tensor& t : tensors) ledger.read(t);
+  ledger.write_bytes(8);
   if (tensors.empty()) return 0.0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_defined(op, {&tensors[i]});

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/reduce_cpu.h"
 #include "kernels/cuda/reduce_cuda.h"
@@ -56,6 +57,8 @@ void check_input(const char* op, const Tensor& a) {
 
 Tensor sum_impl(const Tensor& a, Geometry g, const Shape& out_shape, bool mean) {
   const char* op = mean ? "mean" : "sum";
+  LedgerOp ledger(op);
+  ledger.read(a).write_bytes(out_shape.numel() * static_cast<int64_t>(a.element_size()));
   if (a.is_cuda()) {
     const float divisor = mean ? static_cast<float>(g.n) : 1.f;
     return cuda::sum(a, g.outer, g.n, g.inner, divisor, a.dtype(), op).reshape(out_shape);
@@ -71,6 +74,8 @@ Tensor sum_impl(const Tensor& a, Geometry g, const Shape& out_shape, bool mean) 
 }
 
 MaxResult max_impl(const char* op, const Tensor& a, Geometry g, const Shape& out_shape) {
+  LedgerOp ledger(op);
+  ledger.read(a).write_bytes(out_shape.numel() * static_cast<int64_t>(a.element_size() + sizeof(int64_t)));
   OCTET_CHECK(g.n > 0 || g.outer * g.inner == 0, op, ": cannot take the maximum over an empty dim of ",
               a.describe());
   MaxResult r;
@@ -93,6 +98,8 @@ MaxResult max_impl(const char* op, const Tensor& a, Geometry g, const Shape& out
 
 // The result stays in the compute dtype: FP8 scaling wants amax in f32 whatever the storage.
 Tensor amax_impl(const Tensor& a, Geometry g, const Shape& out_shape) {
+  LedgerOp ledger("amax");
+  ledger.read(a).write_bytes(out_shape.numel() * static_cast<int64_t>(a.element_size()));
   if (a.is_cuda()) return cuda::amax(a, g.outer, g.n, g.inner).reshape(out_shape);
   check_cpu("amax", {&a});
   return with_compute_type(a.dtype(), [&]<class T>() {
@@ -104,7 +111,9 @@ Tensor amax_impl(const Tensor& a, Geometry g, const Shape& out_shape) {
 }
 
 Tensor softmax_impl(const char* op, const Tensor& a, int64_t dim, bool log) {
+  LedgerOp ledger(op);
   check_input(op, a);
+  ledger.read(a).write(a);
   const Geometry g = geometry(a.shape(), dim, op);
   if (a.is_cuda()) return cuda::softmax(a, g.outer, g.n, g.inner, log);
   check_cpu(op, {&a});
@@ -117,6 +126,8 @@ Tensor softmax_impl(const char* op, const Tensor& a, int64_t dim, bool log) {
 }
 
 Tensor softmax_backward_impl(const char* op, const Tensor& y, const Tensor& dy, int64_t dim, bool log) {
+  LedgerOp ledger(op);
+  ledger.read({&y, &dy}).write(y);
   check_same_device(op, {&y, &dy});
   check_same_dtype(op, {&y, &dy});
   check_input(op, y);
@@ -173,7 +184,9 @@ Tensor amax(const Tensor& a) {
 // Dims of `a` that `shape` lacks (leading) or holds as 1 are summed. Runs of adjacent summed dims
 // are merged and each run is one [outer, n, inner] pass, kept in the compute type between passes.
 Tensor sum_to(const Tensor& a, const Shape& shape) {
+  LedgerOp ledger("sum_to");
   check_input("sum_to", a);
+  ledger.read(a).write_bytes(shape.numel() * static_cast<int64_t>(a.element_size()));
   const Shape& from = a.shape();
   const int64_t lead = from.ndim() - shape.ndim();
   bool ok = lead >= 0;

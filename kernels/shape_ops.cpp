@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/op_ledger.h"
 #include "kernels/common.h"
 #include "kernels/cpu/shape_ops_cpu.h"
 #include "kernels/cuda/shape_ops_cuda.h"
@@ -72,6 +73,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
     out_shape[i] = x.size(norm[i]);
   }
   Tensor out = empty(out_shape, x.dtype(), x.device());
+  LedgerOp ledger("permute");
+  ledger.read(x).write(out);
   permute_bytes(x.device(), x.data_ptr(), out.data_ptr(), x.shape(), norm, x.element_size());
   return out;
 }
@@ -106,6 +109,9 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
     out_shape[d] += x.size(d);
   }
   Tensor out = empty(out_shape, first.dtype(), first.device());
+  LedgerOp ledger("concat");
+  for (const Tensor& x : xs) ledger.read(x);
+  ledger.write(out);
   const int64_t outer = extent_product(out_shape, 0, d);
   const int64_t inner_bytes = extent_product(out_shape, d + 1, out_shape.ndim()) * first.element_size();
   int64_t offset = 0;
@@ -129,6 +135,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   }
   OCTET_CHECK(total == x.size(d), op, ": sizes ", list_str(sizes), " add up to ", total, " but dim ", d, " of ",
               x.describe(), " has extent ", x.size(d));
+  LedgerOp ledger("split");
+  ledger.read(x).write(x);
   const int64_t outer = extent_product(x.shape(), 0, d);
   const int64_t inner_bytes = extent_product(x.shape(), d + 1, x.dim()) * x.element_size();
   std::vector<Tensor> pieces;
@@ -155,6 +163,8 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   Shape shape = x.shape();
   shape[d] = length;
   Tensor out = empty(shape, x.dtype(), x.device());
+  LedgerOp ledger("slice");
+  ledger.read(out).write(out);  // reads only the rows it copies
   const int64_t inner_bytes = extent_product(x.shape(), d + 1, x.dim()) * x.element_size();
   copy_rows(x.device(), static_cast<const char*>(x.data_ptr()) + start * inner_bytes, x.size(d) * inner_bytes,
             out.data_ptr(), length * inner_bytes, extent_product(x.shape(), 0, d), length * inner_bytes);
@@ -173,6 +183,8 @@ Tensor slice_backward(const Tensor& grad, const Shape& full_shape, int64_t dim, 
               ") are outside dim ", d, " (extent ", full_shape[d], ") of full shape ", full_shape, " (grad ",
               grad.describe(), ")");
   Tensor out = empty(full_shape, grad.dtype(), grad.device());
+  LedgerOp ledger("slice_backward");
+  ledger.read(grad).write(out);
   const int64_t inner_bytes = extent_product(full_shape, d + 1, full_shape.ndim()) * grad.element_size();
   // Zero bytes are 0.0 in every floating dtype, so the band and the zeros around it are written in one pass.
   if (grad.is_cuda()) {
@@ -198,6 +210,8 @@ Tensor patchify(const Tensor& images, int64_t patch) {
               " must be multiples of the patch size ", patch, " (images: ", images.describe(), ")");
   const int64_t gh = h / patch, gw = w / patch;
   Tensor out = empty({b, gh * gw, c * patch * patch}, images.dtype(), images.device());
+  LedgerOp ledger("patchify");
+  ledger.read(images).write(out);
   permute_bytes(images.device(), images.data_ptr(), out.data_ptr(), Shape{b, c, gh, patch, gw, patch},
                 {0, 2, 4, 1, 3, 5}, images.element_size());
   return out;
@@ -216,6 +230,8 @@ Tensor unpatchify(const Tensor& patches, int64_t patch, int64_t channels, int64_
   OCTET_CHECK(patches.shape() == expected, op, ": patches ", patches.describe(), " should have shape ", expected,
               " for ", channels, "x", height, "x", width, " images and patch size ", patch);
   Tensor out = empty({b, channels, height, width}, patches.dtype(), patches.device());
+  LedgerOp ledger("unpatchify");
+  ledger.read(patches).write(out);
   permute_bytes(patches.device(), patches.data_ptr(), out.data_ptr(), Shape{b, gh, gw, channels, patch, patch},
                 {0, 3, 1, 4, 2, 5}, patches.element_size());
   return out;
@@ -229,6 +245,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& indices) {
   Shape shape = x.shape();
   shape[d] = static_cast<int64_t>(idx.size());
   Tensor out = empty(shape, x.dtype(), x.device());
+  LedgerOp ledger("index_select");
+  ledger.read(out).write(out);  // reads the rows it gathers
   if (x.is_cuda()) {
     cuda::gather_rows(x.device(), x.data_ptr(), out.data_ptr(), extent_product(x.shape(), 0, d), x.size(d),
                       extent_product(x.shape(), d + 1, x.dim()), idx, x.element_size());
@@ -253,6 +271,8 @@ Tensor index_select_backward(const Tensor& grad, const Shape& full_shape, int64_
   }
   OCTET_CHECK(match, op, ": grad ", grad.describe(), " should be full shape ", full_shape, " with dim ", d,
               " replaced by the ", idx.size(), " indices");
+  LedgerOp ledger("index_select_backward");
+  ledger.read(grad).write_bytes(full_shape.numel() * static_cast<int64_t>(grad.element_size()));
   if (grad.is_cuda()) {
     return cuda::scatter_add_rows(grad, full_shape, extent_product(full_shape, 0, d), full_shape[d],
                                   extent_product(full_shape, d + 1, full_shape.ndim()), idx);

@@ -199,6 +199,11 @@ void backward(const T* dy, const T* dresidual, const T* x, const T* weight, cons
   });
 
   if (!weight) return;
+  if (blocks == 0) {  // no rows: the sums are empty (and the split below would divide by zero)
+    std::fill(dweight, dweight + C, T(0));
+    std::fill(dbias, dbias + C, T(0));
+    return;
+  }
   parallel_ranges(C, kParallelWork / blocks + 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       T sw = 0, sb = 0;

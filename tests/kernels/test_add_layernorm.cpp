@@ -158,6 +158,23 @@ TEST(AddLayerNorm, Bf16BackwardRoundsTheSumOnce) {
   }
 }
 
+// A batch with no rows: empty outputs, and zero weight gradients (sums over no rows), for the
+// fused and the plain backward alike (the plain one used to divide by zero blocks).
+TEST(AddLayerNorm, NoRowsGiveEmptyOutputsAndZeroWeightGradients) {
+  const Tensor x = empty({0, 8}), w = random_tensor({8}), b = random_tensor({8}, DType::f32, 2);
+  const auto fwd = add_layernorm_forward(x, x, w, b);
+  EXPECT_EQ(fwd.h.shape(), (Shape{0, 8}));
+  EXPECT_EQ(fwd.mean.shape(), (Shape{0}));
+  const Tensor zeros8 = zeros({8});
+  const auto fused = add_layernorm_backward(x, x, fwd.h, w, fwd.mean, fwd.rstd);
+  EXPECT_EQ(fused.dh.shape(), (Shape{0, 8}));
+  EXPECT_TRUE(same_bits(fused.dweight, zeros8));
+  EXPECT_TRUE(same_bits(fused.dbias, zeros8));
+  const auto plain = layernorm_backward(x, x, w, fwd.mean, fwd.rstd);
+  EXPECT_TRUE(same_bits(plain.dweight, zeros8));
+  EXPECT_TRUE(same_bits(plain.dbias, zeros8));
+}
+
 // ---- errors ------------------------------------------------------------------------------------------
 
 // A cuda:0 tensor faked over host memory (as tests/kernels/test_errors.cpp does), so the device

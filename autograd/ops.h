@@ -3,6 +3,7 @@
 // Names and semantics follow PyTorch. All live in namespace octet so that `a + b` finds them.
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -74,6 +75,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // ---- neural-network functions --------------------------------------------------------------------
 // LayerNorm over the last dim; weight and bias [C] or undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-6);
+// The pre-norm residual step fused: returns (h, layer_norm(h)) with h = x + y, from one kernel per
+// direction (kernels::add_layernorm_forward/backward). x and y: one shape, dtype and device. Both
+// outputs are differentiable; h's gradient from its other consumers is added to LayerNorm's input
+// gradient in the same pass, and x and y both receive that sum.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                         double eps = 1e-6);
 Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::None);
 // Mean softmax cross-entropy of logits [N, C] against class indices [N]; returns shape [].
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,

@@ -103,6 +103,25 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                 });
 }
 
+// (h, ln) = (x + y, layer_norm(x + y)). With dh the gradient of h (from its other consumers) and dln
+// that of ln: dh_total = dh + LN-backward(dln), computed in one pass, and dx = dy = dh_total.
+// record() hands the closure zeros for an output that received no gradient.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                         double eps) {
+  const Tensor wd = detached(weight), bd = detached(bias);
+  k::AddLayerNormOutput r = k::add_layernorm_forward(x.detach(), y.detach(), wd, bd, eps);
+  const bool nx = x.requires_grad(), ny = y.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
+  // h is an output of this node: the closure keeps a detached handle, never h itself (a cycle).
+  std::vector<Tensor> outs =
+      record("add_layer_norm", {r.h, r.y}, {x, y, weight, bias},
+             [=, hd = r.h.detach(), mean = r.mean, rstd = r.rstd](const Grads& g) -> Grads {
+               k::AddLayerNormGrads d = k::add_layernorm_backward(g[1], g[0], hd, wd, mean, rstd);
+               return {nx ? d.dh : Tensor(), ny ? d.dh : Tensor(), nw ? d.dweight : Tensor(),
+                       nb ? d.dbias : Tensor()};
+             });
+  return {outs[0], outs[1]};
+}
+
 Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation) {
   const Tensor xd = x.detach();
   return record("gelu", k::gelu_forward(xd, approximation), {x}, [xd, approximation](const Grads& g) -> Grads {

@@ -119,6 +119,13 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor&, const Tensor&,
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda("layernorm_backward", {&dy, &x});
 }
+AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const Tensor&, const Tensor&, double) {
+  no_cuda("add_layernorm_forward", {&x, &y});
+}
+AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor&, const Tensor& h, const Tensor&,
+                                         const Tensor&, const Tensor&) {
+  no_cuda("add_layernorm_backward", {&dy_ln, &h});
+}
 Tensor gelu_forward(const Tensor& x, GeluApproximation) { no_cuda("gelu_forward", {&x}); }
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation) { no_cuda("gelu_backward", {&dy, &x}); }
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double, int64_t) {

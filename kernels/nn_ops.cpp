@@ -153,6 +153,81 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   });
 }
 
+// ---- residual add fused into LayerNorm ----------------------------------------------------------------
+
+AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                         double eps) {
+  constexpr const char* op = "add_layernorm_forward";
+  const int64_t C = check_layernorm_args(op, x, weight, bias);
+  check_defined(op, {&y});
+  // The add is elementwise over the rows it normalizes: no broadcasting, no promotion.
+  OCTET_CHECK(y.shape() == x.shape(), op, ": x and y must have one shape, the add is not broadcast (",
+              describe_all({&x, &y}), "); broadcast y first with broadcast_to, or call add and layernorm_forward");
+  OCTET_CHECK(y.dtype() == x.dtype(), op, ": x and y must have one dtype (", describe_all({&x, &y}),
+              "); Octet does not promote, convert one with .to(dtype)");
+  check_same_device(op, {&x, &y});
+  OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
+  if (x.is_cuda()) return cuda::add_layernorm_forward(x, y, weight, bias, eps);
+  check_cpu(op, {&x, &y});
+  const int64_t rows = x.numel() / C;
+
+  return with_compute_type(x.dtype(), [&]<class T>() -> AddLayerNormOutput {
+    const DType cd = dtype_of<T>();
+    const Tensor xc = to_compute(x), yc = to_compute(y);
+    const Tensor wc = weight.defined() ? weight.detach().to(cd) : Tensor();
+    const Tensor bc = bias.defined() ? bias.detach().to(cd) : Tensor();
+    Tensor h = empty(x.shape(), cd), out = empty(x.shape(), cd);
+    Tensor mean = empty(row_shape(x), cd), rstd = empty(row_shape(x), cd);
+    cpu::add_layernorm_forward<T>(xc.data<T>(), yc.data<T>(), data_or_null<T>(wc), data_or_null<T>(bc), h.data<T>(),
+                                  out.data<T>(), mean.data<T>(), rstd.data<T>(), rows, C, static_cast<T>(eps),
+                                  x.dtype());
+    // h already holds values of x's dtype (the kernel rounded it), so this conversion is exact.
+    return {h.to(x.dtype()), out.to(x.dtype()), mean, rstd};
+  });
+}
+
+AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
+                                         const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  constexpr const char* op = "add_layernorm_backward";
+  const int64_t C = check_layernorm_args(op, h, weight, Tensor());
+  check_defined(op, {&dy_ln, &h, &mean, &rstd});
+  OCTET_CHECK(dy_ln.shape() == h.shape() && dy_ln.dtype() == h.dtype(), op,
+              ": dy_ln, the gradient of the LayerNorm output, must have h's shape and dtype (",
+              describe_all({&dy_ln, &h}), ")");
+  if (dh_residual.defined()) {
+    OCTET_CHECK(dh_residual.shape() == h.shape() && dh_residual.dtype() == h.dtype(), op,
+                ": dh_residual, the gradient h received from its other consumer, must have h's shape and dtype (",
+                describe_all({&dh_residual, &h}), "); pass an undefined Tensor when there is none");
+  }
+  const DType cd = compute_dtype(h.dtype());
+  for (const Tensor* stat : {&mean, &rstd}) {
+    OCTET_CHECK(stat->shape() == row_shape(h) && stat->dtype() == cd, op, ": mean and rstd must be ", dtype_name(cd),
+                row_shape(h), " as add_layernorm_forward returns them for h ", h.describe(), " (",
+                describe_all({&mean, &rstd}), ")");
+  }
+  check_same_device(op, {&h, &dy_ln, &mean, &rstd});
+  if (dh_residual.defined()) check_same_device(op, {&h, &dh_residual});
+  if (h.is_cuda()) return cuda::add_layernorm_backward(dy_ln, dh_residual, h, weight, mean, rstd);
+  check_cpu(op, {&dy_ln, &h, &mean, &rstd});
+  const int64_t rows = h.numel() / C;
+
+  return with_compute_type(h.dtype(), [&]<class T>() -> AddLayerNormGrads {
+    const Tensor dyc = to_compute(dy_ln), hc = to_compute(h);
+    const Tensor drc = dh_residual.defined() ? to_compute(dh_residual) : Tensor();
+    const Tensor wc = weight.defined() ? weight.detach().to(cd) : Tensor();
+    Tensor dh = empty(h.shape(), cd), dweight, dbias;
+    if (weight.defined()) {
+      dweight = empty({C}, cd);
+      dbias = empty({C}, cd);
+    }
+    cpu::add_layernorm_backward<T>(dyc.data<T>(), data_or_null<T>(drc), hc.data<T>(), data_or_null<T>(wc),
+                                   mean.data<T>(), rstd.data<T>(), dh.data<T>(), data_or_null<T>(dweight),
+                                   data_or_null<T>(dbias), rows, C);
+    if (!weight.defined()) return {dh.to(h.dtype()), Tensor(), Tensor()};
+    return {dh.to(h.dtype()), dweight.to(weight.dtype()), dbias.to(weight.dtype())};
+  });
+}
+
 // ---- GELU ---------------------------------------------------------------------------------------------
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {

@@ -23,6 +23,34 @@ struct LayerNormGrads {
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd);
 
+// ---- residual add fused into LayerNorm ----------------------------------------------------------------
+// The pre-norm transformer's `h = x + y; ln = layer_norm(h)` in one pass over the rows: h is rounded
+// to x's dtype exactly as add() rounds it, and the LayerNorm normalizes that rounded h, so in every
+// dtype h and y equal add() followed by layernorm_forward() bit for bit on the CPU (and on the GPU
+// for aligned rows, where both take the same vectorized kernel path).
+struct AddLayerNormOutput {
+  Tensor h;     // x + y: x's shape and dtype (the residual stream, input of the next residual add)
+  Tensor y;     // the LayerNorm of h, as LayerNormOutput::y
+  Tensor mean;  // as LayerNormOutput: f32 (f64 for f64 x), x's shape without the last dim
+  Tensor rstd;
+};
+// x and y: one shape, dtype and device (no broadcasting). weight and bias as in layernorm_forward.
+AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                         double eps = 1e-6);
+struct AddLayerNormGrads {
+  Tensor dh;       // dh_residual + LayerNorm's input gradient: h's total gradient, h's dtype
+  Tensor dweight;  // weight's dtype, undefined without affine
+  Tensor dbias;
+};
+// The backward of h's two consumers in one pass: LayerNorm's input gradient (from dy_ln, the
+// gradient of the LayerNorm output) plus dh_residual, the gradient h received from its other
+// consumer, summed in the compute type and rounded once. dh_residual may be undefined (plain
+// LayerNorm backward). On the CPU in f32 and f64, dh equals layernorm_backward's dx followed by
+// add(dx, dh_residual) bit for bit; in narrower dtypes it is more accurate (one rounding, not two).
+// h, mean and rstd are what add_layernorm_forward returned; x and y both receive dh.
+AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
+                                         const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+
 // ---- GELU -------------------------------------------------------------------------------------------
 enum class GeluApproximation { None, Tanh };  // erf form (timm's default), or the tanh approximation
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);

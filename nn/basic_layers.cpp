@@ -51,6 +51,14 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : Module("LayerNorm"), dim(dim), e
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
 
+std::pair<Tensor, Tensor> LayerNorm::add_forward(const Tensor& x, const Tensor& y) {
+  if (has_forward_hooks()) {
+    const Tensor h = x + y;
+    return {h, (*this)(h)};
+  }
+  return add_layer_norm(x, y, weight, bias, eps);
+}
+
 void LayerNorm::reset_parameters() {
   ones_(weight);
   zeros_(bias);

@@ -9,6 +9,7 @@
 // (default_generator() when null), which must outlive the layer.
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "core/random.h"
 #include "kernels/nn_ops.h"
@@ -46,6 +47,13 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-6);
   Tensor forward(const Tensor& x) override;
+  // The residual add before a pre-norm layer, fused into this LayerNorm: returns {h, forward(h)}
+  // with h = x + y, from one kernel per direction (autograd's add_layer_norm). Same parameters,
+  // same results as `h = x + y; (*this)(h)` (bit for bit in f32 on the CPU). When the module has
+  // forward hooks it runs exactly that, unfused: a hook must see h as the input before the
+  // LayerNorm runs (a pre-hook may gather parameters or replace the input), and h only exists once
+  // the fused kernel has run.
+  std::pair<Tensor, Tensor> add_forward(const Tensor& x, const Tensor& y);
   void reset_parameters();  // weight ones, bias zeros
 
   const int64_t dim;

@@ -85,6 +85,10 @@ class Module : public std::enable_shared_from_this<Module> {
   size_t register_forward_pre_hook(ForwardPreHook hook);
   size_t register_forward_hook(ForwardHook hook);
   void remove_hook(size_t handle);
+  // Whether this module (not counting its children) has a forward pre-hook or forward hook. A module
+  // that can also run fused with its caller's work (LayerNorm::add_forward) runs unfused when it has
+  // one, so that every hook sees the input and output it would see from operator().
+  bool has_forward_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
 
   // ---- checkpoints ------------------------------------------------------------------------------
   // Parameters and persistent buffers by dotted name, detached (sharing storage, not copies).

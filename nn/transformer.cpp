@@ -31,9 +31,17 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
   drop_path2 = register_module("drop_path2", std::make_shared<DropPath>(drop_path, gen));
 }
 
+// timm's block: h = x + drop_path1(attn(norm1(x))); out = h + drop_path2(mlp(norm2(h))).
+// The first residual add is fused into norm2 (LayerNorm::add_forward): h is written and normalized
+// in one pass, and in backward norm2's input gradient and h's residual gradient are summed in one.
+// norm1 is not fused with the previous block's last residual add, although the same kernel could
+// do it: that add belongs to the previous block, and the fusion would cross the block boundary.
+// FSDP wraps each block as a unit (it gathers the block's parameters in the block's pre-hook, so
+// norm1's weights do not exist yet when the previous block runs), and a per-block activation
+// recompute would need each block's graph to start at its own input.
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const Tensor h = x + (*drop_path1)((*attn)((*norm1)(x)));
-  return h + (*drop_path2)((*mlp)((*norm2)(h)));
+  const auto [h, normed] = norm2->add_forward(x, (*drop_path1)((*attn)((*norm1)(x))));
+  return h + (*drop_path2)((*mlp)(normed));
 }
 
 PatchProjection::PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t patch_size)

@@ -79,6 +79,27 @@ template <class F>
   return ::testing::AssertionFailure() << "no octet::Error thrown";
 }
 
+// Same shape, dtype and bytes, on any devices; a failure names the first differing byte.
+inline ::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want_any_device) {
+  if (!got_any_device.defined() || !want_any_device.defined()) {
+    return ::testing::AssertionFailure() << "an undefined tensor: " << got_any_device.describe() << " and "
+                                         << want_any_device.describe();
+  }
+  const Tensor got = got_any_device.to(Device::cpu()), want = want_any_device.to(Device::cpu());
+  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
+  }
+  const auto* g = static_cast<const unsigned char*>(got.data_ptr());
+  const auto* w = static_cast<const unsigned char*>(want.data_ptr());
+  for (size_t i = 0; i < got.nbytes(); ++i) {
+    if (g[i] != w[i]) {
+      return ::testing::AssertionFailure() << "bits differ at byte " << i << " (element " << i / got.element_size()
+                                           << ") of " << got.describe() << " and " << want.describe();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Tolerances for comparing a kernel computed from dtype-d inputs against a float64 reference on
 // the same (already rounded) inputs.
 struct Tolerance {

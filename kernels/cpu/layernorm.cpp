@@ -12,11 +12,20 @@
 //
 // f32 rows go through vectorized loops (omp simd reductions: the lane order is fixed at compile
 // time, so results still repeat exactly); f64 keeps plain loops.
+//
+// The residual add fused in (add_layernorm_*), as llm.c fuses it: forward writes h = x + y for a row
+// and normalizes that row while it is still in cache; backward adds the residual gradient to each
+// row's dx while it is in cache. Both call the very row routines layernorm_forward and
+// layernorm_backward call, on buffers of the same alignment, and each add is its own plain loop (so
+// no FMA contraction can merge it into the LayerNorm arithmetic): the results therefore equal add()
+// then layernorm_forward(), and layernorm_backward() then add(), bit for bit in f32 and f64.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <type_traits>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cpu/nn_ops_cpu.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -165,31 +174,36 @@ void backward_rows(const float* dy, const float* x, const float* weight, const f
   backward_rows_f32(dy, x, weight, mean, rstd, dx, pw, pb, r0, r1, C);
 }
 
-}  // namespace
-
+// dh[i] += dresidual[i] over n elements: the add() kernel's arithmetic, one rounding per element.
 template <class T>
-void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
-                       T eps) {
-  parallel_ranges(rows, kParallelWork / C + 1, [&](int64_t lo, int64_t hi) {
-    forward_rows(x + lo * C, weight, bias, y + lo * C, mean + lo, rstd + lo, hi - lo, C, eps);
-  });
+void add_residual(T* dh, const T* dresidual, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dh[i] += dresidual[i];
 }
 
+// layernorm_backward, with dresidual (or nothing, when null) added to each block of rows right after
+// the block's dx is written.
 template <class T>
-void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd, T* dx, T* dweight,
-                        T* dbias, int64_t rows, int64_t C) {
+void backward(const T* dy, const T* dresidual, const T* x, const T* weight, const T* mean, const T* rstd, T* dx,
+              T* dweight, T* dbias, int64_t rows, int64_t C) {
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   // Per block: C sums for dweight, then C for dbias.
   std::vector<T> partial(weight ? static_cast<size_t>(blocks * 2 * C) : 0, T(0));
   parallel_ranges(blocks, kParallelWork / (kRowsPerBlock * C) + 1, [&](int64_t lo, int64_t hi) {
     for (int64_t blk = lo; blk < hi; ++blk) {
       T* pw = weight ? partial.data() + blk * 2 * C : nullptr;
-      backward_rows(dy, x, weight, mean, rstd, dx, pw, weight ? pw + C : nullptr, blk * kRowsPerBlock,
-                    std::min(rows, (blk + 1) * kRowsPerBlock), C);
+      const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(rows, (blk + 1) * kRowsPerBlock);
+      backward_rows(dy, x, weight, mean, rstd, dx, pw, weight ? pw + C : nullptr, r0, r1, C);
+      // The block's dx (64 rows) is still in cache.
+      if (dresidual) add_residual(dx + r0 * C, dresidual + r0 * C, (r1 - r0) * C);
     }
   });
 
   if (!weight) return;
+  if (blocks == 0) {  // no rows: the sums are empty (and the split below would divide by zero)
+    std::fill(dweight, dweight + C, T(0));
+    std::fill(dbias, dbias + C, T(0));
+    return;
+  }
   parallel_ranges(C, kParallelWork / blocks + 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       T sw = 0, sb = 0;
@@ -203,6 +217,51 @@ void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean,
   });
 }
 
+}  // namespace
+
+template <class T>
+void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
+                       T eps) {
+  parallel_ranges(rows, kParallelWork / C + 1, [&](int64_t lo, int64_t hi) {
+    forward_rows(x + lo * C, weight, bias, y + lo * C, mean + lo, rstd + lo, hi - lo, C, eps);
+  });
+}
+
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd, T* dx, T* dweight,
+                        T* dbias, int64_t rows, int64_t C) {
+  backward<T>(dy, nullptr, x, weight, mean, rstd, dx, dweight, dbias, rows, C);
+}
+
+template <class T>
+void add_layernorm_forward(const T* x, const T* y, const T* weight, const T* bias, T* h, T* out, T* mean, T* rstd,
+                           int64_t rows, int64_t C, T eps, DType h_dtype) {
+  const bool round_h = h_dtype != dtype_of<T>();
+  parallel_ranges(rows, kParallelWork / C + 1, [&](int64_t lo, int64_t hi) {
+    // One row of h in h_dtype, for the round trip that rounds it as add() rounds its result.
+    std::vector<std::byte> narrow(round_h ? static_cast<size_t>(C) * dtype_size(h_dtype) : 0);
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = x + r * C;
+      const T* yr = y + r * C;
+      T* hr = h + r * C;
+      for (int64_t c = 0; c < C; ++c) hr[c] = xr[c] + yr[c];
+      if (round_h) {
+        convert_elements(hr, dtype_of<T>(), narrow.data(), h_dtype, C);
+        convert_elements(narrow.data(), h_dtype, hr, dtype_of<T>(), C);
+      }
+      // The row is normalized at the offset layernorm_forward would see it at, in a buffer as
+      // aligned as add()'s result, so the vectorized sums split it into the same lanes.
+      forward_rows(hr, weight, bias, out + r * C, mean + r, rstd + r, 1, C, eps);
+    }
+  });
+}
+
+template <class T>
+void add_layernorm_backward(const T* dy, const T* dresidual, const T* h, const T* weight, const T* mean,
+                            const T* rstd, T* dh, T* dweight, T* dbias, int64_t rows, int64_t C) {
+  backward<T>(dy, dresidual, h, weight, mean, rstd, dh, dweight, dbias, rows, C);
+}
+
 template void layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*, int64_t,
                                        int64_t, float);
 template void layernorm_forward<double>(const double*, const double*, const double*, double*, double*, double*,
@@ -211,5 +270,15 @@ template void layernorm_backward<float>(const float*, const float*, const float*
                                         float*, float*, int64_t, int64_t);
 template void layernorm_backward<double>(const double*, const double*, const double*, const double*, const double*,
                                          double*, double*, double*, int64_t, int64_t);
+
+template void add_layernorm_forward<float>(const float*, const float*, const float*, const float*, float*, float*,
+                                           float*, float*, int64_t, int64_t, float, DType);
+template void add_layernorm_forward<double>(const double*, const double*, const double*, const double*, double*,
+                                            double*, double*, double*, int64_t, int64_t, double, DType);
+template void add_layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*,
+                                            const float*, float*, float*, float*, int64_t, int64_t);
+template void add_layernorm_backward<double>(const double*, const double*, const double*, const double*,
+                                             const double*, const double*, double*, double*, double*, int64_t,
+                                             int64_t);
 
 }  // namespace octet::kernels::cpu

@@ -17,6 +17,17 @@ void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean
 template <class T>
 void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean, const T* rstd, T* dx, T* dweight,
                         T* dbias, int64_t rows, int64_t C);
+// h = x + y, then layernorm_forward of h, row by row. The one exception to "outputs are rounded on
+// the way out": h is rounded to h_dtype (the caller's dtype) in place before its row is normalized,
+// so that the LayerNorm sees the h the caller gets back, as add() followed by layernorm_forward()
+// would. With h_dtype the compute type itself nothing is rounded.
+template <class T>
+void add_layernorm_forward(const T* x, const T* y, const T* weight, const T* bias, T* h, T* out, T* mean, T* rstd,
+                           int64_t rows, int64_t C, T eps, DType h_dtype);
+// layernorm_backward of h, with dresidual (may be null) added to dh row by row.
+template <class T>
+void add_layernorm_backward(const T* dy, const T* dresidual, const T* h, const T* weight, const T* mean,
+                            const T* rstd, T* dh, T* dweight, T* dbias, int64_t rows, int64_t C);
 
 template <class T>
 void gelu_forward(const T* x, T* y, int64_t n, GeluApproximation approximation);

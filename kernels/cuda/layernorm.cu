@@ -13,6 +13,14 @@
 // the same columns in every row, so it adds its rows' dy · xhat and dy into its own slots of a
 // per-block partial sum without atomics; a second small kernel sums the blocks' partials in block
 // order. The result therefore repeats bit for bit, whatever the scheduling.
+//
+// The residual add fused in (add_layernorm_*, as llm.c fuses it) uses the same two kernels:
+// forward's first pass reads x and y instead of x, writes h = x + y rounded to T exactly as the add
+// kernel rounds it (__fadd_rn, then round to nearest even), and sums that rounded h; its second and
+// third passes read h back (the thread's own writes, L1/L2 hits). Backward adds the residual
+// gradient to each dx in f32 with __fadd_rn (never merged into an FMA with the LayerNorm arithmetic)
+// before the one rounding. In f32 on aligned rows the results therefore equal add() then
+// layernorm_forward(), and layernorm_backward() then add(), bit for bit on the GPU too.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -75,13 +83,23 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
   return make_float2(warp_sum(a), warp_sum(b));
 }
 
+// h = a + b rounded to T, as the add kernel computes it (kernels/cuda/elementwise.cu).
+template <class T>
+__device__ __forceinline__ T add_rounded(T a, T b) {
+  return from_float<T>(__fadd_rn(to_float(a), to_float(b)));
+}
+
 // y = (x - mean) · rstd · weight + bias per row; mean and rstd saved (f32).
-// Bytes: reads x once from DRAM (and weight, bias: C each, cached), writes y plus 8 per row.
-template <class T, class W, bool kBlockPerRow>
+// With kResidual the row normalized is h = x + x2 (rounded to T), which the kernel also writes out;
+// without it x2 and h are null.
+// Bytes: reads x once from DRAM (and weight, bias: C each, cached), writes y plus 8 per row; with
+// kResidual it reads x2 too and writes h (h's second and third reads hit L1/L2).
+template <class T, class W, bool kBlockPerRow, bool kResidual>
 __global__ void __launch_bounds__(1024)
-    layernorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ weight, const W* __restrict__ bias,
-                             T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
-                             int64_t C, float eps, bool vectorized) {
+    layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ h,
+                             const W* __restrict__ weight, const W* __restrict__ bias, T* __restrict__ y,
+                             float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t C, float eps,
+                             bool vectorized) {
   __shared__ float scratch[32];
   int64_t row;
   int lane, lanes;
@@ -99,12 +117,41 @@ __global__ void __launch_bounds__(1024)
   const T* xr = x + row * C;
   T* yr = y + row * C;
 
-  const float shift = to_float(xr[0]);
-  float sum = 0.f;
-  for_each_in_row(xr, C, lane, lanes, vectorized, [&](int64_t, float v) { sum += v - shift; });
+  // The first pass: Σ (row - row[0]) over the row normalized, which is x, or h as it is written.
+  // Each thread visits the same elements in every pass, so it reads back only h it wrote itself.
+  float shift, sum = 0.f;
+  const T* src = xr;
+  if constexpr (kResidual) {
+    const T* x2r = x2 + row * C;
+    T* hr = h + row * C;
+    shift = to_float(add_rounded(xr[0], x2r[0]));
+    if (vectorized) {
+      constexpr int N = Pack<T>::N;
+      for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
+        const Pack<T> pa = load_pack(xr + c), pb = load_pack(x2r + c);
+        Pack<T> ph;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          ph.v[k] = add_rounded(pa.v[k], pb.v[k]);
+          sum += to_float(ph.v[k]) - shift;
+        }
+        store_pack(hr + c, ph);
+      }
+    } else {
+      for (int64_t c = lane; c < C; c += lanes) {
+        const T v = add_rounded(xr[c], x2r[c]);
+        hr[c] = v;
+        sum += to_float(v) - shift;
+      }
+    }
+    src = hr;
+  } else {
+    shift = to_float(xr[0]);
+    for_each_in_row(xr, C, lane, lanes, vectorized, [&](int64_t, float v) { sum += v - shift; });
+  }
   const float m = shift + row_sum(sum) / static_cast<float>(C);
   float sq = 0.f;
-  for_each_in_row(xr, C, lane, lanes, vectorized, [&](int64_t, float v) { sq += (v - m) * (v - m); });
+  for_each_in_row(src, C, lane, lanes, vectorized, [&](int64_t, float v) { sq += (v - m) * (v - m); });
   const float rs = 1.0f / sqrtf(row_sum(sq) / static_cast<float>(C) + eps);
 
   auto out = [&](int64_t c, float v) {
@@ -115,14 +162,14 @@ __global__ void __launch_bounds__(1024)
   if (vectorized) {
     constexpr int N = Pack<T>::N;
     for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
-      const Pack<T> p = load_pack(xr + c);
+      const Pack<T> p = load_pack(src + c);
       Pack<T> o;
 #pragma unroll
       for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(out(c + k, to_float(p.v[k])));
       store_pack(yr + c, o);
     }
   } else {
-    for (int64_t c = lane; c < C; c += lanes) yr[c] = from_float<T>(out(c, to_float(xr[c])));
+    for (int64_t c = lane; c < C; c += lanes) yr[c] = from_float<T>(out(c, to_float(src[c])));
   }
   if (lane == 0) {
     mean[row] = m;
@@ -131,14 +178,17 @@ __global__ void __launch_bounds__(1024)
 }
 
 // dx for rows [blockIdx.x · rows_per_block, ...), and with weight the block's partial dweight, dbias
-// (partial + blockIdx.x · 2C: C sums of dy · xhat, then C of dy).
-// Bytes: reads dy and x (twice each; the second read hits L1/L2), writes dx; 8·C per block of partials.
+// (partial + blockIdx.x · 2C: C sums of dy · xhat, then C of dy). With dresidual (else null) each dx
+// is LayerNorm's input gradient plus dresidual, added in f32 and rounded once.
+// Bytes: reads dy and x (twice each; the second read hits L1/L2), and dresidual once, writes dx;
+// 8·C per block of partials.
 template <class T, class W>
 __global__ void __launch_bounds__(512)
-    layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ weight,
-                              const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                              float* __restrict__ partial, int64_t rows, int64_t C, int64_t rows_per_block,
-                              bool vectorized, bool partial_in_shared) {
+    layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual, const T* __restrict__ x,
+                              const W* __restrict__ weight, const float* __restrict__ mean,
+                              const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partial,
+                              int64_t rows, int64_t C, int64_t rows_per_block, bool vectorized,
+                              bool partial_in_shared) {
   extern __shared__ float shared_partial[];
   __shared__ float scratch[64];
   const int tid = threadIdx.x, lanes = blockDim.x;
@@ -155,6 +205,7 @@ __global__ void __launch_bounds__(512)
   for (int64_t r = int64_t{blockIdx.x} * rows_per_block; r < row_end; ++r) {
     const T* dyr = dy + r * C;
     const T* xr = x + r * C;
+    const T* drr = dresidual ? dresidual + r * C : nullptr;
     T* dxr = dx + r * C;
     const float m = mean[r], rs = rstd[r];
     float sum_g = 0.f, sum_g_xhat = 0.f;
@@ -191,13 +242,22 @@ __global__ void __launch_bounds__(512)
       constexpr int N = Pack<T>::N;
       for (int64_t c = int64_t{tid} * N; c < C; c += int64_t{lanes} * N) {
         const Pack<T> pd = load_pack(dyr + c), px = load_pack(xr + c);
+        const Pack<T> pr = drr ? load_pack(drr + c) : Pack<T>{};
         Pack<T> o;
 #pragma unroll
-        for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(grad(c + k, to_float(pd.v[k]), to_float(px.v[k])));
+        for (int k = 0; k < N; ++k) {
+          float g = grad(c + k, to_float(pd.v[k]), to_float(px.v[k]));
+          if (drr) g = __fadd_rn(g, to_float(pr.v[k]));
+          o.v[k] = from_float<T>(g);
+        }
         store_pack(dxr + c, o);
       }
     } else {
-      for (int64_t c = tid; c < C; c += lanes) dxr[c] = from_float<T>(grad(c, to_float(dyr[c]), to_float(xr[c])));
+      for (int64_t c = tid; c < C; c += lanes) {
+        float g = grad(c, to_float(dyr[c]), to_float(xr[c]));
+        if (drr) g = __fadd_rn(g, to_float(drr[c]));
+        dxr[c] = from_float<T>(g);
+      }
     }
   }
   if (pw && partial_in_shared) {
@@ -238,51 +298,53 @@ const W* maybe(const Tensor& t) {
   return t.defined() ? ptr<W>(t) : nullptr;
 }
 
-}  // namespace
-
-LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  constexpr const char* op = "layernorm_forward";
+// The forward launch, with or without the residual add: x2 and h are both defined or both not.
+void launch_forward(const char* op, const Tensor& x, const Tensor& x2, const Tensor& h, const Tensor& weight,
+                    const Tensor& bias, const Tensor& y, const Tensor& mean, const Tensor& rstd, double eps) {
   const int64_t C = x.size(-1), rows = x.numel() / C;
-  Tensor y = empty(x.shape(), x.dtype(), x.device());
-  Tensor mean = empty(row_shape(x), DType::f32, x.device()), rstd = empty(row_shape(x), DType::f32, x.device());
-  if (rows == 0) return {y, mean, rstd};
+  if (rows == 0) return;
+  const bool residual = x2.defined();
   cudaStream_t stream = stream_for(x);
   dispatch_floating(x.dtype(), op, [&]<class T>() {
     with_weight_type(weight, op, [&]<class W>() {
-      const bool vectorized = C % Pack<T>::N == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr());
+      const bool vectorized = C % Pack<T>::N == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) &&
+                              (!residual || (aligned16(x2.data_ptr()) && aligned16(h.data_ptr())));
       auto launch = [&](auto kernel, unsigned blocks, int threads) {
-        kernel<<<blocks, threads, 0, stream>>>(ptr<T>(x), maybe<W>(weight), maybe<W>(bias), ptr<T>(y), ptr<float>(mean),
+        kernel<<<blocks, threads, 0, stream>>>(ptr<T>(x), maybe<T>(x2), residual ? ptr<T>(h) : nullptr,
+                                               maybe<W>(weight), maybe<W>(bias), ptr<T>(y), ptr<float>(mean),
                                                ptr<float>(rstd), rows, C, static_cast<float>(eps), vectorized);
       };
-      if (C <= kWarpPerRowMaxC) {
-        const int64_t rows_per_block = kForwardWarpThreads / 32;
-        launch(layernorm_forward_kernel<T, W, false>,
-               static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kForwardWarpThreads);
+      auto launch_mode = [&]<bool kResidual>() {
+        if (C <= kWarpPerRowMaxC) {
+          const int64_t rows_per_block = kForwardWarpThreads / 32;
+          launch(layernorm_forward_kernel<T, W, false, kResidual>,
+                 static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kForwardWarpThreads);
+        } else {
+          launch(layernorm_forward_kernel<T, W, true, kResidual>, static_cast<unsigned>(rows),
+                 threads_for_row(C, vectorized, Pack<T>::N, 128, 1024));
+        }
+      };
+      if (residual) {
+        launch_mode.template operator()<true>();
       } else {
-        launch(layernorm_forward_kernel<T, W, true>, static_cast<unsigned>(rows),
-               threads_for_row(C, vectorized, Pack<T>::N, 128, 1024));
+        launch_mode.template operator()<false>();
       }
       check_launch(op);
     });
   });
-  return {y, mean, rstd};
 }
 
-LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                  const Tensor& rstd) {
-  constexpr const char* op = "layernorm_backward";
+// The backward launches, with or without dresidual: dx, then (with weight) the column sums.
+void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                     const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dweight,
+                     const Tensor& dbias) {
   const int64_t C = x.size(-1), rows = x.numel() / C;
-  Tensor dx = empty(x.shape(), x.dtype(), x.device()), dweight, dbias;
-  if (weight.defined()) {
-    dweight = empty({C}, weight.dtype(), x.device());
-    dbias = empty({C}, weight.dtype(), x.device());
-  }
   if (rows == 0) {
     if (weight.defined()) {
       dweight.zero_();
       dbias.zero_();
     }
-    return {dx, dweight, dbias};
+    return;
   }
   cudaStream_t stream = stream_for(x);
   const int64_t rows_per_block = (rows + kMaxBackwardBlocks - 1) / kMaxBackwardBlocks;
@@ -293,13 +355,14 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 
   dispatch_floating(x.dtype(), op, [&]<class T>() {
     with_weight_type(weight, op, [&]<class W>() {
-      const bool vectorized =
-          C % Pack<T>::N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) && aligned16(dx.data_ptr());
+      const bool vectorized = C % Pack<T>::N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) &&
+                              aligned16(dx.data_ptr()) && (!dresidual.defined() || aligned16(dresidual.data_ptr()));
       const int threads = threads_for_row(C, vectorized, Pack<T>::N, 32, 512);
       layernorm_backward_kernel<T, W>
           <<<static_cast<unsigned>(blocks), threads, partial_in_shared ? partial_bytes : 0, stream>>>(
-              ptr<T>(dy), ptr<T>(x), maybe<W>(weight), ptr<float>(mean), ptr<float>(rstd), ptr<T>(dx),
-              weight.defined() ? ptr<float>(partial) : nullptr, rows, C, rows_per_block, vectorized, partial_in_shared);
+              ptr<T>(dy), maybe<T>(dresidual), ptr<T>(x), maybe<W>(weight), ptr<float>(mean), ptr<float>(rstd),
+              ptr<T>(dx), weight.defined() ? ptr<float>(partial) : nullptr, rows, C, rows_per_block, vectorized,
+              partial_in_shared);
       check_launch(op);
       if (weight.defined()) {
         const auto column_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
@@ -309,7 +372,47 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
       }
     });
   });
+}
+
+}  // namespace
+
+LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  Tensor y = empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = empty(row_shape(x), DType::f32, x.device()), rstd = empty(row_shape(x), DType::f32, x.device());
+  launch_forward("layernorm_forward", x, Tensor(), Tensor(), weight, bias, y, mean, rstd, eps);
+  return {y, mean, rstd};
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd) {
+  const int64_t C = x.size(-1);
+  Tensor dx = empty(x.shape(), x.dtype(), x.device()), dweight, dbias;
+  if (weight.defined()) {
+    dweight = empty({C}, weight.dtype(), x.device());
+    dbias = empty({C}, weight.dtype(), x.device());
+  }
+  launch_backward("layernorm_backward", dy, Tensor(), x, weight, mean, rstd, dx, dweight, dbias);
   return {dx, dweight, dbias};
+}
+
+AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                         double eps) {
+  Tensor h = empty(x.shape(), x.dtype(), x.device()), out = empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = empty(row_shape(x), DType::f32, x.device()), rstd = empty(row_shape(x), DType::f32, x.device());
+  launch_forward("add_layernorm_forward", x, y, h, weight, bias, out, mean, rstd, eps);
+  return {h, out, mean, rstd};
+}
+
+AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
+                                         const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  const int64_t C = h.size(-1);
+  Tensor dh = empty(h.shape(), h.dtype(), h.device()), dweight, dbias;
+  if (weight.defined()) {
+    dweight = empty({C}, weight.dtype(), h.device());
+    dbias = empty({C}, weight.dtype(), h.device());
+  }
+  launch_backward("add_layernorm_backward", dy_ln, dh_residual, h, weight, mean, rstd, dh, dweight, dbias);
+  return {dh, dweight, dbias};
 }
 
 }  // namespace octet::kernels::cuda

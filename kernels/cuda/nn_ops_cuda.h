@@ -14,6 +14,14 @@ namespace octet::kernels::cuda {
 LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd);
+// The residual add fused in: one forward kernel writes h = x + y (rounded to x's dtype as the add
+// kernel rounds it) and normalizes it; one backward kernel adds dh_residual (may be undefined) to
+// LayerNorm's input gradient before the single rounding (the dweight/dbias column sums are the
+// second, small kernel layernorm_backward also launches).
+AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                         double eps);
+AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
+                                         const Tensor& weight, const Tensor& mean, const Tensor& rstd);
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation);
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation);

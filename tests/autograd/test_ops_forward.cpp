@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -145,6 +146,46 @@ TEST(OpsForward, SplitUnusedPiecesGetZeros) {
   EXPECT_EQ(parts[0].grad_fn(), parts[1].grad_fn());  // one node, two outputs
   sum(parts[1] * 2.0).backward();
   EXPECT_TRUE(all_close(a.grad(), {0, 0, 2, 2, 2}, 0, 0));
+}
+
+// add_layer_norm against x + y and layer_norm(h) recorded separately, in f32: the outputs and every
+// input's gradient bit for bit, with gradients flowing into both outputs or into one.
+TEST(OpsForward, AddLayerNormEqualsAddThenLayerNorm) {
+  using testing::same_bits;
+  for (int64_t C : {7, 33, 768}) {
+    for (bool affine : {true, false}) {
+      for (bool h_has_grad : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "C " << C << (affine ? " affine" : " no affine")
+                                          << (h_has_grad ? "" : ", no gradient into h"));
+        auto inputs = [&] {
+          return std::vector<Tensor>{leaf(random_tensor({3, 4, C}, DType::f32, 30 + C, 2.0)),
+                                     leaf(random_tensor({3, 4, C}, DType::f32, 31 + C)),
+                                     affine ? leaf(random_tensor({C}, DType::f32, 32 + C)) : Tensor(),
+                                     affine ? leaf(random_tensor({C}, DType::f32, 33 + C)) : Tensor()};
+        };
+        const Tensor dh = random_tensor({3, 4, C}, DType::f32, 34 + C);
+        const Tensor dln = random_tensor({3, 4, C}, DType::f32, 35 + C);
+        const std::vector<Tensor> f = inputs(), u = inputs();
+        const auto [h, ln] = add_layer_norm(f[0], f[1], f[2], f[3]);
+        EXPECT_EQ(h.grad_fn(), ln.grad_fn());  // one node, two outputs
+        const Tensor h_unfused = u[0] + u[1];
+        const Tensor ln_unfused = layer_norm(h_unfused, u[2], u[3]);
+        EXPECT_TRUE(same_bits(h, h_unfused));
+        EXPECT_TRUE(same_bits(ln, ln_unfused));
+        if (h_has_grad) {
+          autograd::backward({h, ln}, {dh, dln});
+          autograd::backward({h_unfused, ln_unfused}, {dh, dln});
+        } else {
+          autograd::backward({ln}, {dln});
+          autograd::backward({ln_unfused}, {dln});
+        }
+        for (size_t i = 0; i < f.size(); ++i) {
+          if (!f[i].defined()) continue;
+          EXPECT_TRUE(same_bits(f[i].grad(), u[i].grad())) << "input " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(OpsForward, MaxRoutesToFirstArgmax) {

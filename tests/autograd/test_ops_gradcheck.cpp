@@ -268,6 +268,34 @@ TEST(OpsGradcheck, LayerNorm) {
   EXPECT_GRADCHECK([](const Inputs& t) { return layer_norm(t[0], t[1], t[2], 1e-2); }, {param({4, 3}, 66), param({3}, 67), param({3}, 68)});
 }
 
+// Both outputs, h = x + y and layer_norm(h), get random projections: every input's gradient goes
+// through h's own gradient and through the LayerNorm's, summed in one pass.
+TEST(OpsGradcheck, AddLayerNorm) {
+  const Tensor x = param({2, 3, 5}, 160), y = param({2, 3, 5}, 161), w = param({5}, 162), b = param({5}, 163);
+  auto both = [](const Inputs& t) {
+    auto [h, ln] = add_layer_norm(t[0], t[1], t[2], t[3]);
+    return Inputs{h, ln};
+  };
+  EXPECT_GRADCHECK(both, {x, y, w, b});
+  EXPECT_GRADCHECK(
+      [](const Inputs& t) {
+        auto [h, ln] = add_layer_norm(t[0], t[1], Tensor(), Tensor());
+        return Inputs{h, ln};
+      },
+      {x, y});
+  // One output alone: the other's gradient is zeros.
+  EXPECT_GRADCHECK([](const Inputs& t) { return add_layer_norm(t[0], t[1], t[2], t[3], 1e-2).second; },
+                   {x, y, w, b});
+  EXPECT_GRADCHECK([](const Inputs& t) { return add_layer_norm(t[0], t[1], t[2], t[3]).first; }, {x, y, w, b});
+  // h used again downstream (the next residual add, then a nonlinearity), as in a transformer block.
+  EXPECT_GRADCHECK(
+      [](const Inputs& t) {
+        auto [h, ln] = add_layer_norm(t[0], t[1], t[2], t[3]);
+        return gelu(h + ln * 0.5);
+      },
+      {x, y, w, b});
+}
+
 TEST(OpsGradcheck, Gelu) {
   const Tensor x = param({3, 5}, 69);
   EXPECT_GRADCHECK([](const Inputs& t) { return gelu(t[0]); }, {x});

@@ -26,22 +26,4 @@ inline const Device kGpu = Device::cuda(0);
 // their element-wise bound is in tests/cuda/fp8_bound.h.
 inline double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
 
-
-// Same shape, dtype and bytes, on any devices; a failure names the first differing byte.
-inline ::testing::AssertionResult same_bits(const Tensor& got_any_device, const Tensor& want_any_device) {
-  const Tensor got = got_any_device.to(Device::cpu()), want = want_any_device.to(Device::cpu());
-  if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    return ::testing::AssertionFailure() << got.describe() << " should be " << want.describe();
-  }
-  const auto* g = static_cast<const unsigned char*>(got.data_ptr());
-  const auto* w = static_cast<const unsigned char*>(want.data_ptr());
-  for (size_t i = 0; i < got.nbytes(); ++i) {
-    if (g[i] != w[i]) {
-      return ::testing::AssertionFailure() << "bits differ at byte " << i << " (element " << i / got.element_size()
-                                           << ") of " << got.describe() << " and " << want.describe();
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 }  // namespace octet::testing

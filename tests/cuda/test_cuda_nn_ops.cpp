@@ -1,11 +1,14 @@
-// CUDA LayerNorm, GELU, cross-entropy and dropout against the CPU kernels on the same random inputs.
-// Floating results are compared by norm-wise relative error, ||gpu - cpu||_2 / ||cpu||_2 in f64: at
-// most 1e-5 for f32 and 1e-2 for bf16. Dropout must match the CPU bit for bit.
+// CUDA LayerNorm (plain and with the residual add fused in), GELU, cross-entropy and dropout
+// against the CPU kernels on the same random inputs. Floating results are compared by norm-wise
+// relative error, ||gpu - cpu||_2 / ||cpu||_2 in f64: at most 1e-5 for f32 and 1e-2 for bf16 (the
+// fused LayerNorm's tighter bounds are derived where it is tested). Dropout must match the CPU bit
+// for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/nn_ops.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
@@ -107,6 +110,141 @@ TEST(CudaLayerNorm, WeightGradientsRepeatBitForBit) {
   const auto second = kernels::layernorm_backward(dy, x, w, fwd.mean, fwd.rstd);
   EXPECT_TRUE(same_bits(second.dweight, first.dweight.to(Device::cpu())));
   EXPECT_TRUE(same_bits(second.dbias, first.dbias.to(Device::cpu())));
+}
+
+// ---- residual add fused into LayerNorm --------------------------------------------------------------------
+//
+// The bounds, derived. h is computed on both devices by one f32 add (IEEE, round to nearest) of the
+// same inputs and one round to nearest even into the dtype: the same bits. Everything else is the
+// LayerNorm kernels' f32 arithmetic on those same h bits, in another summation order; those f32
+// values agree within the suite's f32 bound, tolerance(f32) = 1e-5, as CudaLayerNorm above shows for
+// the unfused kernels. Rounding two f32 values a, b to nearest in a format whose ulp is at most
+// 2^-(p-1) of the value (p significant bits) gives |round(a) - round(b)| <= |a - b| + ulp, so a
+// result rounded once to bf16 (p = 8) is within 1e-5 + 2^-7 norm-wise; an f32 result within 1e-5.
+// The backward's dh is dx + dh_residual, with dh_residual the same bits on both devices: only dx
+// differs, so dh's f32 error is 1e-5 · ||dx|| / ||dh|| (plus 2^-24 from the add's own rounding),
+// then the bf16 rounding on top.
+
+double rounding_bound(DType d) { return d == DType::bf16 ? 0x1p-7 : 0.0; }
+
+double norm(const Tensor& t) {
+  double sq = 0;
+  for (double v : t.to(Device::cpu()).to_vector<double>()) sq += v * v;
+  return std::sqrt(sq);
+}
+
+TEST(CudaAddLayerNorm, MatchesTheCpuWithinTheDerivedBounds) {
+  SKIP_WITHOUT_GPU();
+  const double f32_bound = tolerance(DType::f32);
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (AffineCase a : {AffineCase{true, DType::f32}, AffineCase{true, d}, AffineCase{false, d}}) {
+      for (int64_t rows : kRows) {
+        for (int64_t C : kWidths) {
+          for (bool misaligned : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << rows << " C " << C << " weight "
+                                              << (a.affine ? dtype_name(a.weight_dtype) : "none")
+                                              << (misaligned ? " misaligned" : ""));
+            const Tensor x = random_tensor({rows, C}, d, 110 + rows + C, 2.0);
+            const Tensor y = random_tensor({rows, C}, d, 120 + rows + C);
+            const Tensor dy = random_tensor({rows, C}, d, 130 + rows + C);
+            const Tensor dres = random_tensor({rows, C}, d, 140 + rows + C);
+            const Tensor w = a.affine ? random_tensor({C}, a.weight_dtype, 150 + C) : Tensor();
+            const Tensor b = a.affine ? random_tensor({C}, a.weight_dtype, 160 + C) : Tensor();
+            const Tensor wg = a.affine ? w.to(kGpu) : w, bg = a.affine ? b.to(kGpu) : b;
+            // A misaligned x sends the kernels down their scalar paths.
+            const Tensor xg = misaligned ? misaligned_on_gpu(x) : x.to(kGpu);
+
+            const auto cpu = kernels::add_layernorm_forward(x, y, w, b, 1e-5);
+            const auto gpu = kernels::add_layernorm_forward(xg, y.to(kGpu), wg, bg, 1e-5);
+            EXPECT_TRUE(same_bits(gpu.h, cpu.h));
+            EXPECT_LE(relative_error_matching_nans(gpu.y, cpu.y), f32_bound + rounding_bound(d));
+            EXPECT_LE(relative_error_matching_nans(gpu.mean, cpu.mean), f32_bound);
+            EXPECT_LE(relative_error_matching_nans(gpu.rstd, cpu.rstd), f32_bound);
+
+            const Tensor dx = kernels::layernorm_backward(dy, cpu.h, w, cpu.mean, cpu.rstd).dx;
+            const double dh_bound =
+                f32_bound * norm(dx) / norm(kernels::add(dx, dres)) + 0x1p-24 + rounding_bound(d);
+            const Tensor dyg = misaligned ? misaligned_on_gpu(dy) : dy.to(kGpu);
+            for (bool residual : {true, false}) {
+              SCOPED_TRACE(residual ? "with dh_residual" : "without dh_residual");
+              const Tensor r = residual ? dres : Tensor(), rg = residual ? dres.to(kGpu) : Tensor();
+              const auto cg = kernels::add_layernorm_backward(dy, r, cpu.h, w, cpu.mean, cpu.rstd);
+              const auto gg = kernels::add_layernorm_backward(dyg, rg, gpu.h, wg, gpu.mean, gpu.rstd);
+              EXPECT_LE(relative_error_matching_nans(gg.dh, cg.dh),
+                        residual ? dh_bound : f32_bound + rounding_bound(d));
+              if (a.affine) {
+                const double wb = f32_bound + rounding_bound(a.weight_dtype);
+                EXPECT_LE(relative_error_matching_nans(gg.dweight, cg.dweight), wb);
+                EXPECT_LE(relative_error_matching_nans(gg.dbias, cg.dbias), wb);
+              } else {
+                EXPECT_FALSE(gg.dweight.defined() || gg.dbias.defined());
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// On aligned rows the fused kernels take the same vectorized paths as add and the LayerNorm
+// kernels, with the same f32 arithmetic in the same order: the forward equals add then
+// layernorm_forward on the GPU bit for bit (bf16 too, since h is rounded before it is normalized),
+// and in f32 the backward equals layernorm_backward then add (the residual is added with __fadd_rn,
+// never merged into an FMA). In bf16 the fused backward rounds once where the unfused rounds twice,
+// so only its dweight and dbias (which the residual does not touch) are compared bitwise.
+TEST(CudaAddLayerNorm, EqualsTheUnfusedGpuKernelsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (int64_t C : kWidths) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << " C " << C);
+      const Tensor x = random_tensor({37, C}, d, 170 + C, 2.0).to(kGpu);
+      const Tensor y = random_tensor({37, C}, d, 171 + C).to(kGpu);
+      const Tensor dy = random_tensor({37, C}, d, 172 + C).to(kGpu);
+      const Tensor dres = random_tensor({37, C}, d, 173 + C).to(kGpu);
+      const Tensor w = random_tensor({C}, DType::f32, 174 + C).to(kGpu);
+      const Tensor b = random_tensor({C}, DType::f32, 175 + C).to(kGpu);
+
+      const auto fused = kernels::add_layernorm_forward(x, y, w, b);
+      const Tensor h = kernels::add(x, y);
+      const auto unfused = kernels::layernorm_forward(h, w, b);
+      EXPECT_TRUE(same_bits(fused.h, h));
+      EXPECT_TRUE(same_bits(fused.y, unfused.y));
+      EXPECT_TRUE(same_bits(fused.mean, unfused.mean));
+      EXPECT_TRUE(same_bits(fused.rstd, unfused.rstd));
+
+      const auto fused_grads = kernels::add_layernorm_backward(dy, dres, fused.h, w, fused.mean, fused.rstd);
+      const auto ln = kernels::layernorm_backward(dy, h, w, unfused.mean, unfused.rstd);
+      if (d == DType::f32) {
+        EXPECT_TRUE(same_bits(fused_grads.dh, kernels::add(ln.dx, dres)));
+      }
+      EXPECT_TRUE(same_bits(fused_grads.dweight, ln.dweight));
+      EXPECT_TRUE(same_bits(fused_grads.dbias, ln.dbias));
+      const auto no_residual = kernels::add_layernorm_backward(dy, Tensor(), fused.h, w, fused.mean, fused.rstd);
+      EXPECT_TRUE(same_bits(no_residual.dh, ln.dx));
+    }
+  }
+}
+
+TEST(CudaAddLayerNorm, ViTShapedInputsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // A ViT-B batch: [B, N, D] with many rows per backward block, bf16 activations, f32 parameters.
+  const Shape shape{16, 197, 768};
+  const Tensor x = random_tensor(shape, DType::bf16, 180, 3.0), y = random_tensor(shape, DType::bf16, 181);
+  const Tensor dy = random_tensor(shape, DType::bf16, 182), dres = random_tensor(shape, DType::bf16, 183);
+  const Tensor w = random_tensor({768}, DType::f32, 184), b = random_tensor({768}, DType::f32, 185);
+  const auto cpu = kernels::add_layernorm_forward(x, y, w, b);
+  const auto gpu = kernels::add_layernorm_forward(x.to(kGpu), y.to(kGpu), w.to(kGpu), b.to(kGpu));
+  EXPECT_TRUE(same_bits(gpu.h, cpu.h));
+  EXPECT_LE(relative_error_matching_nans(gpu.y, cpu.y), tolerance(DType::f32) + rounding_bound(DType::bf16));
+  const auto cg = kernels::add_layernorm_backward(dy, dres, cpu.h, w, cpu.mean, cpu.rstd);
+  const auto gg =
+      kernels::add_layernorm_backward(dy.to(kGpu), dres.to(kGpu), gpu.h, w.to(kGpu), gpu.mean, gpu.rstd);
+  const Tensor dx = kernels::layernorm_backward(dy, cpu.h, w, cpu.mean, cpu.rstd).dx;
+  const double dh_bound = tolerance(DType::f32) * norm(dx) / norm(cg.dh) + 0x1p-24 + rounding_bound(DType::bf16);
+  EXPECT_LE(relative_error_matching_nans(gg.dh, cg.dh), dh_bound);
+  EXPECT_LE(relative_error_matching_nans(gg.dweight, cg.dweight), tolerance(DType::f32));
+  EXPECT_LE(relative_error_matching_nans(gg.dbias, cg.dbias), tolerance(DType::f32));
 }
 
 // ---- GELU ---------------------------------------------------------------------------------------------

@@ -1,0 +1,145 @@
+// TransformerBlock fuses its first residual add into norm2 (LayerNorm::add_forward). Against the
+// block's unfused formulation written out here with the same submodules: the output and every
+// parameter's and the input's gradient bit for bit in f32, and LayerNorm's hooks still see and
+// change what they did before the fusion.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "nn/layers.h"
+#include "tests/testing.h"
+
+namespace octet::nn {
+namespace {
+
+using octet::testing::random_tensor;
+using octet::testing::same_bits;
+
+constexpr int64_t B = 3, N = 5, D = 32;
+
+void randomise(Module& m, uint64_t seed) {
+  for (const Tensor& p : m.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.5));
+}
+
+// timm's block as TransformerBlock::forward wrote it before the fusion.
+Tensor unfused_forward(TransformerBlock& block, const Tensor& x) {
+  const Tensor h = x + (*block.drop_path1)((*block.attn)((*block.norm1)(x)));
+  return h + (*block.drop_path2)((*block.mlp)((*block.norm2)(h)));
+}
+
+struct Result {
+  Tensor out, dx;
+  std::map<std::string, Tensor> grads;  // by parameter name
+};
+
+// One forward and backward from fresh leaves and zeroed gradients; the generator restarts, so
+// dropout and drop-path draw the same masks in both formulations (the modules run in one order).
+template <class Forward>
+Result run(TransformerBlock& block, Generator& gen, Forward&& forward) {
+  gen.set_state(77, 0);
+  block.zero_grad();
+  Tensor x = random_tensor({B, N, D}, DType::f32, 5, 2.0);
+  x.requires_grad_();
+  Result r;
+  r.out = forward(x);
+  autograd::backward({r.out}, {random_tensor({B, N, D}, DType::f32, 6)});
+  r.dx = x.grad();
+  for (const auto& [name, p] : block.named_parameters()) r.grads[name] = p.grad();
+  return r;
+}
+
+void expect_same(const Result& got, const Result& want) {
+  EXPECT_TRUE(same_bits(got.out, want.out));
+  EXPECT_TRUE(same_bits(got.dx, want.dx));
+  ASSERT_EQ(got.grads.size(), 12u);  // norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2: weight and bias
+  for (const auto& [name, g] : want.grads) {
+    ASSERT_TRUE(g.defined()) << name;
+    EXPECT_TRUE(same_bits(got.grads.at(name), g)) << name;
+  }
+}
+
+// The node that produced h, the first operand of the block's last add (out = h + branch).
+std::string producer_of_h(const Tensor& out) {
+  const auto& add = out.grad_fn();
+  if (!add || add->name() != "add" || add->next_edges.empty() || !add->next_edges[0].node) return "?";
+  return add->next_edges[0].node->name();
+}
+
+TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
+  for (bool training : {false, true}) {
+    SCOPED_TRACE(training ? "train, dropout and drop path on" : "eval");
+    Generator gen;
+    TransformerBlock block(D, 4, 4.0, true, /*proj_drop=*/0.1, 0.0, /*drop_path=*/0.25, &gen);
+    randomise(block, 40);
+    block.train(training);
+    const Result fused = run(block, gen, [&](const Tensor& x) { return block(x); });
+    const Result unfused = run(block, gen, [&](const Tensor& x) { return unfused_forward(block, x); });
+    expect_same(fused, unfused);
+    EXPECT_EQ(producer_of_h(fused.out), "add_layer_norm");  // the fused path did run
+    EXPECT_EQ(producer_of_h(unfused.out), "add");
+  }
+}
+
+// A hook on norm2 runs the block unfused (h = x + branch, then norm2 as a module), so hooks see the
+// input h and the output as before; a pre-hook's replacement input and a forward hook's replacement
+// output take effect.
+TEST(BlockFusion, HooksOnNorm2StillSeeAndChangeItsInputAndOutput) {
+  Generator gen;
+  TransformerBlock block(D, 4);
+  randomise(block, 50);
+  block.eval();
+  const Result plain = run(block, gen, [&](const Tensor& x) { return block(x); });
+
+  // An observing forward hook: same results, and it saw norm2's input and output.
+  int calls = 0;
+  Tensor seen_input, seen_output;
+  const size_t observer = block.norm2->register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
+    ++calls;
+    seen_input = in.detach();
+    seen_output = out.detach();
+    return Tensor();
+  });
+  const Result observed = run(block, gen, [&](const Tensor& x) { return block(x); });
+  EXPECT_EQ(calls, 1);
+  expect_same(observed, plain);
+  EXPECT_EQ(producer_of_h(observed.out), "add");
+  ASSERT_TRUE(seen_input.defined() && seen_output.defined());
+  {
+    NoGradGuard no_grad;
+    EXPECT_TRUE(same_bits(seen_output, (*block.norm2).forward(seen_input)));
+    const Tensor x = random_tensor({B, N, D}, DType::f32, 5, 2.0);
+    EXPECT_TRUE(same_bits(seen_input, x + (*block.attn)((*block.norm1)(x))));
+  }
+  block.norm2->remove_hook(observer);
+
+  // Hooks that change things: the pre-hook halves norm2's input, the forward hook adds 1 to its
+  // output. The block must compute h + mlp(norm2(h / 2) + 1).
+  block.norm2->register_forward_pre_hook([](Module&, const Tensor& in) { return in * 0.5; });
+  block.norm2->register_forward_hook([](Module&, const Tensor&, const Tensor& out) { return out + 1.0; });
+  const Result changed = run(block, gen, [&](const Tensor& x) { return block(x); });
+  const Result by_hand = run(block, gen, [&](const Tensor& x) {
+    const Tensor h = x + (*block.attn)((*block.norm1)(x));
+    return h + (*block.mlp)(layer_norm(h * 0.5, block.norm2->weight, block.norm2->bias) + 1.0);
+  });
+  expect_same(changed, by_hand);
+  EXPECT_FALSE(same_bits(changed.out, plain.out));
+}
+
+TEST(BlockFusion, AddForwardEqualsAddThenTheModule) {
+  LayerNorm norm(D);
+  randomise(norm, 60);
+  const Tensor x = random_tensor({B, N, D}, DType::f32, 61, 2.0), y = random_tensor({B, N, D}, DType::f32, 62);
+  const auto [h, normed] = norm.add_forward(x, y);
+  EXPECT_TRUE(same_bits(h, x + y));
+  EXPECT_TRUE(same_bits(normed, norm(x + y)));
+  EXPECT_TRUE(octet::testing::throws_with([&] { norm.add_forward(x, random_tensor({N, D})); },
+                                          {"add_layernorm_forward", "one shape"}));
+}
+
+}  // namespace
+}  // namespace octet::nn

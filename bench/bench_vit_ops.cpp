@@ -3,13 +3,15 @@
 // main GEMM shape in the same run, with a per-op-kind breakdown of where the step's time goes.
 //
 //   build/bin/bench_vit_ops [--batch 128] [--patch 4] [--dim 128] [--depth 6] [--heads 4] [--mlp-ratio 4]
-//                           [--image 28] [--channels 1] [--qkv packed|select|split] [--iters 10] [--json FILE]
+//                           [--image 28] [--channels 1] [--qkv packed|select|split] [--residual-ln fused|unfused]
+//                           [--iters 10] [--json FILE]
 //   build/bin/bench_vit_ops --ledger [...]    what one step moves, per op, per image and per block
 //
 // --qkv picks how attention gets q, k and v: `packed` (what nn::MultiheadAttention runs: attention
 // reads them in place from the qkv projection's output), or the permute-based formulations it
-// replaced, `select` (three selects, the old nn path) and `split`. Kept so that both can be
-// measured in one binary.
+// replaced, `select` (three selects, the old nn path) and `split`. --residual-ln unfused runs the
+// block's first residual add and norm2 as two ops instead of nn's one fused pass. Both are kept so
+// that before and after can be measured in one binary.
 //
 // --ledger counts instead of timing: it runs one step under the op ledger (core/op_ledger.h) at
 // depth 1 and at depth 2 and prints the ledger per image, and per block (depth 2 minus depth 1).
@@ -76,6 +78,7 @@ struct Config {
   double mlp_ratio = 4;
   int64_t image = 28, channels = 1, classes = 10;
   std::string qkv = "packed";  // packed, select or split
+  bool fuse_residual = true;   // norm2 with the residual add before it in one pass
   int64_t grid() const { return image / patch; }
   int64_t patches() const { return grid() * grid(); }
   int64_t tokens() const { return patches() + 1; }
@@ -110,6 +113,16 @@ class Profile {
     entry(kind).forward += seconds_since(t0);
     tag(kind, y);
     return y;
+  }
+  template <class F>
+  std::pair<Tensor, Tensor> op2(const char* kind, F&& f) {
+    if (!on) return f();
+    const auto t0 = Clock::now();
+    std::pair<Tensor, Tensor> ys = f();
+    entry(kind).forward += seconds_since(t0);
+    tag(kind, ys.first);
+    tag(kind, ys.second);
+    return ys;
   }
   template <class F>
   std::vector<Tensor> ops(const char* kind, F&& f) {
@@ -250,8 +263,16 @@ struct Model {
         a = prof.op("reshape/permute/split", [&] { return reshape(a, {b, t, d}); });
       }
       a = prof.op("gemm proj", [&] { return linear(a, blk.proj_w, blk.proj_b); });
-      x = prof.op("residual add", [&] { return add(x, a); });
-      h = prof.op("layer_norm", [&] { return layer_norm(x, blk.ln2_w, blk.ln2_b); });
+      if (c.fuse_residual) {  // h = x + a and norm2(h) in one pass, as nn::TransformerBlock runs it
+        auto [sum, normed] = prof.op2("residual add + layer_norm", [&] {
+          return add_layer_norm(x, a, blk.ln2_w, blk.ln2_b);
+        });
+        x = sum;
+        h = normed;
+      } else {
+        x = prof.op("residual add", [&] { return add(x, a); });
+        h = prof.op("layer_norm", [&] { return layer_norm(x, blk.ln2_w, blk.ln2_b); });
+      }
       h = prof.op("gemm fc1", [&] { return linear(h, blk.fc1_w, blk.fc1_b); });
       h = prof.op("gelu", [&] { return gelu(h); });
       h = prof.op("gemm fc2", [&] { return linear(h, blk.fc2_w, blk.fc2_b); });
@@ -316,9 +337,9 @@ int print_ledger(const Config& c) {
   const OpTallies block = ledger_difference(two, one);
   const double b = static_cast<double>(c.batch);
   std::printf("op ledger: image %ld, %ld channel(s), patch %ld (%ld tokens), dim %ld, heads %ld, mlp %g, f32, batch "
-              "%ld; q, k, v: %s\n",
+              "%ld; q, k, v: %s; residual + norm2: %s\n",
               long(c.image), long(c.channels), long(c.patch), long(c.tokens()), long(c.dim), long(c.heads),
-              c.mlp_ratio, long(c.batch), c.qkv.c_str());
+              c.mlp_ratio, long(c.batch), c.qkv.c_str(), c.fuse_residual ? "fused" : "unfused");
   std::printf("\none block, forward + backward (calls per step; bytes and FLOPs per image):\n");
   std::printf("%s", ledger_table(block, b).c_str());
   std::printf("\na whole step at depth 2 (stem, 2 blocks, head, loss; no optimizer; calls per step; bytes and "
@@ -349,12 +370,16 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "also write the results as JSON");
   app.add_option("--qkv", c.qkv, "how attention takes q, k, v: packed (nn's), select or split (the permute paths)")
       ->check(CLI::IsMember({"packed", "select", "split"}));
+  std::string residual = "fused";
+  app.add_option("--residual-ln", residual, "norm2 and the residual add before it: fused (nn's) or unfused")
+      ->check(CLI::IsMember({"fused", "unfused"}));
   app.add_flag("--ledger", ledger, "count what one step moves (op ledger) instead of timing it");
   CLI11_PARSE(app, argc, argv);
   if (c.image % c.patch != 0 || c.dim % c.heads != 0) {
     std::fprintf(stderr, "bench_vit_ops: the patch must divide the image and the heads must divide dim\n");
     return 2;
   }
+  c.fuse_residual = residual == "fused";
   if (ledger) return print_ledger(c);
 
   Generator gen(7);
@@ -425,9 +450,9 @@ int main(int argc, char** argv) {
   threads = omp_get_max_threads();
 #endif
   std::printf("config: patch %ld (%ld tokens), dim %ld, depth %ld, heads %ld, mlp %g, batch %ld; %ld parameters; "
-              "%d OpenMP threads; q, k, v: %s\n",
+              "%d OpenMP threads; q, k, v: %s; residual + norm2: %s\n",
               long(c.patch), long(c.tokens()), long(c.dim), long(c.depth), long(c.heads), c.mlp_ratio,
-              long(c.batch), long(model.num_parameters()), threads, c.qkv.c_str());
+              long(c.batch), long(model.num_parameters()), threads, c.qkv.c_str(), c.fuse_residual ? "fused" : "unfused");
   std::printf("step %.2f ms (median of %d, min %.2f; CPU time %.2f ms)   %.0f images/s   epoch of 60000: %.0f s\n",
               step * 1e3, iters, *std::min_element(step_s.begin(), step_s.end()) * 1e3, median(step_cpu_s) * 1e3,
               c.batch / step, 60000.0 / c.batch * step);

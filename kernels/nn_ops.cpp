@@ -158,7 +158,10 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
 AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                          double eps) {
   constexpr const char* op = "add_layernorm_forward";
+  LedgerOp ledger(op);
   const int64_t C = check_layernorm_args(op, x, weight, bias);
+  const int64_t stat_bytes = 2 * (C > 0 ? x.numel() / C : 0) * static_cast<int64_t>(dtype_size(compute_dtype(x.dtype())));
+  ledger.read({&x, &y, &weight, &bias}).write(x).write(x).write_bytes(stat_bytes);  // h, the output, mean, rstd
   check_defined(op, {&y});
   // The add is elementwise over the rows it normalizes: no broadcasting, no promotion.
   OCTET_CHECK(y.shape() == x.shape(), op, ": x and y must have one shape, the add is not broadcast (",
@@ -189,6 +192,9 @@ AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const
 AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
                                          const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   constexpr const char* op = "add_layernorm_backward";
+  LedgerOp ledger(op);
+  ledger.read({&dy_ln, &dh_residual, &h, &weight, &mean, &rstd}).write(h);
+  if (weight.defined()) ledger.write(weight).write(weight);  // dweight, dbias
   const int64_t C = check_layernorm_args(op, h, weight, Tensor());
   check_defined(op, {&dy_ln, &h, &mean, &rstd});
   OCTET_CHECK(dy_ln.shape() == h.shape() && dy_ln.dtype() == h.dtype(), op,

@@ -67,6 +67,7 @@ double median(std::vector<double> v) {
 
 // OpenBLAS sgemm on C[m,n] = A[m,k]·B[n,k]ᵀ (the layout of a Linear's forward), median of `reps`.
 double sgemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
+  const kernels::OpenBlasThreads blas_threads(kernels::num_threads());  // OpenBLAS as it runs on its own
   Generator gen(7);
   const Tensor a = randn({m, k}, gen), b = randn({n, k}, gen), c = zeros({m, n});
   std::vector<double> times;

@@ -1,6 +1,8 @@
 // CPU GEMM throughput: Octet's kernels::gemm next to OpenBLAS's cblas_sgemm called directly, on
-// the same buffers and shapes in the same run. The two are timed in alternation (ABAB...) so that
-// frequency drift and the other core's load hit both alike; each figure is a median.
+// the same buffers and shapes in the same run. The two are timed in alternating blocks (ABABAB) so
+// that frequency drift and the other core's load hit both alike; each figure is a median. Octet's
+// GEMMs run on OpenMP threads with OpenBLAS single-threaded under each; the reference is OpenBLAS
+// with its own thread pool, as a program calling cblas_sgemm gets it.
 //
 //   build/bin/bench_gemm_cpu [--reps N] [--json FILE]
 #include <cblas.h>
@@ -12,11 +14,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/gemm.h"
+#include "kernels/threads.h"
 
 using namespace octet;
 
@@ -69,6 +73,7 @@ int main(int argc, char** argv) {
     const int lda = static_cast<int>(c.trans_a ? c.m : c.k), ldb = static_cast<int>(c.trans_b ? c.k : c.n);
     auto run_octet = [&] { kernels::gemm(a, c.trans_a, b, c.trans_b, out, 1.0, 0.0); };
     auto run_blas = [&] {
+      const kernels::OpenBlasThreads blas_threads(kernels::num_threads());  // OpenBLAS with its own threads
       cblas_sgemm(CblasRowMajor, c.trans_a ? CblasTrans : CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans,
                   static_cast<int>(c.m), static_cast<int>(c.n), static_cast<int>(c.k), 1.0f, a.data<float>(), lda,
                   b.data<float>(), ldb, 0.0f, out.data<float>(), static_cast<int>(c.n));
@@ -77,14 +82,25 @@ int main(int argc, char** argv) {
       run_octet();
       run_blas();
     }
+    // Sides alternate in blocks of reps, with a pause at each switch: after a parallel region
+    // OpenMP's workers spin for a while, and after a threaded call OpenBLAS's do (sched_yield), and
+    // either would steal a core from the other side's first calls.
     std::vector<double> t_octet, t_blas;
-    for (int r = 0; r < reps; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      run_octet();
-      t_octet.push_back(seconds_since(t0));
-      t0 = std::chrono::steady_clock::now();
-      run_blas();
-      t_blas.push_back(seconds_since(t0));
+    const int blocks = 3, per_block = std::max(1, reps / blocks);
+    const auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+    for (int blk = 0; blk < blocks; ++blk) {
+      settle();
+      for (int r = 0; r < per_block; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run_octet();
+        t_octet.push_back(seconds_since(t0));
+      }
+      settle();
+      for (int r = 0; r < per_block; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run_blas();
+        t_blas.push_back(seconds_since(t0));
+      }
     }
     const double flops = 2.0 * c.m * c.n * c.k;
     const double gf_octet = flops / median(t_octet) / 1e9, gf_blas = flops / median(t_blas) / 1e9;

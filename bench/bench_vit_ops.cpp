@@ -51,6 +51,7 @@
 #include "core/op_ledger.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/threads.h"
 
 using namespace octet;
 
@@ -394,6 +395,7 @@ int main(int argc, char** argv) {
   const Tensor ga = randn({gm, gk}, gen), gb = randn({gn, gk}, gen);
   Tensor gc = zeros({gm, gn});
   auto sgemm = [&] {
+    const kernels::OpenBlasThreads blas_threads(kernels::num_threads());  // OpenBLAS as it runs on its own
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(gm), static_cast<int>(gn),
                 static_cast<int>(gk), 1.0f, ga.data<float>(), static_cast<int>(gk), gb.data<float>(),
                 static_cast<int>(gk), 0.0f, gc.data<float>(), static_cast<int>(gn));

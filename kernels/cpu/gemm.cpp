@@ -53,11 +53,8 @@ int max_threads() {
 
 // The OpenMP build of OpenBLAS already runs single-threaded inside an OpenMP parallel region; this is
 // for the pthreads build.
-BlasOnCallerThread::BlasOnCallerThread() : previous_(openblas_get_num_threads()) {
-  if (previous_ != 1) openblas_set_num_threads(1);
-}
-BlasOnCallerThread::~BlasOnCallerThread() {
-  if (previous_ != 1) openblas_set_num_threads(previous_);
+BlasOnCallerThread::BlasOnCallerThread() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
 // With k = 0 the product is an empty sum, so C = beta·C; BLAS leaves C untouched there instead (an

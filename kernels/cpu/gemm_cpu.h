@@ -4,18 +4,17 @@
 
 namespace octet::kernels::cpu {
 
-// While alive, OpenBLAS runs every call on the calling thread (its pthreads pool is set to one
-// thread and restored afterwards): kernels that call gemm_on_caller_thread from inside an OpenMP
-// parallel region hold one, so that the two thread pools never compete for the cores.
+// Makes OpenBLAS run every call on the calling thread (its pthreads pool set to one thread), and
+// leaves it so. Octet splits its GEMMs across OpenMP threads itself, so OpenBLAS's own pool would
+// only compete for the cores: after each threaded call its idle workers spin in sched_yield for a
+// while, which on a 2-core machine took about 5% of a ViT step (restoring the pool after every call,
+// as this once did, kept them spinning). Kernels that call gemm_on_caller_thread hold one; code that
+// wants OpenBLAS's own threads, such as a benchmark's reference, uses kernels::OpenBlasThreads.
 class BlasOnCallerThread {
  public:
   BlasOnCallerThread();
-  ~BlasOnCallerThread();
   BlasOnCallerThread(const BlasOnCallerThread&) = delete;
   BlasOnCallerThread& operator=(const BlasOnCallerThread&) = delete;
-
- private:
-  int previous_;
 };
 
 // One row-major GEMM on the calling thread, C = alpha · op(A) · op(B) + beta · C with explicit leading

@@ -122,7 +122,9 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, const cpu::Adam
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConstants<double>&) {
   no_cuda("sgd_step_multi_", {&tensors[0].param, &tensors[0].grad});
 }
-double sum_of_squares_multi(const std::vector<Tensor>& tensors) { no_cuda("sum_of_squares_multi", {&tensors[0]}); }
+Tensor sum_of_squares_multi(const std::vector<Tensor>&, Device device) { no_cuda("sum_of_squares_multi", device); }
+ClipScalars clip_scalars(const Tensor& sum_of_squares, double) { no_cuda("clip_scalars", {&sum_of_squares}); }
+void scale_multi_(const std::vector<Tensor>&, const Tensor& scale) { no_cuda("scale_multi_", {&scale}); }
 
 // ---- reduce_cuda.h ----
 

@@ -12,7 +12,9 @@
 //   host_to_device  a copy from host memory into a GPU, which the host waits for too (the source may
 //                   be pageable memory that its caller reuses next; core/cuda_memory.h)
 //   synchronize     cuda::synchronize, cuda::Event::synchronize, a cudaFree or cudaFreeHost (both
-//                   wait for the device), and a collective waited for on the host (Work::synchronize)
+//                   wait for the device), and an NCCL collective waited for on the host
+//                   (Work::synchronize; an MPI collective on CPU tensors waits for the other ranks,
+//                   not for a GPU, and is not counted)
 //
 // item() and to_vector() also count on CPU tensors, where they wait for nothing: they are the calls
 // that read a GPU when the same code runs there, so running a step on the CPU counts the reads its

@@ -57,7 +57,7 @@ void ParallelModel::backward(const Tensor& loss, bool last_micro_batch) {
   loss.backward();  // DDP: returns with the gradients averaged; FSDP: with them in the shards
 }
 
-double ParallelModel::clip_grad_norm_(double max_norm) {
+optim::GradNorm ParallelModel::clip_grad_norm_(double max_norm) {
   if (fsdp_) return fsdp_->clip_grad_norm_(max_norm);
   return optim::clip_grad_norm_(model_->parameters(), max_norm);
 }

@@ -11,6 +11,7 @@
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
 #include "models/vit.h"
+#include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 
 namespace octet {
@@ -27,8 +28,9 @@ class ParallelModel {
   std::vector<optim::ParamGroup> param_groups(double lr, double weight_decay) const;
   // Backward of one micro-batch's loss; under DDP only the last micro-batch of a step all-reduces.
   void backward(const Tensor& loss, bool last_micro_batch);
-  // The global gradient-norm clip (over every rank's shards under FSDP).
-  double clip_grad_norm_(double max_norm);
+  // The global gradient-norm clip (over every rank's shards under FSDP), on the gradients' device:
+  // the norm is read on the host only if the caller converts it to double.
+  optim::GradNorm clip_grad_norm_(double max_norm);
 
   // Every parameter at full size by name: the model's own, or gathered from the shards under FSDP
   // (a collective there: every rank calls it).

@@ -1,7 +1,12 @@
 #include "apps/train_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#if OCTET_HAS_CUDA
+#include "core/cuda_stream.h"
+#endif
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -108,6 +113,42 @@ class Fp8LayerMonitor {
   double rel_error_ = std::numeric_limits<double>::quiet_NaN();
 };
 
+// How long each step took, measured without a host sync. On a GPU: CUDA events recorded on the
+// compute stream at the step's start and end, read once the work behind them has finished (after
+// read_losses' read); the time is the GPU's, which is what a run that never waits for its device
+// takes per step. On the CPU, which computes as it goes: the host clock, taken by the caller.
+class StepClock {
+ public:
+  explicit StepClock(Device device) : device_(device) {}
+
+  // Marks the start and the end of queued step `i` (counted from the last read of the losses).
+  void start(size_t i) { record(2 * i); }
+  void stop(size_t i) { record(2 * i + 1); }
+  // Step i's seconds, or `host_seconds` on the CPU. Once the step's work has finished.
+  double seconds(size_t i, double host_seconds) const {
+#if OCTET_HAS_CUDA
+    if (device_.is_cuda()) return events_[2 * i + 1]->elapsed_ms(*events_[2 * i]) / 1e3;
+#endif
+    (void)i;
+    return host_seconds;
+  }
+
+ private:
+  void record([[maybe_unused]] size_t k) {
+#if OCTET_HAS_CUDA
+    if (!device_.is_cuda()) return;
+    cuda::DeviceGuard guard(device_.index);
+    while (events_.size() <= k) events_.push_back(std::make_unique<cuda::Event>(/*timing=*/true));
+    events_[k]->record(cuda::compute_stream(device_.index));
+#endif
+  }
+
+  Device device_;
+#if OCTET_HAS_CUDA
+  std::vector<std::unique_ptr<cuda::Event>> events_;  // reused: 2i and 2i + 1 for queued step i
+#endif
+};
+
 TrainReport::TrainReport(const RunOptions& o, models::VisionTransformer& model, ParallelModel& parallel,
                          const optim::Optimizer& optimizer, distributed::ProcessGroup* group,
                          std::shared_ptr<nn::Linear> fp8_layer, int64_t first_step, int64_t total_steps)
@@ -122,7 +163,8 @@ TrainReport::TrainReport(const RunOptions& o, models::VisionTransformer& model, 
       first_step_(first_step),
       total_steps_(total_steps),
       global_batch_(o.batch_size * world_ * o.grad_accum),
-      flops_per_image_(3.0 * model.flops_per_image_forward()) {
+      flops_per_image_(3.0 * model.flops_per_image_forward()),
+      step_clock_(std::make_unique<StepClock>(device_)) {
   if (rank_ == 0 && !o.metrics.empty()) {
     // JSON Lines: one object per event, flushed at once so that a crashed run keeps what it logged.
     metrics_.open(o.metrics, o.resume.empty() ? std::ios::trunc : std::ios::app);
@@ -165,23 +207,29 @@ void TrainReport::begin_step(int64_t step) {
   log_now_ = (step + 1) % o_.log_every == 0 || step + 1 == total_steps_;
   ledger_now_ = parallel_.has_ledger() && (step == first_step_ || log_now_);
   if (fp8_monitor_ && log_now_) fp8_monitor_->measure_next_forward();
+  step_clock_->start(queued_.size());
 }
 
 void TrainReport::read_ledger() { ledger_ = ledger_now_ ? parallel_.ledger(optimizer_) : json(); }
 
 void TrainReport::end_step(int64_t step, double lr, const StepResult& result) {
-  // The loss every rank logs is the mean over the ranks: the loss of the whole global batch, as one
-  // process would log it.
-  Tensor logged_loss = result.loss.detach();
-  if (group_) {
-    logged_loss = logged_loss.clone();
-    group_->all_reduce(logged_loss, distributed::ReduceOp::Avg)->wait();
+  const size_t slot = queued_.size();
+  // The loss goes into the device buffer of queued losses, unread: a GPU step never waits here.
+  const Tensor loss = result.loss.detach();
+  if (!losses_.defined()) {
+    // Room for the steps between two log steps; a read before that (evaluation, checkpoint) frees it.
+    losses_ = empty({std::max<int64_t>(1, std::min(o_.log_every, total_steps_))}, loss.dtype(), loss.device());
   }
-  const double loss = logged_loss.item();  // on a GPU this waits for the step to finish
-  OCTET_CHECK(std::isfinite(loss), "the loss became ", loss, " at step ", step,
-              "; lower --lr, raise --warmup-steps or set --clip-grad");
-  const double step_seconds = seconds_since(step_start_);
-  const int64_t epoch = result.batch.epoch;
+  OCTET_CHECK(loss.dtype() == losses_.dtype() && loss.device() == losses_.device(), "TrainReport: the loss is ",
+              loss.describe(), " but the earlier steps' were ", dtype_name(losses_.dtype()), " on ",
+              losses_.device().str(), "; a run keeps its loss's dtype and device");
+  const Tensor logged_loss = losses_.narrow(static_cast<int64_t>(slot), 1);
+  logged_loss.copy_(loss);
+  // The loss every rank logs is the mean over the ranks: the loss of the whole global batch, as one
+  // process would log it. Under NCCL the all-reduce is ordered on the device; the host goes on.
+  if (group_) group_->all_reduce(logged_loss, distributed::ReduceOp::Avg)->wait();
+  step_clock_->stop(slot);
+  const double host_seconds = seconds_since(step_start_);
   if (trace::enabled()) {
     trace::complete(fmt::format("step {}", step), "step", "compute", step_start_us_, trace::now_us());
     if (step == trace_end_ || step == total_steps_) {
@@ -193,25 +241,51 @@ void TrainReport::end_step(int64_t step, double lr, const StepResult& result) {
     }
   }
 
-  json event = {{"event", "step"}, {"step", step}, {"epoch", epoch}, {"loss", loss}, {"lr", lr},
-                {"images_per_sec", static_cast<double>(global_batch_) / step_seconds}, {"step_ms", 1e3 * step_seconds}};
+  // The event as far as the host knows it now; read_losses adds the loss and the timing.
+  json event = {{"event", "step"}, {"step", step}, {"epoch", result.batch.epoch}, {"lr", lr}};
   if (device_.is_cuda()) event["memory"] = memory_json(device_);
-  if (fp8_monitor_ && log_now_) event["fp8"] = fp8_monitor_->numbers();
+  json fp8_numbers;
+  if (fp8_monitor_ && log_now_) event["fp8"] = fp8_numbers = fp8_monitor_->numbers();  // a host read: log steps only
   if (ledger_now_) {
     event["memory_ledger"] = ledger_;
     if (step == first_step_ + 1) log_first_ledger(ledger_);
   }
-  write(event);
+  queued_.push_back({step, std::move(event), host_seconds});
+  if (!log_now_ && queued_.size() < static_cast<size_t>(losses_.numel())) return;
 
-  window_seconds_ += step_seconds, window_loss_ += loss, ++window_steps_;
+  // A log step (or a full buffer): the one host read of the losses since the last one.
+  read_losses();
   if (!log_now_) return;
   const double ips = static_cast<double>(global_batch_ * window_steps_) / window_seconds_;
   const std::string memory = device_.is_cuda() ? " | " + memory_summary(device_) : "";
   logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{}",
-                step, total_steps_, epoch, window_loss_ / window_steps_, lr, ips,
+                step, total_steps_, result.batch.epoch, window_loss_ / window_steps_, lr, ips,
                 1e3 * window_seconds_ / window_steps_, ips * flops_per_image_ / 1e9, memory);
   window_seconds_ = window_loss_ = 0, window_steps_ = 0;
-  if (fp8_monitor_) log_fp8(event["fp8"]);
+  if (fp8_monitor_) log_fp8(fp8_numbers);
+}
+
+void TrainReport::read_losses() {
+  if (queued_.empty()) return;
+  // NaN detection happens here, at the read of the queued losses (log steps, evaluations,
+  // checkpoints), not through a device flag: the losses are read anyway, and the error names the
+  // first step whose loss is not finite.
+  const std::vector<double> losses = losses_.narrow(0, static_cast<int64_t>(queued_.size())).to_vector<double>();
+  std::vector<QueuedStep> queued = std::move(queued_);
+  queued_.clear();
+  for (size_t i = 0; i < queued.size(); ++i) {
+    const double loss = losses[i];
+    OCTET_CHECK(std::isfinite(loss), "the loss became ", loss, " at step ", queued[i].step,
+                "; lower --lr, raise --warmup-steps or set --clip-grad (losses are read on the host every --log-every "
+                "steps, so the run went on to step ", queued.back().step, ")");
+    const double step_seconds = step_clock_->seconds(i, queued[i].host_seconds);
+    json& event = queued[i].event;
+    event["loss"] = loss;
+    event["images_per_sec"] = static_cast<double>(global_batch_) / step_seconds;
+    event["step_ms"] = 1e3 * step_seconds;
+    write(event);
+    window_seconds_ += step_seconds, window_loss_ += loss, ++window_steps_;
+  }
 }
 
 void TrainReport::log_first_ledger(const json& l) const {
@@ -245,6 +319,7 @@ void TrainReport::eval(int64_t step, int64_t epoch, const EvalResult& result) {
 }
 
 void TrainReport::end(int64_t step) {
+  read_losses();
   write({{"event", "end"}, {"step", step}, {"elapsed_s", seconds_since(run_start_)}});
 }
 

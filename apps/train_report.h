@@ -6,13 +6,23 @@
 //   report.start();                       the run's setup, and the "start" event
 //   report.begin_step(step);              before each step
 //   report.read_ledger();                 inside it, after the optimizer step (TrainStep's hook)
-//   report.end_step(step, lr, result);    after it: the "step" event, a log line every --log-every
+//   report.end_step(step, lr, result);    after it: queues the "step" event; a log line every --log-every
+//   report.read_losses();                 before an evaluation or a checkpoint (end_step does it on log steps)
 //   report.eval(step, epoch, result);     after an evaluation
 //   report.end(step);                     the "end" event
+//
+// A step's loss stays on the device until a log step: end_step copies it into a buffer there, and
+// read_losses reads the buffer in one host read, checks the losses, and writes the queued steps'
+// events in order. On a GPU the steps between log steps thus never wait for the device, and their
+// step_ms is measured by CUDA events around each step (read with the losses), not by the host clock;
+// on the CPU it is the host clock, as before. A non-finite loss ends the run at the read that finds
+// it, naming its step: at the next log step, evaluation or checkpoint, so no checkpoint is written
+// after it.
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "apps/parallel.h"
@@ -30,6 +40,7 @@ namespace nn {
 class ModuleTracer;
 }
 class Fp8LayerMonitor;  // train_report.cpp
+class StepClock;        // train_report.cpp
 
 struct EvalResult {
   double accuracy = 0, loss = 0;  // over the whole test set
@@ -52,6 +63,9 @@ class TrainReport {
   void begin_step(int64_t step);
   void read_ledger();  // between the optimizer step and zero_grad: the step's high-water mark
   void end_step(int64_t step, double lr, const StepResult& result);
+  // Reads the queued steps' losses (one host read, which waits for the device), throws naming the
+  // first step whose loss is not finite, and writes their events. A no-op with nothing queued.
+  void read_losses();
   void eval(int64_t step, int64_t epoch, const EvalResult& result);
   void end(int64_t step);
 
@@ -81,6 +95,16 @@ class TrainReport {
   int64_t step_start_us_ = 0;
   bool log_now_ = false, ledger_now_ = false;  // this step's
   nlohmann::json ledger_;
+  // The steps whose losses are still on the device: their events without the loss and the timing,
+  // and losses_[i] holds queued_[i]'s loss. step_clock_ times them.
+  struct QueuedStep {
+    int64_t step = 0;
+    nlohmann::json event;
+    double host_seconds = 0;
+  };
+  std::vector<QueuedStep> queued_;
+  Tensor losses_;
+  std::unique_ptr<StepClock> step_clock_;
   // The log line's figures are over the steps since the last one.
   double window_seconds_ = 0, window_loss_ = 0;
   int64_t window_steps_ = 0;

@@ -1,3 +1,28 @@
+// The training step. On a GPU it queues its work and returns without waiting for the device: it
+// reads no tensor value on the host and synchronizes no stream or event, so the host runs ahead and
+// the GPU never idles between steps. tests/apps/test_train_step_syncs.cpp proves it on the CPU with
+// core/host_sync.h's count, and tests/cuda/test_cuda_step_syncs.cpp on a GPU, where a step is also
+// queued behind a kernel that holds the stream: a step that waited for the device would hang there.
+// What the step does instead of a host read:
+//   - clip: the norm, the coefficient and the scaling stay on the device (optim/clip_grad.h);
+//   - DropPath and dropout draw their masks on the device from (seed, offset) (kernels/random_masks.h);
+//   - the loss comes back as a device tensor (StepResult::loss).
+//
+// The host syncs that remain, per step and why:
+//   - log steps (--log-every), and evaluations and checkpoints: TrainReport::read_losses reads the
+//     queued losses in one host read (and checks them for NaN); under --precision fp8 the log step
+//     also reads --fp8-log-layer's scales, amaxes and output error. Evaluation reads its predictions
+//     and losses; a checkpoint copies the state to the host. All are on their own schedule.
+//   - the first step (and a new shape): the cuBLASLt workspace is allocated with cudaMalloc and cuDNN
+//     builds its attention plans; either may wait for the device, once.
+//   - a host far ahead of the GPU: the device prefetcher (data/device_prefetcher.h) hands out a
+//     batch only once its worker has a pinned buffer free, i.e. once the GPU has copied out of it:
+//     a wait only when the host is ~3 batches ahead, the back-pressure any bounded queue needs.
+//   - data parallelism over MPI with GPU tensors: the MPI group stages every collective through the
+//     host. NCCL (the GPU default) orders its collectives on the device: no host wait.
+//   - a device without a stream-ordered memory pool, or OCTET_NO_CUDA_MEMORY_POOL=1: every free is
+//     a cudaFree, which waits for the device (core/cuda_memory.h).
+//   - --trace: writing the trace resolves the GPU-timed collective spans with event waits.
 #include "apps/train_step.h"
 
 #include "autograd/ops.h"

@@ -11,7 +11,9 @@
 // train() reads top to bottom: setup (model, data parallelism, optimizer, data, schedule, resume),
 // then the loop. Each step is apps/train_step.h's (forward, loss, backward, clip, optimizer step, as
 // bench_vit times it); apps/train_report.h reports around it (logs, metrics, FP8 numbers, memory
-// ledger, trace); evaluation and checkpoints follow on their schedules.
+// ledger, trace); evaluation and checkpoints follow on their schedules. On a GPU the host reads
+// nothing from the device between log steps (apps/train_step.cpp lists the syncs that remain): the
+// losses are read at log steps, evaluations and checkpoints.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -269,11 +271,15 @@ int train(const RunOptions& o) {
     const bool end_of_epoch = train_batches.state().batch == 0;
     const bool eval_now = o.eval_every > 0 ? step % o.eval_every == 0 : end_of_epoch;
     if (eval_now || step == total_steps) {
+      // Evaluation waits for the device anyway: read the queued losses first, so that a non-finite
+      // one ends the run before it is evaluated.
+      report.read_losses();
       report.eval(step, result.batch.epoch,
                   evaluate(model, test_loader, device, group.get(), /*forward_every_batch=*/parallel.fsdp() != nullptr));
     }
     const bool checkpoint_now = o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : step == total_steps;
     if (!o.checkpoint_dir.empty() && (checkpoint_now || step == total_steps) && (lead || parallel.fsdp())) {
+      report.read_losses();  // never checkpoint a run whose loss has become NaN or inf
       const std::string where = save_checkpoint(o, step, train_batches.state(), model, parallel, *optimizer);
       logging::info("checkpoint written to {}", where);
     }

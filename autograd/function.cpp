@@ -2,6 +2,7 @@
 
 #include "autograd/node.h"
 #include "core/grad_mode.h"
+#include "core/host_sync.h"
 
 namespace octet::autograd {
 
@@ -15,6 +16,11 @@ class FunctionNode : public Node {
     OCTET_CHECK(backward_ != nullptr, "backward: the graph through '", name(),
                 "' was already freed by an earlier backward(); pass retain_graph=true to the first call "
                 "to backpropagate through it twice");
+    // The closure runs the op's backward kernels. On the CPU such a kernel may read a scalar operand
+    // with item() (cross_entropy_backward reads the loss gradient) where its CUDA twin reads it on the
+    // device: not a host read of the step's values (core/host_sync.h). GPU reads still count, and so
+    // does everything outside the closure (tensor hooks, AccumulateGrad's hooks, DDP, FSDP).
+    const host_sync::CpuKernelScope kernels_run_here;
     return backward_(grad_outputs);
   }
   void release_saved() override { backward_ = nullptr; }

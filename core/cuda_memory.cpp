@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "core/error.h"
+#include "core/host_sync.h"
 
 #if OCTET_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -163,6 +165,7 @@ void release(void* ptr, size_t nbytes, int device_index) noexcept {
   }
   if (status == cudaSuccess) {
     if (allocators[device_index].load() == kPlain) {
+      const host_sync::Scope counted(host_sync::Kind::synchronize);  // cudaFree waits for the device
       status = cudaFree(ptr);
       call = "cudaFree";
     } else {
@@ -185,6 +188,9 @@ void release(void* ptr, size_t nbytes, int device_index) noexcept {
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
   const int index = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  std::optional<host_sync::Scope> counted;  // a copy with a host side is waited for
+  if (dst_device.is_cpu()) counted.emplace(host_sync::Kind::device_to_host);
+  if (src_device.is_cpu()) counted.emplace(host_sync::Kind::host_to_device);
   cuda::DeviceGuard guard(index);
   cudaStream_t stream = cuda::current_stream(index);
   cuda::check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
@@ -201,7 +207,10 @@ void* allocate_pinned(size_t nbytes) {
   return ptr;
 }
 
-void release_pinned(void* ptr) noexcept { cudaFreeHost(ptr); }
+void release_pinned(void* ptr) noexcept {
+  const host_sync::Scope counted(host_sync::Kind::synchronize);  // cudaFreeHost waits for the device
+  cudaFreeHost(ptr);
+}
 
 MemoryStats memory_stats(int device_index) {
   check_device(device_index);

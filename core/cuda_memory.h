@@ -20,7 +20,8 @@ void* allocate(size_t nbytes, int device_index);
 void release(void* ptr, size_t nbytes, int device_index) noexcept;
 // Copies between host and device or device and device on the device's current stream. A copy
 // with a host side waits for the copy to finish (the host side may be pageable memory that the
-// caller frees next); device to device does not wait.
+// caller frees next); device to device does not wait. Copies with a host side count as host syncs
+// (core/host_sync.h).
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 
 // Page-locked host memory: the DMA engines read it directly, so a copy from it can run

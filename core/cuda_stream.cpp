@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/host_sync.h"
 
 namespace octet::cuda {
 
@@ -51,6 +52,7 @@ cudaStream_t launch_stream(int device_index) {
 }
 
 void synchronize(int device_index) {
+  const host_sync::Scope counted(host_sync::Kind::synchronize);
   check(cudaStreamSynchronize(current_stream(device_index)), "cudaStreamSynchronize");
 }
 
@@ -83,7 +85,10 @@ void Event::wait_on(cudaStream_t stream) const {
   check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
 }
 
-void Event::synchronize() const { check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+void Event::synchronize() const {
+  const host_sync::Scope counted(host_sync::Kind::synchronize);
+  check(cudaEventSynchronize(event_), "cudaEventSynchronize");
+}
 
 bool Event::query() const {
   const cudaError_t status = cudaEventQuery(event_);

@@ -24,7 +24,8 @@ cudaStream_t compute_stream(int device_index);
 // after the call, as cudaSetDevice leaves it, so every launch of an op goes to its tensors' device;
 // code that must give the previous device back holds a DeviceGuard around the op.
 cudaStream_t launch_stream(int device_index);
-// Waits until everything queued on the device's current stream has run.
+// Waits until everything queued on the device's current stream has run (a host sync, counted by
+// core/host_sync.h, as Event::synchronize is).
 void synchronize(int device_index);
 
 // Makes `stream` the current stream of `device_index` for this thread until the guard ends.

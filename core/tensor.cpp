@@ -246,6 +246,7 @@ const Tensor& Tensor::fill_(double value) const {
 double Tensor::item() const {
   require_defined("item");
   OCTET_CHECK(numel() == 1, "item: needs a one-element tensor, got ", describe());
+  const host_sync::Scope counted(host_sync::Kind::item, device().is_cpu());
   unsigned char raw[8];
   copy_bytes(raw, Device::cpu(), data_ptr(), device(), element_size());
   double value;

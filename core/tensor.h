@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/host_sync.h"
 #include "core/shape.h"
 #include "core/storage.h"
 
@@ -82,6 +83,8 @@ class Tensor {
   const Tensor& copy_(const Tensor& src) const;  // same numel; converts dtype and crosses devices
   const Tensor& fill_(double value) const;
   const Tensor& zero_() const { return fill_(0.0); }
+  // Reads on the host. On a GPU both wait for the tensor's stream to reach the value; both count as
+  // host syncs (core/host_sync.h), on every device.
   double item() const;  // of a one-element tensor, as double
   template <class T> T item() const { return static_cast<T>(item()); }
   template <class T> std::vector<T> to_vector() const;  // any dtype/device, converted to T on the host
@@ -176,6 +179,8 @@ T* Tensor::data() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  require_defined("to_vector");
+  const host_sync::Scope counted(host_sync::Kind::to_vector, device().is_cpu());
   Tensor host = detach().to(Device::cpu()).to(dtype_of<T>());  // a read: no graph to keep
   const T* p = host.data<T>();
   return std::vector<T>(p, p + host.numel());

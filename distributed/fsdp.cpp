@@ -294,25 +294,25 @@ std::vector<FullyShardedDataParallel::FlatParameterInfo> FullyShardedDataParalle
   return out;
 }
 
-double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
-  OCTET_CHECK(std::isfinite(max_norm) && max_norm > 0, "FullyShardedDataParallel::clip_grad_norm_: max_norm must "
-              "be finite and > 0, got ", max_norm);
+optim::GradNorm FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
+  const char* op = "FullyShardedDataParallel::clip_grad_norm_";
+  OCTET_CHECK(std::isfinite(max_norm) && max_norm > 0, op, ": max_norm must be finite and > 0, got ", max_norm);
   std::vector<Tensor> grads;
   for (const auto& flat : state_->flats) {
     if (flat.trainable && flat.shard.grad().defined()) grads.push_back(flat.shard.grad());
   }
-  double local = grads.empty() ? 0.0 : kernels::sum_of_squares_multi(grads);
+  // This rank's sum of squares, then every rank's summed by an all-reduce of that one f64. The shards
+  // and an NCCL group share the GPU: nothing is read on the host there (NCCL's wait() orders the
+  // compute stream after the all-reduce). A group on another device gets a copy (to() is a no-op
+  // otherwise).
+  const Device device = state_->flats.empty() ? group_->device() : state_->flats[0].shard.device();
+  Tensor total = kernels::sum_of_squares_multi_tensor(grads, device);
   if (state_->sharded) {
-    const Tensor total = from_vector<double>({local}, {1}).to(group_->device());
-    group_->all_reduce(total, ReduceOp::Sum)->wait();
-    local = total.item();
+    const Tensor reduced = total.to(group_->device());
+    group_->all_reduce(reduced, ReduceOp::Sum)->wait();
+    total = reduced.to(device);
   }
-  const double norm = std::sqrt(local);
-  const double coef = max_norm / (norm + 1e-6);  // optim::clip_grad_norm_'s rule
-  if (std::isfinite(norm) && coef < 1.0) {
-    for (const Tensor& g : grads) kernels::mul_scalar_(g, coef);
-  }
-  return norm;
+  return optim::clip_grads_by_total_(grads, total, max_norm, /*error_if_nonfinite=*/false, op);
 }
 
 std::vector<std::pair<std::string, Tensor>> FullyShardedDataParallel::full_parameters() {

@@ -66,6 +66,7 @@
 #include "distributed/process_group.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 
 namespace octet::distributed {
@@ -127,8 +128,10 @@ class FullyShardedDataParallel {
   std::vector<FlatParameterInfo> flat_parameters() const;
 
   // torch.nn.utils.clip_grad_norm_ over the whole model: the squared norms of every rank's shards
-  // are summed over the ranks, so the result equals the unsharded model's clip.
-  double clip_grad_norm_(double max_norm);
+  // are summed over the ranks, so the result equals the unsharded model's clip. The norm, the
+  // all-reduce of the squares and the scaling stay on the shards' device (optim/clip_grad.h): the
+  // returned norm is read on the host only when it is converted to double.
+  optim::GradNorm clip_grad_norm_(double max_norm);
 
   // Every parameter at full size in f32, by dotted name in the module's registration order,
   // gathered from all ranks' shards (a collective: every rank must call it).

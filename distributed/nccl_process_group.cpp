@@ -28,6 +28,7 @@
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
+#include "core/host_sync.h"
 #include "core/log.h"
 #include "core/trace.h"
 #include "distributed/launch.h"
@@ -205,6 +206,7 @@ class NcclWork : public Work {
   // Polls rather than cudaEventSynchronize so that a collective that never finishes (a dead or
   // hung peer) or an error NCCL reports ends the job with a message instead of blocking forever.
   void synchronize() override {
+    const host_sync::Scope counted(host_sync::Kind::synchronize);  // the host waits (core/host_sync.h)
     auto pause = std::chrono::microseconds(5);
     while (!done_->query()) {
       if (const std::string error = comm_->async_error(); !error.empty()) {

@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/cuda/nn_ops_cuda.h"
 #include "kernels/cuda/optimizers_cuda.h"
+#include "kernels/cuda/random_masks_cuda.h"
 #include "kernels/cuda/reduce_cuda.h"
 #include "kernels/cuda/shape_ops_cuda.h"
 
@@ -145,7 +146,13 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, const cpu::Adam
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConstants<double>&) {
   no_cuda("sgd_step_multi_", {&tensors[0].param, &tensors[0].grad});
 }
-double sum_of_squares_multi(const std::vector<Tensor>& tensors) { no_cuda("sum_of_squares_multi", {&tensors[0]}); }
+Tensor sum_of_squares_multi(const std::vector<Tensor>&, Device device) { no_cuda("sum_of_squares_multi", device); }
+ClipScalars clip_scalars(const Tensor& sum_of_squares, double) { no_cuda("clip_scalars", {&sum_of_squares}); }
+void scale_multi_(const std::vector<Tensor>&, const Tensor& scale) { no_cuda("scale_multi_", {&scale}); }
+
+// ---- random_masks_cuda.h ----
+
+void keep_mask(const Tensor& mask, double, uint64_t, uint64_t, uint64_t) { no_cuda("keep_mask", {&mask}); }
 
 // ---- reduce_cuda.h ----
 

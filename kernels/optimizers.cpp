@@ -283,7 +283,7 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
   for (const SgdTensors& t : used) sgd_cpu(op, t, constants);
 }
 
-// ---- sum of squares -----------------------------------------------------------------------------------------
+// ---- sum of squares ------------------------------------------------------------------------------------------
 
 namespace {
 
@@ -295,6 +295,13 @@ double sum_of_squares_cpu(const char* op, const Tensor& t) {
   return cpu::sum_of_squares(t32.data<float>(), t32.numel());
 }
 
+// A one-element f64 tensor of shape [] on the CPU holding `value`.
+Tensor cpu_scalar(double value) {
+  Tensor t = empty({}, DType::f64);
+  t.data<double>()[0] = value;
+  return t;
+}
+
 }  // namespace
 
 double sum_of_squares(const Tensor& t) {
@@ -303,25 +310,90 @@ double sum_of_squares(const Tensor& t) {
   ledger.read(t).write_bytes(8);
   check_defined(op, {&t});
   check_floating(op, t);
-  if (t.is_cuda()) return cuda::sum_of_squares_multi({t});
-  return sum_of_squares_cpu(op, t);
+  return sum_of_squares_multi_tensor({t}, t.device()).item();
 }
 
-double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
+Tensor sum_of_squares_multi_tensor(const std::vector<Tensor>& tensors, Device device) {
   const char* op = "sum_of_squares_multi";
   LedgerOp ledger(op);
   for (const Tensor& t : tensors) ledger.read(t);
   ledger.write_bytes(8);
-  if (tensors.empty()) return 0.0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_defined(op, {&tensors[i]});
     check_floating(op, tensors[i]);
-    check_one_device(op, tensors[0], tensors[i], i);
+    OCTET_CHECK(tensors[i].device() == device, op, ": tensors[", i, "] is ", tensors[i].describe(),
+                " but the total is asked for on ", device.str(), "; one call sums the tensors of one device");
   }
-  if (tensors[0].is_cuda()) return cuda::sum_of_squares_multi(tensors);
+  if (device.is_cuda()) return cuda::sum_of_squares_multi(tensors, device);
   double total = 0;
   for (const Tensor& t : tensors) total += sum_of_squares_cpu(op, t);
-  return total;
+  return cpu_scalar(total);
+}
+
+double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return 0.0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_defined("sum_of_squares_multi", {&tensors[i]});
+    check_one_device("sum_of_squares_multi", tensors[0], tensors[i], i);
+  }
+  return sum_of_squares_multi_tensor(tensors, tensors[0].device()).item();  // the one host read
+}
+
+// ---- gradient-norm clipping on the device --------------------------------------------------------------------
+
+ClipScalars clip_scalars(const Tensor& sum_of_squares, double max_norm) {
+  const char* op = "clip_scalars";
+  LedgerOp ledger(op);
+  ledger.read(sum_of_squares).write_bytes(16);  // the norm and the coefficient
+  check_defined(op, {&sum_of_squares});
+  OCTET_CHECK(sum_of_squares.numel() == 1 && sum_of_squares.dtype() == DType::f64, op,
+              ": sum_of_squares must be a one-element f64 tensor (sum_of_squares_multi_tensor's), got ",
+              sum_of_squares.describe());
+  check_hyperparameter(op, "max_norm", max_norm, max_norm > 0, "finite and > 0");
+  if (sum_of_squares.is_cuda()) return cuda::clip_scalars(sum_of_squares, max_norm);
+  check_cpu(op, {&sum_of_squares});
+  // The kernel's read of its operand, on the CPU: no host read (core/host_sync.h).
+  const double norm = std::sqrt(sum_of_squares.data<double>()[0]);
+  return {cpu_scalar(norm), cpu_scalar(clip_coefficient(norm, max_norm))};
+}
+
+void scale_multi_(const std::vector<Tensor>& tensors, const Tensor& scale) {
+  const char* op = "scale_multi_";
+  LedgerOp ledger(op);
+  ledger.read(scale);
+  for (const Tensor& t : tensors) ledger.read(t).write(t);
+  check_defined(op, {&scale});
+  OCTET_CHECK(scale.numel() == 1 && (scale.dtype() == DType::f32 || scale.dtype() == DType::f64), op,
+              ": scale must be a one-element f32 or f64 tensor, got ", scale.describe());
+  std::vector<Named> all;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    check_defined(op, {&t});
+    const DType d = t.dtype();
+    OCTET_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::f64, op, ": tensors[", i,
+                "] is ", t.describe(), "; the multi-tensor scale takes f32, bf16, f16 and f64 tensors, scale others "
+                "with mul_scalar_");
+    OCTET_CHECK(t.device() == scale.device(), op, ": tensors[", i, "] is on ", t.device().str(), " but scale on ",
+                scale.device().str(), " (", describe_all({&t, &scale}),
+                "); the kernels read the scale on the tensors' device, move it there");
+    all.push_back({&t, i, "tensor"});
+  }
+  check_no_overlap(op, std::move(all));
+  if (tensors.empty()) return;
+  for (const Tensor& t : tensors) t.bump_version();
+  if (scale.is_cuda()) return cuda::scale_multi_(tensors, scale);
+  check_cpu(op, {&scale});
+  // The kernel's read of its operand, on the CPU: no host read (core/host_sync.h).
+  const double s = scale.dtype() == DType::f64 ? scale.data<double>()[0] : scale.data<float>()[0];
+  if (s == 1.0) return;
+  for (const Tensor& t : tensors) {
+    switch (t.dtype()) {
+      case DType::f64: cpu::scale(t.data<double>(), t.numel(), s); break;
+      case DType::bf16: cpu::scale(static_cast<bfloat16*>(t.data_ptr()), t.numel(), static_cast<float>(s)); break;
+      case DType::f16: cpu::scale(static_cast<float16*>(t.data_ptr()), t.numel(), static_cast<float>(s)); break;
+      default: cpu::scale(t.data<float>(), t.numel(), static_cast<float>(s)); break;
+    }
+  }
 }
 
 }  // namespace octet::kernels

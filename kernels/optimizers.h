@@ -12,9 +12,11 @@
 // Bytes moved per element (f32): AdamW reads p, g, m, v and writes p, m, v: 28 bytes;
 // SGD with momentum reads p, g, buf and writes p, buf: 20 bytes. With a bf16 param and f32 master,
 // AdamW reads g (2), master, m, v and writes master, m, v and the bf16 param (2): 28 bytes.
+#include <cfloat>
 #include <cstdint>
 #include <vector>
 
+#include "core/hostdevice.h"
 #include "core/tensor.h"
 
 namespace octet::kernels {
@@ -50,11 +52,48 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
                      bool nesterov, double weight_decay, bool first_step);
 
 // Σ t², accumulated in double over fixed blocks of elements and then the block sums in order, so the
-// result is bitwise the same for any thread count. Any floating dtype. For gradient-norm clipping.
+// result is bitwise the same for any thread count. Any floating dtype. Read on the host: a host sync
+// (core/host_sync.h), for tests and logging.
 double sum_of_squares(const Tensor& t);
 
 // Σ over all tensors of Σ t², in double, deterministic for any thread count (CPU) / for a fixed
-// list of tensors (GPU: fixed chunks, fixed reduction order, one device-to-host read at the end).
+// list of tensors (GPU: fixed chunks, fixed reduction order). sum_of_squares_multi_tensor leaves the
+// total on `device`, the tensors' device, as a one-element f64 tensor (shape []): nothing is read on
+// the host, so a GPU step does not wait for it. An empty list gives 0. sum_of_squares_multi reads
+// that tensor on the host (one host sync).
+Tensor sum_of_squares_multi_tensor(const std::vector<Tensor>& tensors, Device device);
 double sum_of_squares_multi(const std::vector<Tensor>& tensors);
+
+// ---- gradient-norm clipping on the device -----------------------------------------------------------------
+
+// torch.nn.utils.clip_grad_norm_'s coefficient, min(1, max_norm / (norm + 1e-6)), in double. A
+// non-finite norm (an inf or NaN gradient) gives 1: the gradients stay as they are, where torch
+// would scale them into NaNs or zeros. The host and the device compute it from this one source, each
+// step one correctly rounded double operation (explicit _rn intrinsics on the device).
+OCTET_HD double clip_coefficient(double norm, double max_norm) {
+  if (!(norm <= DBL_MAX)) return 1.0;  // inf, and NaN, which fails every comparison
+#if defined(__CUDA_ARCH__)
+  const double coef = __ddiv_rn(max_norm, __dadd_rn(norm, 1e-6));
+#else
+  const double coef = max_norm / (norm + 1e-6);
+#endif
+  return coef < 1.0 ? coef : 1.0;
+}
+
+// From a total sum of squares (a one-element f64 tensor, on any device), on its device: the norm
+// √sum_of_squares (correctly rounded, std::sqrt's bits) and clip_coefficient(norm, max_norm), each a
+// one-element f64 tensor (shape []). One single-thread launch on a GPU; nothing is read on the host.
+struct ClipScalars {
+  Tensor norm, coef;
+};
+ClipScalars clip_scalars(const Tensor& sum_of_squares, double max_norm);
+
+// t ← t · scale for every tensor of the list, in place, where `scale` is a one-element f32 or f64
+// tensor on their device that the kernels read (the host never does). Each element computes as
+// mul_scalar_ does: widened to its compute type (f32, f64 for f64), times the scale rounded once to
+// that type, rounded once back. f32, bf16, f16 and f64 tensors; one call takes any mix of them. On a
+// GPU, one multi-tensor launch per dtype in the list (and per 36 tensors or 320 chunks of 64K
+// elements, as the optimizer updates). A scale of exactly 1 writes nothing (x · 1 is x).
+void scale_multi_(const std::vector<Tensor>& tensors, const Tensor& scale);
 
 }  // namespace octet::kernels

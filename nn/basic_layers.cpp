@@ -2,6 +2,7 @@
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
 #include "core/log.h"
+#include "kernels/random_masks.h"
 #include "nn/fp8.h"
 #include "nn/fp8_linear.h"
 #include "nn/init.h"
@@ -82,9 +83,11 @@ Tensor DropPath::forward(const Tensor& x) {
   mask_shape[0] = x.size(0);
   Generator& gen = gen_ != nullptr ? *gen_ : default_generator();
   const double keep = 1.0 - p;
-  std::vector<double> mask = rand(mask_shape, gen, DType::f32).to_vector<double>();
-  for (double& m : mask) m = m < keep ? 1.0 / keep : 0.0;
-  return mul(x, from_vector(mask, mask_shape, x.dtype(), x.device()));
+  // Drawn on x's device from the generator's Philox stream, never read on the host: the (seed, offset)
+  // and the draws rand(mask_shape, gen) would take, so the mask is `rand() < keep ? 1 / keep : 0`.
+  const uint64_t seed = gen.seed();
+  const uint64_t offset = gen.reserve_for(mask_shape.numel());
+  return mul(x, kernels::keep_mask(mask_shape, keep, 1.0 / keep, x.dtype(), x.device(), seed, offset));
 }
 
 GELU::GELU(kernels::GeluApproximation approximation) : Module("GELU"), approximation(approximation) {}

@@ -1,6 +1,6 @@
-// Fused AdamW and SGD updates (optionally writing the rounded copy of an f32 master in the same pass)
-// and the blocked sum of squares, on the CPU. Each element's update is independent of every other,
-// so a static OpenMP split gives the same bits for any thread count.
+// Fused AdamW and SGD updates (optionally writing the rounded copy of an f32 master in the same pass),
+// the blocked sum of squares and the scale of the gradient clip, on the CPU. Each element's update is
+// independent of every other, so a static OpenMP split gives the same bits for any thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -71,6 +71,12 @@ double sum_of_squares(const T* x, int64_t n) {
   return total;
 }
 
+template <class S, class C>
+void scale(S* x, int64_t n, C s) {
+#pragma omp parallel for schedule(static) if (n > kParallelWork)
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<S>(static_cast<C>(x[i]) * s);
+}
+
 // The combinations kernels/optimizers.cpp dispatches to: f32 params with f32 or bf16 gradients,
 // f64 params, and f32 masters of bf16 or f16 params (gradients in the param's dtype).
 #define OCTET_OPTIMIZER_INSTANCES(T, G, L)                                                                  \
@@ -84,5 +90,9 @@ OCTET_OPTIMIZER_INSTANCES(float, float16, float16)
 #undef OCTET_OPTIMIZER_INSTANCES
 template double sum_of_squares<float>(const float*, int64_t);
 template double sum_of_squares<double>(const double*, int64_t);
+template void scale<float, float>(float*, int64_t, float);
+template void scale<bfloat16, float>(bfloat16*, int64_t, float);
+template void scale<float16, float>(float16*, int64_t, float);
+template void scale<double, double>(double*, int64_t, double);
 
 }  // namespace octet::kernels::cpu

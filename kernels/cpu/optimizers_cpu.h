@@ -50,4 +50,8 @@ void sgd_step(T* param, const G* grad, T* buffer, L* rounded, int64_t n, const S
 template <class T>
 double sum_of_squares(const T* x, int64_t n);
 
+// x[i] ← S(C(x[i]) · scale) for storage type S and compute type C (float, or double for double).
+template <class S, class C>
+void scale(S* x, int64_t n, C scale);
+
 }  // namespace octet::kernels::cpu

@@ -1,4 +1,4 @@
-// Multi-tensor AdamW and SGD updates and the sum of squares, on the GPU.
+// Multi-tensor AdamW and SGD updates, the sum of squares and the scale of the gradient clip, on the GPU.
 //
 // One launch covers many parameters (the idea of apex's and PyTorch's multi_tensor_apply): the host
 // cuts every tensor into chunks of kChunk elements and writes a table that gives each block the
@@ -237,6 +237,31 @@ __global__ void __launch_bounds__(kFinalThreads) sum_partials_kernel(const doubl
   if (threadIdx.x == 0) total[0] = s;
 }
 
+// ---- gradient-norm clipping -------------------------------------------------------------------------------
+
+// norm = √sum_of_squares and coef = clip_coefficient(norm, max_norm) (kernels/optimizers.h), one thread.
+__global__ void clip_scalars_kernel(const double* sum_of_squares, double max_norm, double* norm, double* coef) {
+  const double n = __dsqrt_rn(*sum_of_squares);
+  *norm = n;
+  *coef = clip_coefficient(n, max_norm);
+}
+
+// x ← S(C(x) · C(scale)) on one chunk per block, with C the compute type (float; double for double
+// storage), the scale read from the device and rounded once to C, as mul_scalar_ rounds its scalar.
+// A scale of exactly 1 returns at once: x · 1 is x, so nothing needs writing (the common case of a
+// clip that does not bind). Bytes per element: reads and writes x (2·sizeof(S)), or nothing.
+template <class S>
+__global__ void __launch_bounds__(kUpdateThreads) scale_chunks_kernel(TensorTable<1> table, const double* scale) {
+  using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
+  const double s = *scale;
+  if (s == 1.0) return;
+  const C c = static_cast<C>(s);  // round to nearest, as the host's static_cast
+  int64_t begin, end;
+  const int t = tensor_and_range(table, begin, end);
+  S* __restrict__ x = static_cast<S*>(table.ptrs[0][t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = narrow<S>(mul(widen<C>(x[i]), c));
+}
+
 // ---- host side ---------------------------------------------------------------------------------------------
 
 // The dtype combination of an entry; entries of one combination share a launch.
@@ -310,10 +335,7 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConst
   }
 }
 
-double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
-  if (tensors.empty()) return 0.0;
-  const Tensor& first = tensors[0];
-  cudaStream_t stream = stream_for(first);
+Tensor sum_of_squares_multi(const std::vector<Tensor>& tensors, Device device) {
   // The kernels read f32, bf16, f16 and f64; FP8 tensors are widened to f32 first (exactly).
   std::vector<Tensor> readable;
   readable.reserve(tensors.size());
@@ -324,9 +346,14 @@ double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
     readable.push_back(native ? t : t.detach().to(DType::f32));
     total_blocks += (t.numel() + kChunk - 1) / kChunk;
   }
-  if (total_blocks == 0) return 0.0;
+  const Tensor total = empty({}, DType::f64, device);
+  if (total_blocks == 0) {
+    total.zero_();
+    return total;
+  }
+  cudaStream_t stream = octet::cuda::launch_stream(device.index);
 
-  const Tensor partial = empty({total_blocks}, DType::f64, first.device());
+  const Tensor partial = empty({total_blocks}, DType::f64, device);
   int64_t written = 0;  // blocks of earlier dtype groups
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     std::vector<std::array<void*, 1>> ptrs;
@@ -350,10 +377,43 @@ double sum_of_squares_multi(const std::vector<Tensor>& tensors) {
     if (dtype == DType::f64) launch_all.template operator()<double>();
     else dispatch_floating(dtype, "sum_of_squares_multi", launch_all);
   }
-  const Tensor total = empty({1}, DType::f64, first.device());
   sum_partials_kernel<<<1, kFinalThreads, 0, stream>>>(ptr<double>(partial), total_blocks, ptr<double>(total));
   check_launch("sum_of_squares_multi");
-  return total.item();  // the one device-to-host read
+  return total;  // left on the device: nothing waits for it
+}
+
+ClipScalars clip_scalars(const Tensor& sum_of_squares, double max_norm) {
+  const Tensor norm = empty({}, DType::f64, sum_of_squares.device());
+  const Tensor coef = empty({}, DType::f64, sum_of_squares.device());
+  clip_scalars_kernel<<<1, 1, 0, stream_for(sum_of_squares)>>>(ptr<double>(sum_of_squares), max_norm,
+                                                               ptr<double>(norm), ptr<double>(coef));
+  check_launch("clip_scalars");
+  return {norm, coef};
+}
+
+void scale_multi_(const std::vector<Tensor>& tensors, const Tensor& scale) {
+  if (tensors.empty()) return;
+  // The kernels read the scale in double; an f32 scale widens exactly, on the device.
+  const Tensor scale64 = scale.detach().to(DType::f64);
+  cudaStream_t stream = stream_for(scale64);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    std::vector<std::array<void*, 1>> ptrs;
+    std::vector<int64_t> numels;
+    for (const Tensor& t : tensors) {
+      if (t.dtype() != dtype) continue;
+      ptrs.push_back({t.data_ptr()});
+      numels.push_back(t.numel());
+    }
+    if (ptrs.empty()) continue;
+    auto launch_all = [&]<class S>() {
+      for_each_launch<1>(ptrs, numels, [&](const TensorTable<1>& table, int blocks, int64_t) {
+        scale_chunks_kernel<S><<<blocks, kUpdateThreads, 0, stream>>>(table, ptr<double>(scale64));
+        check_launch("scale_multi_");
+      });
+    };
+    if (dtype == DType::f64) launch_all.template operator()<double>();
+    else dispatch_floating(dtype, "scale_multi_", launch_all);
+  }
 }
 
 }  // namespace octet::kernels::cuda

@@ -16,7 +16,12 @@ namespace octet::kernels::cuda {
 void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, const cpu::AdamWConstants<double>& constants);
 // momentum_buffer must be undefined in every entry when momentum is 0, defined in every entry otherwise.
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConstants<double>& constants);
-// Fixed chunks, block sums in double, a fixed-order final sum on the device, one read to the host.
-double sum_of_squares_multi(const std::vector<Tensor>& tensors);
+// Fixed chunks, block sums in double, a fixed-order final sum on the device, left there: a one-element
+// f64 tensor on `device` (0 for an empty list).
+Tensor sum_of_squares_multi(const std::vector<Tensor>& tensors, Device device);
+// √sum_of_squares and the clip coefficient, by one single-thread kernel.
+ClipScalars clip_scalars(const Tensor& sum_of_squares, double max_norm);
+// One launch per dtype group and table; the kernels read the scale (f32 or f64) themselves.
+void scale_multi_(const std::vector<Tensor>& tensors, const Tensor& scale);
 
 }  // namespace octet::kernels::cuda

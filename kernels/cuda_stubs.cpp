@@ -90,6 +90,10 @@ void div_scalar_(const Tensor& dst, double) { no_cuda("div_scalar_", {&dst}); }
 Fp8Cast fp8_cast(const Tensor& x, int64_t, int64_t, const Tensor& scale, const Tensor&, DType, bool, bool, int64_t) {
   no_cuda("fp8_cast", {&x, &scale});
 }
+Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t, int64_t, const Tensor& scale, const Tensor&, DType,
+                                   bool, bool, int64_t, DType) {
+  no_cuda("fp8_cast_dbias", {&x, &scale});
+}
 void fp8_amax_(const Tensor& x, const Tensor& amax) { no_cuda("fp8_amax_", {&x, &amax}); }
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float, AmaxCompute) {
   no_cuda("fp8_update_scales_", {&groups[0].amax_history});

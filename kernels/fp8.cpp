@@ -13,6 +13,7 @@
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/fp8_scale_rule.h"
+#include "kernels/reduce.h"
 
 namespace octet::kernels {
 namespace {
@@ -86,6 +87,41 @@ void check_scaling_group(const char* op, const Fp8ScalingTensors& g, size_t i, c
   }
 }
 
+// x read as [rows, cols]; padded_rows is rows rounded up to a multiple of pad_rows_to.
+struct CastGeometry {
+  int64_t rows = 1, cols = 1, padded_rows = 1;
+  int64_t fp8_bytes(bool rowwise, bool transposed) const {
+    return (rowwise ? rows * cols : 0) + (transposed ? cols * padded_rows : 0);
+  }
+};
+
+// The checks fp8_cast and fp8_cast_dbias share.
+CastGeometry check_cast(const char* op, const Tensor& x, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
+                        bool rowwise, bool transposed, int64_t pad_rows_to) {
+  check_defined(op, {&x, &scale});
+  check_cast_input(op, x);
+  check_scalar_slot(op, "scale", scale, x);
+  if (amax.defined()) check_scalar_slot(op, "amax", amax, x);
+  check_fp8_dtype(op, fp8_dtype, "fp8_dtype");
+  OCTET_CHECK(pad_rows_to >= 1, op, ": pad_rows_to must be >= 1 (1 means no padding), got ", pad_rows_to);
+  OCTET_CHECK(rowwise || transposed, op, ": neither rowwise nor transposed asked for x ", x.describe(),
+              "; ask for at least one copy (fp8_amax_ measures the amax alone)");
+  CastGeometry g;
+  rows_and_cols(x, g.rows, g.cols);
+  g.padded_rows = (g.rows + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
+  return g;
+}
+
+// The outputs of a CPU cast, allocated; scale_inv holds 1/scale.
+void allocate_cpu_cast(Fp8Cast& out, const CastGeometry& g, DType fp8_dtype, bool rowwise, bool transposed,
+                       float scale) {
+  if (rowwise) out.data = empty({g.rows, g.cols}, fp8_dtype);
+  if (transposed) out.transposed = empty({g.cols, g.padded_rows}, fp8_dtype);
+  out.scale_inv = full({1}, fp8_scale_inv(scale));
+}
+
+uint8_t* bytes_or_null(const Tensor& t) { return t.defined() ? static_cast<uint8_t*>(t.data_ptr()) : nullptr; }
+
 }  // namespace
 
 float fp8_max(DType fp8_dtype) {
@@ -96,35 +132,62 @@ float fp8_max(DType fp8_dtype) {
 Fp8Cast fp8_cast(const Tensor& x, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
                  bool transposed, int64_t pad_rows_to) {
   const char* op = "fp8_cast";
-  check_defined(op, {&x, &scale});
-  check_cast_input(op, x);
-  check_scalar_slot(op, "scale", scale, x);
-  if (amax.defined()) check_scalar_slot(op, "amax", amax, x);
-  check_fp8_dtype(op, fp8_dtype, "fp8_dtype");
-  OCTET_CHECK(pad_rows_to >= 1, op, ": pad_rows_to must be >= 1 (1 means no padding), got ", pad_rows_to);
-  OCTET_CHECK(rowwise || transposed, op, ": neither rowwise nor transposed asked for x ", x.describe(),
-              "; ask for at least one copy (fp8_amax_ measures the amax alone)");
-  int64_t rows, cols;
-  rows_and_cols(x, rows, cols);
-  const int64_t padded_rows = (rows + pad_rows_to - 1) / pad_rows_to * pad_rows_to;
+  const CastGeometry g = check_cast(op, x, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
   LedgerOp ledger(op);
-  ledger.read({&x, &scale}).write_bytes((rowwise ? rows * cols : 0) + (transposed ? cols * padded_rows : 0) + 4);
+  ledger.read({&x, &scale}).write_bytes(g.fp8_bytes(rowwise, transposed) + 4);
   if (amax.defined()) ledger.read(amax).write(amax);
-  if (x.is_cuda()) return cuda::fp8_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows);
+  if (x.is_cuda()) {
+    return cuda::fp8_cast(x, g.rows, g.cols, scale, amax, fp8_dtype, rowwise, transposed, g.padded_rows);
+  }
   check_cpu(op, {&x, &scale});
   if (amax.defined()) check_cpu(op, {&amax});
   Fp8Cast out;
-  if (rowwise) out.data = empty({rows, cols}, fp8_dtype);
-  if (transposed) out.transposed = empty({cols, padded_rows}, fp8_dtype);
   const float s = scale.data<float>()[0];
-  out.scale_inv = full({1}, fp8_scale_inv(s));
-  auto* data = rowwise ? static_cast<uint8_t*>(out.data.data_ptr()) : nullptr;
-  auto* transposed_data = transposed ? static_cast<uint8_t*>(out.transposed.data_ptr()) : nullptr;
+  allocate_cpu_cast(out, g, fp8_dtype, rowwise, transposed, s);
   const uint32_t bits = with_cast_input_type(x.dtype(), [&]<class X>() {
-    return cpu::fp8_cast(static_cast<const X*>(x.data_ptr()), rows, cols, s, fp8_dtype, data, transposed_data,
-                         padded_rows);
+    return cpu::fp8_cast(static_cast<const X*>(x.data_ptr()), g.rows, g.cols, s, fp8_dtype, bytes_or_null(out.data),
+                         bytes_or_null(out.transposed), g.padded_rows);
   });
   if (amax.defined()) merge_amax_bits(amax, bits);
+  return out;
+}
+
+Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
+                                   bool rowwise, bool transposed, DType dbias_dtype, int64_t pad_rows_to) {
+  const char* op = "fp8_cast_dbias";
+  const CastGeometry g = check_cast(op, x, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+  OCTET_CHECK(is_cast_input(dbias_dtype), op, ": dbias_dtype must be f32, bf16 or f16 (the bias's dtype), got ",
+              dtype_name(dbias_dtype), " for x ", x.describe(), "; pass bias.dtype()");
+  LedgerOp ledger(op);
+  ledger.read({&x, &scale})
+      .write_bytes(g.fp8_bytes(rowwise, transposed) + 4 + g.cols * static_cast<int64_t>(dtype_size(dbias_dtype)));
+  if (amax.defined()) ledger.read(amax).write(amax);
+  if (x.is_cuda()) {
+    return cuda::fp8_cast_dbias(x, g.rows, g.cols, scale, amax, fp8_dtype, rowwise, transposed, g.padded_rows,
+                                dbias_dtype);
+  }
+  check_cpu(op, {&x, &scale});
+  if (amax.defined()) check_cpu(op, {&amax});
+  Fp8CastWithBiasGrad out;
+  if (g.cols == 1) {
+    // kernels::sum reduces a single column as one contiguous row, in another pairwise order than
+    // the one the fused sweep follows; this degenerate shape (never an FP8 Linear's) runs the two
+    // passes back to back instead.
+    static_cast<Fp8Cast&>(out) = fp8_cast(x, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+    out.dbias = sum(x.reshape({g.rows, g.cols}), 0).to(dbias_dtype);
+    return out;
+  }
+  const float s = scale.data<float>()[0];
+  allocate_cpu_cast(out, g, fp8_dtype, rowwise, transposed, s);
+  const Tensor sums = empty({g.cols}, DType::f32);
+  const uint32_t bits = with_cast_input_type(x.dtype(), [&]<class X>() {
+    return cpu::fp8_cast_column_sums(static_cast<const X*>(x.data_ptr()), g.rows, g.cols, s, fp8_dtype,
+                                     bytes_or_null(out.data), bytes_or_null(out.transposed), g.padded_rows,
+                                     sums.data<float>());
+  });
+  if (amax.defined()) merge_amax_bits(amax, bits);
+  // kernels::sum rounds its f32 sums to x's dtype; the caller's .to(dbias_dtype) then rounds again.
+  out.dbias = sums.to(x.dtype()).to(dbias_dtype);
   return out;
 }
 

@@ -47,6 +47,24 @@ struct Fp8Cast {
 Fp8Cast fp8_cast(const Tensor& x, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
                  bool transposed, int64_t pad_rows_to = kFp8RowPadding);
 
+struct Fp8CastWithBiasGrad : Fp8Cast {
+  Tensor dbias;  // [cols] in dbias_dtype: the column sums of x, as kernels::sum(x2, 0).to(dbias_dtype)
+};
+
+// fp8_cast and the bias gradient of a Linear whose output gradient is x, from the same read of x:
+// what the FP8 Linear's backward needs of dy. Writes what fp8_cast writes (the same bytes, amax and
+// scale_inv) and dbias[c] = Σ_r x[r, c], summed in f32 and rounded to x's dtype and then to dbias_dtype,
+// which is exactly kernels::sum(x2, 0).to(dbias_dtype) for x2 = x read as [rows, cols]:
+//   - on the CPU bit for bit, the sum in kernels::sum's pairwise order (kernels/cpu/fp8.cpp);
+//   - on the GPU in f32 in another fixed order: per 64-row tile, then over the tiles (deterministic,
+//     but not the bits of kernels::sum on the GPU, which sums in its own order).
+// dbias_dtype is f32, bf16 or f16. Bytes moved: read x once (2 bytes per element for bf16), write 1 byte
+// per element per copy and cols·sizeof(dbias_dtype); the GPU also writes and reads back f32 partial
+// sums, 4·cols bytes per 64 rows (1/32 of a bf16 x). The unfused sequence reads x twice.
+Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
+                                   bool rowwise, bool transposed, DType dbias_dtype,
+                                   int64_t pad_rows_to = kFp8RowPadding);
+
 // amax ← max(amax, amax(x)) alone: the first pass of current scaling. amax is [1] f32 on x's device.
 void fp8_amax_(const Tensor& x, const Tensor& amax);
 

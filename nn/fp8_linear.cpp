@@ -1,6 +1,9 @@
 // The FP8 Linear (nn/fp8_linear.h): casts, the three FP8 GEMMs, and what backward keeps.
 #include "nn/fp8_linear.h"
 
+#include <atomic>
+#include <optional>
+
 #include "autograd/function.h"
 #include "core/grad_mode.h"
 #include "kernels/fp8_gemm.h"
@@ -26,18 +29,32 @@ std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_featu
 
 namespace {
 
-// Casts an activation or a gradient: entry j of a scaling group. Delayed scaling casts with the scale
-// the history gave and records x's amax in history row 0 as it goes. Current scaling measures x
-// first, derives the scale from that amax (left in row 0 for inspection) and then casts: one more
-// pass over x.
-kernels::Fp8Cast cast_entry(const Tensor& x, const kernels::Fp8ScalingTensors& group, int64_t j,
-                            const Fp8Recipe& recipe, bool rowwise, bool transposed) {
+std::atomic<bool> fused_bias_grad{true};
+
+// One cast pass: fp8_cast, or with a dbias_dtype fp8_cast_dbias, which also sums x's columns (the bias
+// gradient when x is an output gradient) from the same read of x.
+kernels::Fp8CastWithBiasGrad cast_pass(const Tensor& x, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
+                                       bool rowwise, bool transposed, std::optional<DType> dbias_dtype) {
+  if (dbias_dtype) return kernels::fp8_cast_dbias(x, scale, amax, fp8_dtype, rowwise, transposed, *dbias_dtype);
+  kernels::Fp8CastWithBiasGrad out;
+  static_cast<kernels::Fp8Cast&>(out) = kernels::fp8_cast(x, scale, amax, fp8_dtype, rowwise, transposed);
+  return out;
+}
+
+// Casts an activation or a gradient: entry j of a scaling group, and with a dbias_dtype the column sums
+// of x in that dtype (out.dbias). Delayed scaling casts with the scale the history gave and records x's
+// amax in history row 0 as it goes: one pass over x. Current scaling measures x first, derives the
+// scale from that amax (left in row 0 for inspection) and then casts: one more pass over x, since the
+// scale is not known before the amax is (the column sums still ride along with the cast).
+kernels::Fp8CastWithBiasGrad cast_entry(const Tensor& x, const kernels::Fp8ScalingTensors& group, int64_t j,
+                                        const Fp8Recipe& recipe, bool rowwise, bool transposed,
+                                        std::optional<DType> dbias_dtype = std::nullopt) {
   const Fp8LinearState::Entry e = Fp8LinearState::entry(group, j);
-  if (recipe.is_delayed()) return kernels::fp8_cast(x, e.scale, e.amax, group.fp8_dtype, rowwise, transposed);
+  if (recipe.is_delayed()) return cast_pass(x, e.scale, e.amax, group.fp8_dtype, rowwise, transposed, dbias_dtype);
   e.amax.zero_();
   kernels::fp8_amax_(x, e.amax);
   kernels::fp8_scale_from_amax_(e.amax, e.scale, e.scale_inv, group.fp8_dtype, recipe.margin());
-  return kernels::fp8_cast(x, e.scale, Tensor(), group.fp8_dtype, rowwise, transposed);
+  return cast_pass(x, e.scale, Tensor(), group.fp8_dtype, rowwise, transposed, dbias_dtype);
 }
 
 // The weight's cast: the cached one while the weight is unchanged (Fp8WeightCache), else made again
@@ -110,8 +127,13 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
   std::shared_ptr<Fp8LinearState> st = state;
   return autograd::record("fp8_linear", y, {x, weight, bias}, [=](const autograd::Grads& g) -> autograd::Grads {
     const Tensor dy2 = g[0].reshape({-1, out});
-    const kernels::Fp8Cast dyq = cast_entry(dy2, st->backward, Fp8BwdTensors::kGradOutput, config->recipe, /*rowwise=*/need_dx,
-                                            /*transposed=*/need_dw);
+    // dy's cast writes the rowwise copy dgrad reads and the transposed one wgrad reads and, when the
+    // bias needs a gradient, db = Σ_rows dy from the same read of dy (fp8_cast_dbias): under delayed
+    // scaling one pass over dy does it all, where the cast and kernels::sum took two.
+    const bool fuse_db = need_db && fused_bias_grad.load(std::memory_order_relaxed);
+    const kernels::Fp8CastWithBiasGrad dyq =
+        cast_entry(dy2, st->backward, Fp8BwdTensors::kGradOutput, config->recipe, /*rowwise=*/need_dx,
+                   /*transposed=*/need_dw, fuse_db ? std::optional<DType>(b_dtype) : std::nullopt);
     fp8_backward_ran(st, config);
     Tensor dx, dw, db;
     if (need_dx) {
@@ -123,9 +145,12 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
       dw = empty({out, in}, w_dtype, device);
       kernels::fp8_gemm(dyq.transposed, dyq.scale_inv, x_t, x_scale_inv, dw);
     }
-    if (need_db) db = kernels::sum(dy2, 0).to(b_dtype);
+    if (need_db) db = fuse_db ? dyq.dbias : kernels::sum(dy2, 0).to(b_dtype);
     return {dx, dw, db};
   });
 }
+
+void set_fp8_fused_bias_grad(bool fused) { fused_bias_grad.store(fused, std::memory_order_relaxed); }
+bool fp8_fused_bias_grad() { return fused_bias_grad.load(std::memory_order_relaxed); }
 
 }  // namespace octet::nn

@@ -4,7 +4,7 @@
 //   forward  y  = x·Wᵀ + b     x (E4M3) and W (E4M3), fast accumulation, then the bias in y's dtype
 //   backward dx = dy·W         dy (E5M2 under HYBRID) and Wᵀ (E4M3)
 //            dW = dyᵀ·x        dyᵀ and xᵀ, both padded to a multiple of 16 tokens
-//            db = Σ_rows dy    from the unquantised dy
+//            db = Σ_rows dy    from the unquantised dy, in the same pass as dy's cast
 //
 // Each FP8 operand is cast by one fused pass that writes the copy the forward reads and, when a
 // gradient will need it, the transposed copy the backward reads (kernels/fp8.h). Only xᵀ in FP8 and
@@ -32,5 +32,11 @@ std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_featu
 // weight's device. Check fp8_linear_unsupported_reason first.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                   const std::shared_ptr<const Fp8Config>& config);
+
+// Whether the backward sums the bias gradient in the pass that casts dy (kernels::fp8_cast_dbias, the
+// default) or casts dy and then sums it with kernels::sum, reading dy twice. On the CPU both give the
+// same bits; the switch is there so that tests can show it. Process-wide, read as each backward runs.
+void set_fp8_fused_bias_grad(bool fused);
+bool fp8_fused_bias_grad();
 
 }  // namespace octet::nn

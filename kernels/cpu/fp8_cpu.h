@@ -53,6 +53,13 @@ template <class X>
 uint32_t fp8_cast(const X* x, int64_t rows, int64_t cols, float scale, DType fp8_dtype, uint8_t* data,
                   uint8_t* transposed, int64_t padded_rows);
 
+// fp8_cast, and column_sums[c] = Σ_r float(x[r, c]) in f32, summed in exactly the order of
+// kernels::sum over dim 0 of a [rows, cols] tensor with cols > 1 (kernels/cpu/reduce.cpp's
+// pairwise_rows), so that the sums are the same bits. One sweep over x (kernels/cpu/fp8.cpp).
+template <class X>
+uint32_t fp8_cast_column_sums(const X* x, int64_t rows, int64_t cols, float scale, DType fp8_dtype, uint8_t* data,
+                              uint8_t* transposed, int64_t padded_rows, float* column_sums);
+
 // amax(x) as bits, as fp8_cast returns it.
 template <class X>
 uint32_t fp8_amax_bits(const X* x, int64_t n);

@@ -41,7 +41,8 @@ T pairwise_sum(const T* p, int64_t n) {
 }
 
 // acc[0, w) = sum of n rows of w values, rows `stride` apart, summed pairwise over the rows.
-// scratch holds one row of w per recursion level.
+// scratch holds one row of w per recursion level. The FP8 cast with the bias gradient
+// (kernels/cpu/fp8.cpp, cast_and_sum_chunks) walks this same tree: change both or neither.
 template <class T>
 void pairwise_rows(const T* p, int64_t n, int64_t stride, int64_t w, T* acc, T* scratch) {
   if (n <= 16) {

@@ -1,4 +1,5 @@
-// FP8 cast (+ transpose + amax), amax, and the delayed/current scale updates on the GPU.
+// FP8 cast (+ transpose + amax, + the bias gradient's column sums), amax, and the delayed/current scale
+// updates on the GPU.
 //
 // The element arithmetic is the CPU's (kernels/cpu/fp8.cpp) from the same host/device sources:
 // inputs widen to f32 through core/float_formats.h, q = float_to_e4m3/e5m2(x·scale, saturate) with
@@ -83,6 +84,7 @@ struct CastArgs {
   uint8_t* transposed;  // [cols, padded_rows] or null
   unsigned int* amax_bits;  // the amax tensor as bits, or null
   float* scale_inv;
+  float* column_partials;  // [row tiles, cols] f32: each tile's column sums (fp8_cast_dbias), or null
   bool quad_rows;        // x, data: 4-element loads and 4-byte stores (cols % 4 == 0, aligned pointers)
   bool quad_transposed;  // transposed: 4-byte stores (padded_rows % 4 == 0, aligned pointer)
 };
@@ -90,10 +92,14 @@ struct CastArgs {
 // data = fp8(x·scale) row-major and/or transposed = its transpose with zero columns rows..padded_rows,
 // amax ← max(amax, amax(x)), and scale_inv = 1/scale (block 0). Reads x once (rows·cols·sizeof(X)
 // bytes) and writes rows·cols bytes per copy plus the transposed padding; one atomic per block.
-template <class X, bool kE5M2>
+// With kColumnSums, also column_partials[tile row, c] = the f32 sum of the tile's rows of column c, in
+// a fixed order (each thread adds its 4 rows of the tile in order, then thread lc adds the 16 threads'
+// sums of column lc in order): 4 bytes written per column per 64 rows, no float atomics.
+template <class X, bool kE5M2, bool kColumnSums>
 __global__ void __launch_bounds__(kCastThreads) fp8_cast_kernel(const X* __restrict__ x, CastArgs a) {
   __shared__ uint8_t tile[kTile][kTile + 1];  // +1: the transposed reads walk down a column
   __shared__ uint32_t scratch[32];
+  __shared__ float column_sums[kColumnSums ? kRowStride : 1][kTile];  // [ty][tile column]
   const float scale = *a.scale;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = fp8_scale_inv(scale);
   const int tx = threadIdx.x % kQuadsPerRow, ty = threadIdx.x / kQuadsPerRow;
@@ -101,7 +107,9 @@ __global__ void __launch_bounds__(kCastThreads) fp8_cast_kernel(const X* __restr
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
     const int64_t r0 = (t / a.tiles_x) * kTile, c0 = (t % a.tiles_x) * kTile;
     const int64_t c = c0 + 4 * tx;
-    if (a.transposed) __syncthreads();  // the previous tile's transposed reads are done
+    // The previous tile's reads of the shared tile (transposed) and column sums are done.
+    if (a.transposed || kColumnSums) __syncthreads();
+    float sums[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's rows of its 4 columns, added in row order
 #pragma unroll
     for (int k = 0; k < kTile / kRowStride; ++k) {
       const int lr = ty + k * kRowStride;
@@ -132,6 +140,7 @@ __global__ void __launch_bounds__(kCastThreads) fp8_cast_kernel(const X* __restr
           if (in[j]) {
             local = max(local, magnitude_bits(v[j]));
             q[j] = quantise<kE5M2>(v[j], scale);
+            if (kColumnSums) sums[j] = __fadd_rn(sums[j], v[j]);
           }
         }
         if (a.data) {
@@ -151,8 +160,20 @@ __global__ void __launch_bounds__(kCastThreads) fp8_cast_kernel(const X* __restr
         for (int j = 0; j < 4; ++j) tile[lr][4 * tx + j] = q[j];
       }
     }
-    if (!a.transposed) continue;
+    if (kColumnSums) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) column_sums[ty][4 * tx + j] = sums[j];
+    }
+    if (!a.transposed && !kColumnSums) continue;
     __syncthreads();
+    if (kColumnSums && threadIdx.x < kTile) {
+      const int lc = threadIdx.x;
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < kRowStride; ++k) s = __fadd_rn(s, column_sums[k][lc]);
+      if (c0 + lc < a.cols) a.column_partials[(t / a.tiles_x) * a.cols + c0 + lc] = s;
+    }
+    if (!a.transposed) continue;
     // transposed[cc, r .. r+3] for the tile's columns cc: tile column lc read down four tile rows.
     const int64_t r = r0 + 4 * tx;
 #pragma unroll
@@ -175,6 +196,33 @@ __global__ void __launch_bounds__(kCastThreads) fp8_cast_kernel(const X* __restr
     }
   }
   publish_amax(local, scratch, a.amax_bits);
+}
+
+// dbias[c] = D(X(Σ_t partials[t, c])): the tiles' column sums added in a fixed order (warp w takes the
+// tiles t ≡ w mod kSumWarps in order, then warp 0 adds the warps' sums in order), rounded to x's dtype
+// as kernels::sum returns it, then to the bias's dtype. A block covers 32 columns; reads the partials
+// once (4 bytes per column per 64 rows of x) and writes cols·sizeof(D) bytes.
+constexpr int kSumColumns = 32;
+constexpr int kSumWarps = 8;
+
+template <class X, class D>
+__global__ void __launch_bounds__(kSumColumns* kSumWarps)
+    dbias_from_partials_kernel(const float* __restrict__ partials, int64_t row_tiles, int64_t cols, D* dbias) {
+  __shared__ float warp_sums[kSumWarps][kSumColumns];
+  const int lane = threadIdx.x % kSumColumns, warp = threadIdx.x / kSumColumns;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumColumns + lane;
+  float s = 0.f;
+  if (c < cols) {
+    for (int64_t t = warp; t < row_tiles; t += kSumWarps) s = __fadd_rn(s, partials[t * cols + c]);
+  }
+  warp_sums[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && c < cols) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kSumWarps; ++w) total = __fadd_rn(total, warp_sums[w][lane]);
+    dbias[c] = static_cast<D>(static_cast<float>(static_cast<X>(total)));
+  }
 }
 
 // ---- amax alone -----------------------------------------------------------------------------------
@@ -278,10 +326,13 @@ bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
-                 DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows) {
+namespace {
+
+// fp8_cast_kernel's launch, with the column sums to `column_partials` when it is non-null. Fills out.
+void launch_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
+                 DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows, float* column_partials,
+                 Fp8Cast& out, const char* op) {
   const Device device = x.device();
-  Fp8Cast out;
   if (rowwise) out.data = empty({rows, cols}, fp8_dtype, device);
   if (transposed) out.transposed = empty({cols, padded_rows}, fp8_dtype, device);
   out.scale_inv = empty({1}, DType::f32, device);
@@ -296,6 +347,7 @@ Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scal
   a.transposed = transposed ? ptr<uint8_t>(out.transposed) : nullptr;
   a.amax_bits = amax.defined() ? ptr<unsigned int>(amax) : nullptr;
   a.scale_inv = ptr<float>(out.scale_inv);
+  a.column_partials = column_partials;
   a.quad_transposed = transposed && padded_rows % 4 == 0 && aligned_to(a.transposed, 4);
   cudaStream_t stream = stream_for(x);
   // Enough blocks to fill every SM (8 resident blocks of 256 threads each); each loops over tiles,
@@ -305,12 +357,52 @@ Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scal
   with_input_type(x.dtype(), [&]<class X>() {
     const X* xp = ptr<const X>(x);
     a.quad_rows = cols % 4 == 0 && aligned_to(xp, 4 * sizeof(X)) && (!rowwise || aligned_to(a.data, 4));
+    auto launch = [&]<bool kE5M2>() {
+      if (column_partials) {
+        fp8_cast_kernel<X, kE5M2, true><<<blocks, kCastThreads, 0, stream>>>(xp, a);
+      } else {
+        fp8_cast_kernel<X, kE5M2, false><<<blocks, kCastThreads, 0, stream>>>(xp, a);
+      }
+    };
     if (fp8_dtype == DType::e5m2) {
-      fp8_cast_kernel<X, true><<<blocks, kCastThreads, 0, stream>>>(xp, a);
+      launch.template operator()<true>();
     } else {
-      fp8_cast_kernel<X, false><<<blocks, kCastThreads, 0, stream>>>(xp, a);
+      launch.template operator()<false>();
     }
-    check_launch("fp8_cast");
+    check_launch(op);
+  });
+}
+
+}  // namespace
+
+Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
+                 DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows) {
+  Fp8Cast out;
+  launch_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, nullptr, out, "fp8_cast");
+  return out;
+}
+
+Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale,
+                                   const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,
+                                   int64_t padded_rows, DType dbias_dtype) {
+  const Device device = x.device();
+  // The cast kernel's tiles span padded_rows when it writes the transpose (the padding rows add 0).
+  const int64_t row_tiles = ((transposed ? padded_rows : rows) + kTile - 1) / kTile;
+  Tensor partials = empty({std::max<int64_t>(row_tiles, 1), cols}, DType::f32, device);
+  if (row_tiles == 0) partials.zero_();  // no tile runs: the sums are 0
+  Fp8CastWithBiasGrad out;
+  launch_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, ptr<float>(partials), out,
+              "fp8_cast_dbias");
+  out.dbias = empty({cols}, dbias_dtype, device);
+  if (cols == 0) return out;
+  const unsigned blocks = static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns);
+  cudaStream_t stream = stream_for(x);
+  with_input_type(x.dtype(), [&]<class X>() {
+    with_input_type(dbias_dtype, [&]<class D>() {
+      dbias_from_partials_kernel<X, D><<<blocks, kSumColumns * kSumWarps, 0, stream>>>(
+          ptr<const float>(partials), std::max<int64_t>(row_tiles, 1), cols, ptr<D>(out.dbias));
+    });
+    check_launch("fp8_cast_dbias (dbias)");
   });
   return out;
 }

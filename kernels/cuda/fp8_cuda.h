@@ -13,6 +13,11 @@ namespace octet::kernels::cuda {
 // x read as [rows, cols]; amax may be undefined. One fused kernel (see fp8.cu).
 Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
                  DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows);
+// fp8_cast's kernel with per-tile f32 column sums to a scratch buffer, then one small kernel that
+// adds each column's tiles in order and rounds to x's dtype and then dbias_dtype (see fp8.cu).
+Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale,
+                                   const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,
+                                   int64_t padded_rows, DType dbias_dtype);
 void fp8_amax_(const Tensor& x, const Tensor& amax);
 // Every group in one launch per chunk of groups.
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float two_pow_margin, AmaxCompute algo);

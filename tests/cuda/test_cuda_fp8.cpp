@@ -1,8 +1,11 @@
 // The CUDA FP8 kernels against the CPU kernels on the same inputs. Both compute every byte and every
 // scale with the same host/device code (core/float_formats.h, kernels/fp8_scale_rule.h) and amax is an
-// exact maximum, so every comparison here is bit for bit (same_bits), NaN payloads included.
+// exact maximum, so every comparison here is bit for bit (same_bits), NaN payloads included. The one
+// exception is the bias gradient of fp8_cast_dbias, an f32 sum that the GPU adds in another order: it is
+// held to the bound derived at expect_same_cast_dbias.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <ostream>
@@ -100,6 +103,125 @@ TEST(CudaFp8Cast, NaNAndInfMatchTheCpu) {
     x.data<float>()[4000] = kNaN;
     expect_same_cast(x.to(d), DType::e4m3, true, true, 16);
   }
+}
+
+// ---- the cast fused with the bias gradient ------------------------------------------------------------------
+
+// Unit roundoff of a rounding to d (0 for f32, which the sums already are).
+double unit_roundoff(DType d) {
+  if (d == DType::bf16) return std::ldexp(1.0, -8);
+  if (d == DType::f16) return std::ldexp(1.0, -11);
+  return 0.0;
+}
+
+// fp8_cast_dbias on both devices. The FP8 bytes, scale_inv and amax are the same bits (the GPU's also
+// equal its own fp8_cast's). dbias is summed in f32 in a different order on each device: any order of
+// n additions is within (n-1)·u·Σ|x| of the exact sum (u = 2^-24), so the two f32 sums of column c are
+// within e_c = 2·rows·u·S_c of each other, S_c = Σ_r |x[r, c]|. Each is then rounded to x's dtype and to
+// dbias_dtype, relative roundoff u_out = u(x dtype) + u(dbias dtype) at most (for normal values), so
+//   |dbias_gpu[c] - dbias_cpu[c]| <= e_c + u_out·(|f32 sum_gpu| + |f32 sum_cpu|)
+//                                 <= e_c·(1 + u_out) + 2·u_out·(|dbias_cpu[c]|·(1 + 2·u_out) + e_c),
+// and a GPU run repeated gives the same bits (no float atomics).
+void expect_same_cast_dbias(const Tensor& x_cpu, DType format, bool rowwise, bool transposed, DType dbias_dtype,
+                            int64_t pad_rows_to = kernels::kFp8RowPadding) {
+  const Tensor scale = full({1}, 37.0);
+  const Tensor amax_cpu = full({1}, 0.75), amax_gpu = amax_cpu.to(kGpu), amax_plain = amax_cpu.to(kGpu);
+  const Tensor x_gpu = x_cpu.to(kGpu);
+  const auto cpu =
+      kernels::fp8_cast_dbias(x_cpu, scale, amax_cpu, format, rowwise, transposed, dbias_dtype, pad_rows_to);
+  const auto gpu = kernels::fp8_cast_dbias(x_gpu, scale.to(kGpu), amax_gpu, format, rowwise, transposed,
+                                           dbias_dtype, pad_rows_to);
+  const auto plain = kernels::fp8_cast(x_gpu, scale.to(kGpu), amax_plain, format, rowwise, transposed, pad_rows_to);
+  ASSERT_EQ(gpu.data.defined(), rowwise);
+  ASSERT_EQ(gpu.transposed.defined(), transposed);
+  if (rowwise) {
+    EXPECT_TRUE(same_bits(gpu.data, cpu.data)) << "row-major copy";
+    EXPECT_TRUE(same_bits(gpu.data, plain.data)) << "row-major copy against the GPU's fp8_cast";
+  }
+  if (transposed) {
+    EXPECT_TRUE(same_bits(gpu.transposed, cpu.transposed)) << "transposed copy";
+    EXPECT_TRUE(same_bits(gpu.transposed, plain.transposed)) << "transposed copy against the GPU's fp8_cast";
+  }
+  EXPECT_TRUE(same_bits(gpu.scale_inv, cpu.scale_inv)) << "scale_inv";
+  EXPECT_TRUE(same_bits(amax_gpu, amax_cpu)) << "amax";
+
+  ASSERT_TRUE(gpu.dbias.is_cuda());
+  ASSERT_EQ(gpu.dbias.dtype(), dbias_dtype);
+  ASSERT_EQ(gpu.dbias.shape(), cpu.dbias.shape());
+  const int64_t cols = x_cpu.dim() == 0 ? 1 : x_cpu.size(-1), rows = cols == 0 ? 0 : x_cpu.numel() / cols;
+  const std::vector<double> xs = x_cpu.to_vector<double>();
+  const std::vector<double> want = cpu.dbias.to_vector<double>(), got = gpu.dbias.to(Device::cpu()).to_vector<double>();
+  const double u = std::ldexp(1.0, -24), u_out = unit_roundoff(x_cpu.dtype()) + unit_roundoff(dbias_dtype);
+  for (int64_t c = 0; c < cols; ++c) {
+    double abs_sum = 0;
+    for (int64_t r = 0; r < rows; ++r) abs_sum += std::abs(xs[r * cols + c]);
+    const double e = 2.0 * static_cast<double>(rows) * u * abs_sum;
+    const double bound = e * (1 + u_out) + 2 * u_out * (std::abs(want[c]) * (1 + 2 * u_out) + e);
+    EXPECT_LE(std::abs(got[c] - want[c]), bound) << "dbias[" << c << "]: gpu " << got[c] << ", cpu " << want[c];
+  }
+  const auto again = kernels::fp8_cast_dbias(x_gpu, scale.to(kGpu), Tensor(), format, rowwise, transposed,
+                                             dbias_dtype, pad_rows_to);
+  EXPECT_TRUE(same_bits(again.dbias, gpu.dbias)) << "a repeated run gives the same dbias";
+}
+
+struct DbiasCase {
+  Shape shape;
+  DType input, format, dbias;
+};
+
+void PrintTo(const DbiasCase& c, std::ostream* os) {
+  *os << c.shape << " " << dtype_name(c.input) << " -> " << dtype_name(c.format) << ", dbias "
+      << dtype_name(c.dbias);
+}
+
+class CudaFp8CastDbias : public ::testing::TestWithParam<DbiasCase> {};
+
+TEST_P(CudaFp8CastDbias, MatchesTheCpuBitForBitAndDbiasWithinTheBound) {
+  SKIP_WITHOUT_GPU();
+  const DbiasCase c = GetParam();
+  const Tensor x = random_tensor(c.shape, c.input, 60 + c.shape.numel(), 3.0);
+  expect_same_cast_dbias(x, c.format, true, true, c.dbias);
+  expect_same_cast_dbias(x, c.format, true, false, c.dbias);
+  expect_same_cast_dbias(x, c.format, false, true, c.dbias);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8CastDbias,
+                         ::testing::Values(DbiasCase{{1000, 768}, DType::bf16, DType::e5m2, DType::bf16},
+                                           DbiasCase{{1000, 768}, DType::f32, DType::e5m2, DType::f32},
+                                           DbiasCase{{4, 197, 3072}, DType::bf16, DType::e5m2, DType::bf16},
+                                           DbiasCase{{130, 144}, DType::bf16, DType::e4m3, DType::f32},
+                                           DbiasCase{{33, 48}, DType::f32, DType::e4m3, DType::bf16},
+                                           DbiasCase{{7, 32}, DType::f16, DType::e5m2, DType::f16},
+                                           DbiasCase{{1, 16}, DType::bf16, DType::e5m2, DType::bf16},
+                                           DbiasCase{{37, 53}, DType::f32, DType::e5m2, DType::f32},
+                                           DbiasCase{{0, 64}, DType::bf16, DType::e5m2, DType::bf16}));
+
+// Spikes that saturate, NaN and inf, an input one element into its storage (the scalar path) and
+// padding to 7 rows and none.
+TEST(CudaFp8CastDbias, SpikesUnalignedInputAndOtherPaddingsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(d));
+    expect_same_cast_dbias(spiky_input({300, 96}, d, 81, 3.0), DType::e5m2, true, true, d, 7);
+    expect_same_cast_dbias(spiky_input({300, 96}, d, 82, 3.0), DType::e4m3, false, true, d, 1);
+    const Tensor storage = spiky_input({1 + 96 * 64}, d, 83, 4.0);
+    expect_same_cast_dbias(storage.narrow(1, 96 * 64).reshape({96, 64}), DType::e5m2, true, true, d);
+  }
+  Tensor x = random_tensor({70, 96}, DType::f32, 84);
+  x.data<float>()[123] = -kInf;
+  const auto cpu = kernels::fp8_cast_dbias(x, full({1}, 1.0), Tensor(), DType::e5m2, true, true, DType::f32);
+  const auto gpu = kernels::fp8_cast_dbias(x.to(kGpu), full({1}, 1.0).to(kGpu), Tensor(), DType::e5m2, true, true,
+                                           DType::f32);
+  EXPECT_TRUE(same_bits(gpu.data, cpu.data));
+  const std::vector<float> db = gpu.dbias.to(Device::cpu()).to_vector<float>();
+  for (int64_t c = 0; c < 96; ++c) {
+    if (c == 123 % 96) {
+      EXPECT_EQ(db[c], -kInf) << "the column holding -inf";
+    } else {
+      EXPECT_TRUE(std::isfinite(db[c])) << "column " << c;
+    }
+  }
+  EXPECT_EQ(cpu.dbias.to_vector<float>()[123 % 96], -kInf);
 }
 
 TEST(CudaFp8Amax, MatchesTheCpuForEveryInputDtype) {

@@ -1,7 +1,9 @@
 // The FP8 kernels on the CPU: the cast (row-major, transposed and padded) against a per-element
 // reference written here from the definition q = fp8(float(x)·scale) with core/float_formats.h's
 // saturating encoders, the amax against a float64 maximum of |x|, and every rule of the delayed and
-// current scale updates (kernels/fp8.h) against values worked out by hand, then the argument errors.
+// current scale updates (kernels/fp8.h) against values worked out by hand, the cast fused with the bias
+// gradient's column sums against the unfused sequence (fp8_cast, then kernels::sum) bit for bit, then
+// the argument errors.
 #include "kernels/fp8.h"
 
 #include <omp.h>
@@ -12,9 +14,11 @@
 #include <cstring>
 #include <limits>
 #include <ostream>
+#include <utility>
 #include <vector>
 
 #include "core/float_formats.h"
+#include "kernels/reduce.h"
 #include "tests/kernels/fp8_cast_case.h"
 #include "tests/testing.h"
 
@@ -22,6 +26,7 @@ namespace {
 
 using namespace octet;
 using octet::testing::random_tensor;
+using octet::testing::same_bits;
 using octet::testing::throws_with;
 using kernels::AmaxCompute;
 using kernels::Fp8ScalingTensors;
@@ -199,6 +204,112 @@ TEST(Fp8Cast, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(bits_of(first_float(amax1)), bits_of(first_float(amax3)));
 }
 
+// ---- the cast fused with the bias gradient -------------------------------------------------------------------
+
+// fp8_cast_dbias against fp8_cast followed by kernels::sum(x2, 0).to(dbias_dtype), the sequence it
+// replaces in the FP8 Linear's backward: every byte of both copies (the transposed padding included),
+// scale_inv, the amax (both starting from the same value below x's amax) and dbias, bit for bit.
+void expect_fused_is_the_unfused_sequence(const Tensor& x, DType format, bool rowwise, bool transposed, bool with_amax,
+                                          DType dbias_dtype, int64_t pad_rows_to = kernels::kFp8RowPadding) {
+  const Tensor scale = full({1}, 37.0);
+  const Tensor amax_fused = with_amax ? full({1}, 0.5) : Tensor(), amax_unfused = with_amax ? full({1}, 0.5) : Tensor();
+  const kernels::Fp8CastWithBiasGrad fused =
+      kernels::fp8_cast_dbias(x, scale, amax_fused, format, rowwise, transposed, dbias_dtype, pad_rows_to);
+  const kernels::Fp8Cast cast = kernels::fp8_cast(x, scale, amax_unfused, format, rowwise, transposed, pad_rows_to);
+  const Tensor dbias = kernels::sum(x.reshape({-1, x.size(-1)}), 0).to(dbias_dtype);
+  ASSERT_EQ(fused.data.defined(), rowwise);
+  ASSERT_EQ(fused.transposed.defined(), transposed);
+  if (rowwise) {
+    EXPECT_TRUE(same_bits(fused.data, cast.data)) << "row-major copy";
+  }
+  if (transposed) {
+    EXPECT_TRUE(same_bits(fused.transposed, cast.transposed)) << "transposed copy and its padding";
+  }
+  EXPECT_TRUE(same_bits(fused.scale_inv, cast.scale_inv)) << "scale_inv";
+  if (with_amax) {
+    EXPECT_TRUE(same_bits(amax_fused, amax_unfused)) << "amax";
+    if (x.numel() > 0) {
+      EXPECT_NE(first_float(amax_fused), 0.5f) << "the amax moved";
+    }
+  }
+  EXPECT_TRUE(same_bits(fused.dbias, dbias)) << "dbias";
+}
+
+struct DbiasCase {
+  int64_t rows, cols;
+  DType input, dbias;
+};
+
+void PrintTo(const DbiasCase& c, std::ostream* os) {
+  *os << "[" << c.rows << ", " << c.cols << "] " << dtype_name(c.input) << ", dbias " << dtype_name(c.dbias);
+}
+
+class Fp8CastDbias : public ::testing::TestWithParam<DbiasCase> {};
+
+// Row counts around pairwise summation's leaves (16 rows) and the fused cast's chunks (128 rows):
+// 130 rows are two chunks, 300 four in two levels, 1000 sixteen in four (and go parallel). Columns
+// within one tile of 64 and across several.
+TEST_P(Fp8CastDbias, IsTheUnfusedSequenceBitForBit) {
+  const DbiasCase c = GetParam();
+  // Values far apart in magnitude, so that a sum in any other order differs in its last bits.
+  Tensor x = random_tensor({c.rows, c.cols}, DType::f32, 100 + c.rows * 7 + c.cols, 3.0);
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] *= std::exp2(static_cast<float>(i % 13) - 6.f);
+  x = x.to(c.input);
+  for (DType format : {DType::e4m3, DType::e5m2}) {
+    for (auto [rowwise, transposed] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+      for (bool with_amax : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(format) << (rowwise ? " rowwise" : "")
+                                          << (transposed ? " transposed" : "") << (with_amax ? " amax" : ""));
+        expect_fused_is_the_unfused_sequence(x, format, rowwise, transposed, with_amax, c.dbias);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8CastDbias,
+                         ::testing::Values(DbiasCase{1, 16, DType::f32, DType::f32},
+                                           DbiasCase{1, 48, DType::bf16, DType::bf16},
+                                           DbiasCase{7, 32, DType::f32, DType::f32},
+                                           DbiasCase{7, 80, DType::bf16, DType::bf16},
+                                           DbiasCase{16, 64, DType::f32, DType::f32},
+                                           DbiasCase{17, 64, DType::f32, DType::f32},
+                                           DbiasCase{33, 160, DType::f32, DType::f32},
+                                           DbiasCase{33, 48, DType::bf16, DType::f32},
+                                           DbiasCase{130, 96, DType::f32, DType::f32},
+                                           DbiasCase{130, 144, DType::bf16, DType::bf16},
+                                           DbiasCase{300, 64, DType::f32, DType::bf16},
+                                           DbiasCase{300, 16, DType::f16, DType::f32},
+                                           DbiasCase{1000, 96, DType::f32, DType::f32},
+                                           DbiasCase{1000, 96, DType::bf16, DType::bf16},
+                                           DbiasCase{0, 32, DType::bf16, DType::bf16}));
+
+TEST(Fp8CastDbias, OtherShapesAndPaddingsAreTheUnfusedSequenceToo) {
+  // A leading batch dim (rows = 4·25), padding to 7 rows and none, a single column (summed by
+  // kernels::sum as one contiguous row) and a single element.
+  const Tensor batched = random_tensor({4, 25, 48}, DType::bf16, 61, 2.0);
+  expect_fused_is_the_unfused_sequence(batched, DType::e4m3, true, true, true, DType::bf16);
+  expect_fused_is_the_unfused_sequence(batched, DType::e5m2, false, true, true, DType::bf16, 7);
+  expect_fused_is_the_unfused_sequence(batched, DType::e5m2, false, true, false, DType::f32, 1);
+  expect_fused_is_the_unfused_sequence(random_tensor({200, 1}, DType::f32, 62), DType::e4m3, true, true, true,
+                                       DType::f32);
+  expect_fused_is_the_unfused_sequence(random_tensor({5}, DType::f32, 63), DType::e5m2, true, true, true, DType::f32);
+}
+
+TEST(Fp8CastDbias, ResultsDoNotDependOnTheThreadCount) {
+  const Tensor x = random_tensor({2000, 80}, DType::bf16, 64, 10.0);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto one = kernels::fp8_cast_dbias(x, full({1}, 3.0), Tensor(), DType::e5m2, true, true, DType::f32);
+  omp_set_num_threads(3);
+  const auto three = kernels::fp8_cast_dbias(x, full({1}, 3.0), Tensor(), DType::e5m2, true, true, DType::f32);
+  expect_fused_is_the_unfused_sequence(x, DType::e5m2, true, true, true, DType::f32);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(same_bits(one.data, three.data));
+  EXPECT_TRUE(same_bits(one.transposed, three.transposed));
+  EXPECT_TRUE(same_bits(one.dbias, three.dbias));
+}
+
 // ---- scale updates ----------------------------------------------------------------------------------------
 
 // The rule as the header states it, in f32: fp8_max / amax / 2^margin.
@@ -336,6 +447,30 @@ TEST(Fp8Errors, CastNamesTheOpTheTensorsAndTheFix) {
   EXPECT_TRUE(throws_with([&] { kernels::fp8_amax_(x.to(DType::e4m3), zeros({1})); },
                           {"fp8_amax_", "e4m3[4, 8] on cpu", ".to(DType::f32)"}));
   EXPECT_TRUE(throws_with([&] { kernels::fp8_max(DType::f16); }, {"fp8_max", "e4m3 or e5m2", "f16"}));
+}
+
+TEST(Fp8Errors, CastWithBiasGradNamesTheOpTheTensorsAndTheFix) {
+  const Tensor x = random_tensor({4, 16});
+  const Tensor scale = full({1}, 1.0);
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::fp8_cast_dbias(x, scale, Tensor(), DType::e5m2, true, true, DType::e4m3); },
+      {"fp8_cast_dbias", "dbias_dtype must be f32, bf16 or f16", "e4m3", "f32[4, 16] on cpu", "bias.dtype()"}));
+  EXPECT_TRUE(throws_with([&] { kernels::fp8_cast_dbias(x, scale, Tensor(), DType::e5m2, true, true, DType::i64); },
+                          {"fp8_cast_dbias", "dbias_dtype", "i64"}));
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::fp8_cast_dbias(x.to(DType::f64), scale, Tensor(), DType::e5m2, true, true, DType::f32); },
+      {"fp8_cast_dbias", "f64[4, 16] on cpu", ".to(DType::f32)"}));
+  EXPECT_TRUE(throws_with([&] { kernels::fp8_cast_dbias(x, full({2}, 1.0), Tensor(), DType::e5m2, true, true, DType::f32); },
+                          {"fp8_cast_dbias", "scale", "f32[2] on cpu", "one-element f32"}));
+  EXPECT_TRUE(throws_with([&] { kernels::fp8_cast_dbias(x, scale, zeros({3}), DType::e5m2, true, true, DType::f32); },
+                          {"fp8_cast_dbias", "amax", "f32[3] on cpu"}));
+  EXPECT_TRUE(throws_with([&] { kernels::fp8_cast_dbias(x, scale, Tensor(), DType::bf16, true, true, DType::f32); },
+                          {"fp8_cast_dbias", "e4m3 or e5m2", "bf16"}));
+  EXPECT_TRUE(throws_with([&] { kernels::fp8_cast_dbias(x, scale, Tensor(), DType::e5m2, false, false, DType::f32); },
+                          {"fp8_cast_dbias", "at least one"}));
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::fp8_cast_dbias(x, scale, Tensor(), DType::e5m2, true, true, DType::f32, 0); },
+      {"fp8_cast_dbias", "pad_rows_to", ">= 1"}));
 }
 
 TEST(Fp8Errors, UpdatesNameTheGroupAndTheFix) {

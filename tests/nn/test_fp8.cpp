@@ -12,12 +12,15 @@
 
 #include <cfloat>
 #include <cmath>
+#include <map>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "autograd/ops.h"
 #include "core/float_formats.h"
 #include "core/grad_mode.h"
+#include "core/op_ledger.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "nn/fp8.h"
@@ -32,6 +35,7 @@ namespace {
 using octet::testing::all_close;
 using octet::testing::random_tensor;
 using octet::testing::relative_error_to_reference;
+using octet::testing::same_bits;
 using octet::testing::throws_with;
 using Vec = std::vector<double>;
 
@@ -77,7 +81,7 @@ std::shared_ptr<Linear> make_linear(int64_t in, int64_t out, DType dtype, uint64
 }
 
 // One forward in a scope and one backward of Σ y·r; returns y.
-Tensor step(Linear& layer, const Tensor& x, const Tensor& r, const Fp8Recipe& recipe, AmaxReducer reducer = nullptr) {
+Tensor step(Module& layer, const Tensor& x, const Tensor& r, const Fp8Recipe& recipe, AmaxReducer reducer = nullptr) {
   Tensor y;
   {
     Fp8Autocast fp8(true, recipe, std::move(reducer));
@@ -175,6 +179,113 @@ TEST(Fp8Linear, OutputsAndGradientsAreCloseToTheBf16Layer) {
     EXPECT_LT(ew, 0.1) << "step " << s;
     EXPECT_GT(ew, 0.005) << "step " << s;
     EXPECT_TRUE(all_close(fp8_layer->bias.grad(), bf16_layer->bias.grad(), 0, 0));  // same dy, same sum
+  }
+}
+
+// ---- the bias gradient from dy's cast -------------------------------------------------------------------------
+
+// Sets whether the backward sums the bias gradient in dy's cast (set_fp8_fused_bias_grad) for one
+// scope, then restores the default (fused).
+class FusedBiasGrad {
+ public:
+  explicit FusedBiasGrad(bool fused) { set_fp8_fused_bias_grad(fused); }
+  ~FusedBiasGrad() { set_fp8_fused_bias_grad(true); }
+};
+
+// What two FP8 steps leave: every output and gradient and every layer's FP8 state, by name, and how
+// many fused casts ran.
+struct Fp8Steps {
+  std::map<std::string, Tensor> tensors;
+  int64_t fused_casts = 0;
+};
+
+void keep_fp8_state(Fp8Steps& out, Module& m, const std::string& prefix) {
+  for (const auto& [name, t] : fp8_state_dict(m)) out.tensors[prefix + name] = t.clone();
+}
+
+void keep_grads(Fp8Steps& out, Module& m, const std::string& prefix) {
+  for (const auto& [name, p] : m.named_parameters()) out.tensors[prefix + name + ".grad"] = p.grad().clone();
+}
+
+void expect_same_steps(const Fp8Steps& fused, const Fp8Steps& unfused) {
+  ASSERT_EQ(fused.tensors.size(), unfused.tensors.size());
+  for (const auto& [name, t] : unfused.tensors) {
+    ASSERT_TRUE(fused.tensors.count(name)) << name;
+    EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
+  }
+  EXPECT_GT(fused.fused_casts, 0) << "the fused path should have run";
+  EXPECT_EQ(unfused.fused_casts, 0) << "the unfused path should have run";
+}
+
+// Two steps of one Linear (33 rows: not a multiple of 16), the second with the scales the first gave.
+Fp8Steps linear_steps(DType dtype, const Fp8Recipe& recipe, bool fused) {
+  const FusedBiasGrad mode(fused);
+  OpLedger ledger;
+  auto layer = make_linear(64, 48, dtype, 300);
+  Fp8Steps out;
+  for (int s = 0; s < 2; ++s) {
+    Tensor x = random_tensor({3, 11, 64}, dtype, 301 + s, 2.0).requires_grad_();
+    layer->zero_grad();
+    const std::string at = "step" + std::to_string(s) + ".";
+    out.tensors[at + "y"] = step(*layer, x, random_tensor({3, 11, 48}, dtype, 310 + s, 1e-2), recipe);
+    out.tensors[at + "x.grad"] = x.grad();
+    keep_grads(out, *layer, at);
+    keep_fp8_state(out, *layer, at);
+  }
+  out.fused_casts = ledger.op("fp8_cast_dbias").calls;
+  return out;
+}
+
+// Casting dy and summing the bias gradient in one pass changes no bit of a training step on the CPU:
+// outputs, all three gradients and the FP8 state after each of two steps, under both formats of
+// delayed scaling (where it is one pass over dy) and under current scaling (two), in bf16 and f32.
+TEST(Fp8Linear, TheBiasGradientFromDysCastIsTheUnfusedSumBitForBit) {
+  const std::vector<std::pair<std::string, Fp8Recipe>> recipes = {
+      {"delayed HYBRID", DelayedScaling{.amax_history_len = 4}},
+      {"delayed E4M3", DelayedScaling{.amax_history_len = 4, .fp8_format = Fp8Format::E4M3}},
+      {"current HYBRID", CurrentScaling{}}};
+  for (const auto& [name, recipe] : recipes) {
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      SCOPED_TRACE(name + " " + dtype_name(dtype));
+      const Fp8Steps fused = linear_steps(dtype, recipe, true), unfused = linear_steps(dtype, recipe, false);
+      expect_same_steps(fused, unfused);
+      EXPECT_EQ(fused.fused_casts, 2);
+    }
+  }
+  EXPECT_TRUE(fp8_fused_bias_grad()) << "fused is the default";
+}
+
+// The same for two steps of a bf16 TransformerBlock whose four Linears run in FP8, with an SGD step in
+// between: the second step's casts use updated weights and scales.
+TEST(Fp8Linear, ABlockTrainsTheSameBitsWithTheBiasGradientFromDysCast) {
+  for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
+    SCOPED_TRACE(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3");
+    auto run = [&](bool fused) {
+      const FusedBiasGrad mode(fused);
+      OpLedger ledger;
+      TransformerBlock block(32, 2);
+      uint64_t seed = 400;
+      for (const Tensor& p : block.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
+      block.to(DType::bf16);
+      optim::SGD sgd(block.parameters(), 0.1);
+      Fp8Steps out;
+      for (int s = 0; s < 2; ++s) {
+        Tensor x = random_tensor({2, 17, 32}, DType::bf16, 420 + s, 1.0).requires_grad_();
+        sgd.zero_grad();
+        const std::string at = "step" + std::to_string(s) + ".";
+        out.tensors[at + "y"] =
+            step(block, x, random_tensor({2, 17, 32}, DType::bf16, 430 + s), DelayedScaling{.fp8_format = format});
+        out.tensors[at + "x.grad"] = x.grad();
+        keep_grads(out, block, at);
+        keep_fp8_state(out, block, at);
+        sgd.step();
+      }
+      out.fused_casts = ledger.op("fp8_cast_dbias").calls;
+      return out;
+    };
+    const Fp8Steps fused = run(true), unfused = run(false);
+    expect_same_steps(fused, unfused);
+    EXPECT_EQ(fused.fused_casts, 2 * 4) << "qkv, proj, fc1 and fc2, twice";
   }
 }
 

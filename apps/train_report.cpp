@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #if OCTET_HAS_CUDA
@@ -22,11 +23,27 @@ namespace octet {
 
 using nlohmann::json;
 
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds)) return "?";
+  const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s < 60) return std::to_string(s) + "s";
+  char text[32];
+  if (s < 3600) {
+    std::snprintf(text, sizeof text, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(text, sizeof text, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
+  }
+  return text;
+}
+
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+
 
 // "1.23 GiB in use, 2.34 GiB peak, 3.45 GiB reserved" for a GPU; the CPU has no counters.
 std::string memory_summary(Device device) {
@@ -258,9 +275,14 @@ void TrainReport::end_step(int64_t step, double lr, const StepResult& result) {
   if (!log_now_) return;
   const double ips = static_cast<double>(global_batch_ * window_steps_) / window_seconds_;
   const std::string memory = device_.is_cuda() ? " | " + memory_summary(device_) : "";
-  logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{}",
+  // Time left at the pace of the run so far (evaluations and checkpoints included, as they recur).
+  const double elapsed = seconds_since(run_start_);
+  const double left = elapsed / static_cast<double>(step - first_step_) * static_cast<double>(total_steps_ - step);
+  logging::info("step {:5d}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | {:.1f} ms/step | {:.1f} GFLOP/s{} | "
+                "{} elapsed, {} left",
                 step, total_steps_, result.batch.epoch, window_loss_ / window_steps_, lr, ips,
-                1e3 * window_seconds_ / window_steps_, ips * flops_per_image_ / 1e9, memory);
+                1e3 * window_seconds_ / window_steps_, ips * flops_per_image_ / 1e9, memory, format_duration(elapsed),
+                format_duration(left));
   window_seconds_ = window_loss_ = 0, window_steps_ = 0;
   if (fp8_monitor_) log_fp8(fp8_numbers);
 }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,10 @@
 #include "optim/optimizer.h"
 
 namespace octet {
+
+// "42s", "4m05s", "1h02m" (seconds rounded, never negative; "?" when not finite): the elapsed time
+// and the time left that each log line ends with.
+std::string format_duration(double seconds);
 
 namespace nn {
 class ModuleTracer;

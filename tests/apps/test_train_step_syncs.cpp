@@ -12,10 +12,12 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include <spdlog/sinks/ostream_sink.h>
 #include <unistd.h>
 
 #include "apps/parallel.h"
@@ -23,6 +25,7 @@
 #include "apps/train_report.h"
 #include "apps/train_step.h"
 #include "core/host_sync.h"
+#include "core/log.h"
 #include "core/random.h"
 #include "models/vit.h"
 #include "optim/optim.h"
@@ -167,6 +170,45 @@ TEST(TrainStepSyncs, ANonFiniteLossEndsTheRunAtTheNextReadNamingItsStep) {
   other.report.begin_step(0);
   other.report.end_step(1, other.o.lr, StepResult{full({}, std::numeric_limits<double>::infinity()), batch});
   EXPECT_TRUE(throws_with([&] { other.report.read_losses(); }, {"the loss became inf at step 1"}));
+}
+
+TEST(TrainReport, LogLinesEndWithTheTimeElapsedAndTheTimeLeft) {
+  EXPECT_EQ(format_duration(0.2), "0s");
+  EXPECT_EQ(format_duration(42.4), "42s");
+  EXPECT_EQ(format_duration(245), "4m05s");
+  EXPECT_EQ(format_duration(3725), "1h02m");
+  EXPECT_EQ(format_duration(-3), "0s");
+  EXPECT_EQ(format_duration(std::numeric_limits<double>::infinity()), "?");
+
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  spdlog::logger& logger = logging::logger();
+  logger.sinks().push_back(sink);
+  const spdlog::level::level_enum level = logger.level();
+  logger.set_level(spdlog::level::info);
+  {
+    const int64_t total_steps = 4, log_every = 2;
+    TinyRun run(tiny_options(log_every), total_steps);
+    for (int64_t step = 0; step < total_steps; ++step) {
+      run.report.begin_step(step);
+      const StepResult result = run.step([&] { return run.next_batch(); });
+      run.report.end_step(step + 1, run.o.lr, result);
+    }
+  }
+  logger.sinks().pop_back();
+  logger.set_level(level);
+  const std::string log = captured.str();
+  // Step 2 of 4: half the run is left, so the time left is the time elapsed, give or take rounding.
+  const auto line_of = [&](const std::string& start) {
+    const size_t at = log.find(start);
+    return at == std::string::npos ? std::string() : log.substr(at, log.find('\n', at) - at);
+  };
+  const std::string second = line_of("step     2/4"), last = line_of("step     4/4");
+  ASSERT_FALSE(second.empty()) << log;
+  EXPECT_NE(second.find(" elapsed, "), std::string::npos) << second;
+  EXPECT_NE(second.find(" left"), std::string::npos) << second;
+  ASSERT_FALSE(last.empty()) << log;
+  EXPECT_NE(last.find(", 0s left"), std::string::npos) << last;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ packages=(
   libopenmpi-dev openmpi-bin        # launch and the CPU process group
   dataset-fashion-mnist             # the main job's data
   xz-utils binutils                 # tools/gpu_bundle.sh: packing and reading the programs
+  python3-matplotlib                # tools/plot_metrics.py: pictures of a run
 )
 
 missing=()

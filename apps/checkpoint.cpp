@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/checksum.h"
+#include "core/checksum_json.h"
 #include "core/error.h"
 #include "distributed/fsdp_checkpoint.h"
 #include "nn/fp8.h"

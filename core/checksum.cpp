@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/checksum_json.h"
 #include "core/error.h"
 #include "core/log.h"
 

@@ -10,7 +10,7 @@
 //
 //   FileDigests digests;
 //   digests["model.safetensors"] = nn::save_safetensors(dir + "/model.safetensors", tensors);
-//   ... write digests_to_json(digests) into the metadata file ...
+//   ... write digests_to_json(digests) (core/checksum_json.h) into the metadata file ...
 //
 //   const FileVerifier files(dir, "trainer.json", digests_from_json(...), "resume from another checkpoint");
 //   const nn::SafetensorsFile model = nn::load_safetensors(files.path("model.safetensors"));
@@ -22,7 +22,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,11 +43,6 @@ std::string describe(const FileDigest& digest);  // "1234 bytes, CRC-32 0a1b2c3d
 
 // A checkpoint's digests by file name (no directory).
 using FileDigests = std::map<std::string, FileDigest>;
-
-// {"name": {"bytes": 1234, "crc32": "0a1b2c3d"}, ...}. digests_from_json names `metadata_file` and the
-// entry when one is malformed.
-nlohmann::json digests_to_json(const FileDigests& digests);
-FileDigests digests_from_json(const nlohmann::json& j, const std::string& metadata_file);
 
 // Checks the files of the checkpoint in `dir` against the digests its metadata file recorded.
 class FileVerifier {

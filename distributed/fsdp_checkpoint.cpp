@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/atomic_file.h"
+#include "core/checksum_json.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "distributed/fsdp_checkpoint_index.h"

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/checksum_json.h"
 
 namespace octet::distributed::checkpoint {
 

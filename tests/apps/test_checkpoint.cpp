@@ -15,6 +15,7 @@
 #include "apps/checkpoint.h"
 #include "autograd/ops.h"
 #include "core/checksum.h"
+#include "core/checksum_json.h"
 #include "core/log.h"
 #include "distributed/fsdp.h"
 #include "distributed/process_group.h"

@@ -2,18 +2,14 @@
 // with errors that name the file, both digests and the fix.
 #include "core/checksum.h"
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_file.h"
+#include "core/checksum_json.h"
 #include "tests/testing.h"
 
 namespace octet {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::throws_with;
 
 TEST(Checksum, Crc32IsTheStandardOneAndContinuesAcrossPieces) {

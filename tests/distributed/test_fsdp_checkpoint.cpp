@@ -24,6 +24,7 @@
 #include "autograd/ops.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
+#include "core/checksum_json.h"
 #include "distributed/fsdp_checkpoint.h"
 #include "models/vit.h"
 #include "nn/safetensors.h"

@@ -11,6 +11,7 @@
 #include "core/checksum.h"
 #include "core/checksum_json.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "distributed/fsdp_checkpoint.h"
 #include "nn/fp8.h"
 #include "nn/safetensors.h"
@@ -155,10 +156,19 @@ FileVerifier verifier_of(const json& trainer, const fs::path& dir) {
   return FileVerifier(dir.string(), "trainer.json", std::move(digests), corrupt_fix(dir));
 }
 
-// Without fp8.safetensors (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh.
+// Without fp8.safetensors (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh. It is the
+// one file a run can do without, so one that was saved and has gone is a warning rather than an error:
+// the run goes on, only no longer bit for bit. When it is there, it is checked like the others.
 std::optional<nn::SafetensorsFile> read_fp8_state_if_saved(const FileVerifier& files) {
-  if (!files.holds("fp8.safetensors")) return std::nullopt;
-  return nn::load_checked_safetensors(files, "fp8.safetensors");
+  const std::string name = "fp8.safetensors";
+  if (!files.holds(name)) return std::nullopt;
+  if (!fs::exists(files.path(name))) {
+    logging::warn("checkpoint file {} is missing, though the checkpoint records it: FP8 scaling starts afresh, so "
+                  "the run will not continue bit for bit. Put the file back to resume exactly",
+                  files.path(name));
+    return std::nullopt;
+  }
+  return nn::load_checked_safetensors(files, name);
 }
 
 void load_fp8_state(const std::optional<nn::SafetensorsFile>& fp8_state, const std::string& fp8_file,

@@ -43,6 +43,7 @@ std::string save_checkpoint(const std::string& root, nn::Module& model, const op
 // `path` is a checkpoint directory or a root holding `latest`. Loads the weights, the optimizer state
 // and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt (its
 // checksum differs) or mismatched file is an error that names it, thrown before anything is loaded.
+// A missing fp8.safetensors only warns: the FP8 scaling starts afresh, as for a checkpoint without it.
 TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer);
 
 // Under FSDP (a collective: every rank calls it). <root>/step-<step>/ holds every rank's shards and

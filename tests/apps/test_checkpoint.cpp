@@ -242,15 +242,24 @@ TEST_F(CheckpointTest, AFlippedBitInATensorsDataIsAnErrorNamingTheFile) {
   }
 }
 
-// A file trainer.json records must be there; one it does not record is not part of the checkpoint and
-// is never read.
+// A file trainer.json records must be there, except the FP8 state, without which a run goes on with
+// fresh scales (tests/e2e/resume_fp8.sh relies on that) and a warning. A file trainer.json does not
+// record is not part of the checkpoint and is never read.
 TEST_F(CheckpointTest, AMissingFileIsAnErrorAndAnUnrecordedOneIsNotRead) {
   TrainedRun fp8_run(1, 1, 2, short_history_recipe());
   const fs::path dir = apps::save_checkpoint(root.string(), fp8_run.model, fp8_run.optimizer, state());
   const std::string fp8_state = slurp(dir / "fp8.safetensors");
   fs::remove(dir / "fp8.safetensors");
+  {
+    const CapturedLog log;
+    TrainedRun fresh(2, 0, 2, short_history_recipe());
+    apps::load_checkpoint(dir.string(), fresh.model, fresh.optimizer);
+    EXPECT_TRUE(nn::fp8_state_dict(fresh.model).empty());
+    EXPECT_NE(log.text().find("fp8.safetensors is missing"), std::string::npos) << log.text();
+  }
+  fs::remove(dir / "optimizer.safetensors");
   EXPECT_TRUE(throws_with([&] { apps::load_checkpoint(dir.string(), fp8_run.model, fp8_run.optimizer); },
-                          {"fp8.safetensors is missing", "trainer.json records it"}));
+                          {"optimizer.safetensors is missing", "trainer.json records it", "resume from an older"}));
   // A checkpoint without FP8 state that gains an fp8.safetensors (of a wider model, which would not fit).
   TrainedRun plain(1, 1);
   apps::TrainerState s = state();

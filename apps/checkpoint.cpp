@@ -4,10 +4,14 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/checksum_json.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "distributed/fsdp_checkpoint.h"
 #include "nn/fp8.h"
 #include "nn/safetensors.h"
@@ -18,7 +22,10 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+// Version 2 records the checksums of the checkpoint's files ("checksums"); version 1 checkpoints load
+// unchecked, with a warning.
+constexpr int kFormatVersion = 2;
+constexpr int kUncheckedFormatVersion = 1;
 
 std::string step_name(int64_t step) {
   char name[32];
@@ -49,8 +56,9 @@ T field(const json& j, const json::json_pointer& where, const std::string& file)
 
 TrainerState from_json(const json& j, const std::string& file) {
   const int version = field<int>(j, json::json_pointer("/format_version"), file);
-  OCTET_CHECK(version == kFormatVersion, "checkpoint ", file, " has format version ", version,
-              "; this build reads version ", kFormatVersion);
+  OCTET_CHECK(version == kFormatVersion || version == kUncheckedFormatVersion, "checkpoint ", file,
+              " has format version ", version, "; this build reads versions ", kUncheckedFormatVersion, " and ",
+              kFormatVersion);
   TrainerState s;
   s.step = field<int64_t>(j, json::json_pointer("/step"), file);
   s.loader.epoch = field<int64_t>(j, json::json_pointer("/loader/epoch"), file);
@@ -77,11 +85,19 @@ std::string save_checkpoint(const std::string& root, nn::Module& model, const op
   fs::remove_all(tmp_dir);
   fs::create_directory(tmp_dir);
 
-  nn::save_safetensors((tmp_dir / "model.safetensors").string(), model.state_dict(), {{"format", "pt"}});
-  nn::save_safetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state_dict());
+  // trainer.json records the others' checksums, and is written last.
+  FileDigests files;
+  files["model.safetensors"] =
+      nn::save_safetensors((tmp_dir / "model.safetensors").string(), model.state_dict(), {{"format", "pt"}});
+  files["optimizer.safetensors"] =
+      nn::save_safetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state_dict());
   const std::map<std::string, Tensor> fp8_state = nn::fp8_state_dict(model);
-  if (!fp8_state.empty()) nn::save_safetensors((tmp_dir / "fp8.safetensors").string(), fp8_state);
-  write_file_atomic((tmp_dir / "trainer.json").string(), to_json(state).dump(2) + "\n");
+  if (!fp8_state.empty()) {
+    files["fp8.safetensors"] = nn::save_safetensors((tmp_dir / "fp8.safetensors").string(), fp8_state);
+  }
+  json trainer = to_json(state);
+  trainer["checksums"] = digests_to_json(files);
+  write_file_atomic((tmp_dir / "trainer.json").string(), trainer.dump(2) + "\n");
 
   // rename() will not replace a non-empty directory: move an older checkpoint of the same step aside.
   const fs::path old_dir = fs::path(root) / ("." + name + ".old-" + std::to_string(::getpid()));
@@ -113,25 +129,53 @@ std::string resolve_checkpoint(const std::string& path) {
 
 namespace {
 
-TrainerState read_trainer_state(const fs::path& dir) {
-  const std::string trainer_file = (dir / "trainer.json").string();
-  json j;
+// What to do about a corrupt file of the checkpoint in `dir`: take an older one beside it.
+std::string corrupt_fix(const fs::path& dir) {
+  const fs::path root = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  return "resume from an older checkpoint in " + root.string() + " (pass its step-* folder to --resume; " +
+         (root / "latest").string() + " names this one)";
+}
+
+json parse_trainer_json(const std::string& text, const std::string& trainer_file) {
   try {
-    j = json::parse(read_file(trainer_file));
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     OCTET_FAIL("checkpoint ", trainer_file, " is not valid JSON (", e.what(),
                "); it is corrupt or truncated, pass another --resume");
   }
-  return from_json(j, trainer_file);
 }
 
-// Without fp8.safetensors (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh.
-void load_fp8_state_if_saved(const fs::path& dir, nn::Module& model) {
-  const std::string fp8_file = (dir / "fp8.safetensors").string();
-  if (!fs::exists(fp8_file)) return;
-  const nn::SafetensorsFile fp8_state = nn::load_safetensors(fp8_file);
+// trainer.json of a single-process checkpoint records the other files' checksums (format version 2;
+// version 1 recorded none). It is the one file not checksummed: it is parsed and checked field by field.
+FileVerifier verifier_of(const json& trainer, const fs::path& dir) {
+  const std::string trainer_file = (dir / "trainer.json").string();
+  std::optional<FileDigests> digests;
+  if (field<int>(trainer, json::json_pointer("/format_version"), trainer_file) >= kFormatVersion) {
+    digests = digests_from_json(field<json>(trainer, json::json_pointer("/checksums"), trainer_file), trainer_file);
+  }
+  return FileVerifier(dir.string(), "trainer.json", std::move(digests), corrupt_fix(dir));
+}
+
+// Without fp8.safetensors (a bf16 or fp32 checkpoint) an FP8 run starts its scaling afresh. It is the
+// one file a run can do without, so one that was saved and has gone is a warning rather than an error:
+// the run goes on, only no longer bit for bit. When it is there, it is checked like the others.
+std::optional<nn::SafetensorsFile> read_fp8_state_if_saved(const FileVerifier& files) {
+  const std::string name = "fp8.safetensors";
+  if (!files.holds(name)) return std::nullopt;
+  if (!fs::exists(files.path(name))) {
+    logging::warn("checkpoint file {} is missing, though the checkpoint records it: FP8 scaling starts afresh, so "
+                  "the run will not continue bit for bit. Put the file back to resume exactly",
+                  files.path(name));
+    return std::nullopt;
+  }
+  return nn::load_checked_safetensors(files, name);
+}
+
+void load_fp8_state(const std::optional<nn::SafetensorsFile>& fp8_state, const std::string& fp8_file,
+                    nn::Module& model) {
+  if (!fp8_state) return;
   try {
-    nn::load_fp8_state_dict(model, fp8_state.tensors);
+    nn::load_fp8_state_dict(model, fp8_state->tensors);
   } catch (const Error& e) {
     OCTET_FAIL(fp8_file, " does not fit this model's FP8 layers (was it written with another --model?): ", e.what());
   }
@@ -143,22 +187,27 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::
   const fs::path dir = resolve_checkpoint(path);
   OCTET_CHECK(!fs::exists(dir / "index.json"), dir.string(), " holds FSDP shards (index.json), not one model file; "
               "resume it with --parallel fsdp, at any number of ranks");
-  TrainerState state = read_trainer_state(dir);
-  const std::string model_file = (dir / "model.safetensors").string();
-  const std::string optimizer_file = (dir / "optimizer.safetensors").string();
-  nn::SafetensorsFile weights = nn::load_safetensors(model_file);
-  nn::SafetensorsFile optimizer_state = nn::load_safetensors(optimizer_file);
+  const std::string trainer_file = (dir / "trainer.json").string();
+  const json trainer = parse_trainer_json(read_file(trainer_file), trainer_file);
+  TrainerState state = from_json(trainer, trainer_file);
+  // Every file is read and checked before any of it goes into the model or the optimizer.
+  const FileVerifier files = verifier_of(trainer, dir);
+  const nn::SafetensorsFile weights = nn::load_checked_safetensors(files, "model.safetensors");
+  const nn::SafetensorsFile optimizer_state = nn::load_checked_safetensors(files, "optimizer.safetensors");
+  const std::optional<nn::SafetensorsFile> fp8_state = read_fp8_state_if_saved(files);
   try {
     model.load_state_dict(weights.tensors, /*strict=*/true);
   } catch (const Error& e) {
-    OCTET_FAIL(model_file, " does not fit this model (was the checkpoint written with another --model?): ", e.what());
+    OCTET_FAIL(files.path("model.safetensors"),
+               " does not fit this model (was the checkpoint written with another --model?): ", e.what());
   }
   try {
     optimizer.load_state_dict(optimizer_state.tensors);
   } catch (const Error& e) {
-    OCTET_FAIL(optimizer_file, " does not fit this optimizer (was it written with another --optimizer?): ", e.what());
+    OCTET_FAIL(files.path("optimizer.safetensors"),
+               " does not fit this optimizer (was it written with another --optimizer?): ", e.what());
   }
-  load_fp8_state_if_saved(dir, model);
+  load_fp8_state(fp8_state, files.path("fp8.safetensors"), model);
   return state;
 }
 
@@ -168,10 +217,16 @@ std::string save_sharded_checkpoint(const std::string& root, distributed::FullyS
   const bool lead = fsdp.process_group()->rank() == 0;
   const std::string name = step_name(state.step);
   const fs::path final_dir = fs::path(root) / name;
-  distributed::save_fsdp_checkpoint(final_dir.string(), fsdp, &optimizer, [&](const std::string& staging) {
+  // index.json records the checksums of these files, with the shards'.
+  distributed::save_fsdp_checkpoint(final_dir.string(), fsdp, &optimizer, [&](const std::string& staging,
+                                                                              FileDigests& files) {
     const std::map<std::string, Tensor> fp8_state = nn::fp8_state_dict(model);
-    if (!fp8_state.empty()) nn::save_safetensors((fs::path(staging) / "fp8.safetensors").string(), fp8_state);
-    write_file_atomic((fs::path(staging) / "trainer.json").string(), to_json(state).dump(2) + "\n");
+    if (!fp8_state.empty()) {
+      files["fp8.safetensors"] = nn::save_safetensors((fs::path(staging) / "fp8.safetensors").string(), fp8_state);
+    }
+    const std::string trainer = to_json(state).dump(2) + "\n";
+    write_file_atomic((fs::path(staging) / "trainer.json").string(), trainer);
+    files["trainer.json"] = digest_of(trainer);
   });
   if (lead) write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
   fsdp.process_group()->barrier()->wait();  // `latest` is in place before any rank goes on
@@ -183,9 +238,18 @@ TrainerState load_sharded_checkpoint(const std::string& path, distributed::Fully
   const fs::path dir = resolve_checkpoint(path);
   OCTET_CHECK(fs::exists(dir / "index.json"), dir.string(), " is a single-process or DDP checkpoint (no index.json of "
               "FSDP shards); resume it without --parallel fsdp, or with --parallel ddp");
-  TrainerState state = read_trainer_state(dir);
-  distributed::load_fsdp_checkpoint(dir.string(), fsdp, &optimizer);
-  load_fp8_state_if_saved(dir, model);
+  // trainer.json and fp8.safetensors are read and checked against index.json's checksums with the
+  // shards, on every rank, before the load changes anything.
+  TrainerState state;
+  std::optional<nn::SafetensorsFile> fp8_state;
+  distributed::load_fsdp_checkpoint(dir.string(), fsdp, &optimizer, [&](const FileVerifier& files) {
+    files.require_present("trainer.json");
+    const std::string text = read_file(files.path("trainer.json"));
+    files.verify("trainer.json", digest_of(text));
+    state = from_json(parse_trainer_json(text, files.path("trainer.json")), files.path("trainer.json"));
+    fp8_state = read_fp8_state_if_saved(files);
+  });
+  load_fp8_state(fp8_state, (dir / "fp8.safetensors").string(), model);
   return state;
 }
 

@@ -4,13 +4,18 @@
 //
 //   <root>/step-00000100/model.safetensors      weights under timm's names (loads in timm as is)
 //                        optimizer.safetensors  optimizer state (AdamW moments, SGD momentum, step)
-//                        trainer.json           step, data-loader position, RNG state, run flags
+//                        trainer.json           step, data-loader position, RNG state, run flags, and
+//                                               the size and CRC-32 of each file above (core/checksum.h)
 //                        fp8.safetensors        FP8 scales and amax histories (nn::fp8_state_dict), only
 //                                               when a Linear has run in FP8
 //   <root>/latest                               the name of the newest complete checkpoint
 //
 // A checkpoint is written into a hidden temporary directory and renamed into place, and `latest` is
 // replaced atomically after it, so a crash mid-write never leaves a half checkpoint behind a name.
+// Loading checks every file against its recorded checksum before using it, so a byte changed on disk
+// is an error naming the file rather than weights that train on; trainer.json, which holds the
+// checksums, is checked field by field instead. A checkpoint written before checksums (format version
+// 1) loads unchecked, with a warning.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -36,14 +41,15 @@ std::string save_checkpoint(const std::string& root, nn::Module& model, const op
                             const TrainerState& state);
 
 // `path` is a checkpoint directory or a root holding `latest`. Loads the weights, the optimizer state
-// and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt or
-// mismatched file is an error that names it.
+// and the FP8 state (when saved) in place and returns the trainer state; a missing, corrupt (its
+// checksum differs) or mismatched file is an error that names it, thrown before anything is loaded.
+// A missing fp8.safetensors only warns: the FP8 scaling starts afresh, as for a checkpoint without it.
 TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer);
 
 // Under FSDP (a collective: every rank calls it). <root>/step-<step>/ holds every rank's shards and
 // index.json (distributed/fsdp_checkpoint.h) instead of model.safetensors and optimizer.safetensors,
-// plus trainer.json and fp8.safetensors from rank 0; `latest` is updated after. Loading works at any
-// world size: the shards are re-sharded.
+// plus trainer.json and fp8.safetensors from rank 0, whose checksums index.json records with the
+// shards'; `latest` is updated after. Loading works at any world size: the shards are re-sharded.
 std::string save_sharded_checkpoint(const std::string& root, distributed::FullyShardedDataParallel& fsdp,
                                     const optim::Optimizer& optimizer, nn::Module& model, const TrainerState& state);
 TrainerState load_sharded_checkpoint(const std::string& path, distributed::FullyShardedDataParallel& fsdp,

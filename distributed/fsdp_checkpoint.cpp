@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/atomic_file.h"
+#include "core/checksum_json.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "distributed/fsdp_checkpoint_index.h"
@@ -96,7 +97,9 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
                 ec.message(), "; pass a writable directory");
   });
 
-  const auto write_files = [&] {
+  // Each rank digests the shard it writes; rank 0 gathers the digests into index.json.
+  FileDigest shard_digest;
+  const auto write_shard = [&] {
     if (layout.world > 1 || group.rank() == 0) {  // NO_SHARD: the replicas are equal, one copy will do
       nn::StateDict tensors;
       for (int f = 0; f < num_flats; ++f) {
@@ -104,10 +107,29 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
         tensors[prefix + "param"] = shards[f].detach();
         for (const auto& [name, t] : buffers[f]) tensors[prefix + name] = t;
       }
-      nn::save_safetensors((tmp_dir / shard_file_name(layout.rank, layout.world)).string(), tensors,
-                           {{"format", kFormatName}, {"rank", std::to_string(layout.rank)},
-                            {"world_size", std::to_string(layout.world)}});
+      shard_digest = nn::save_safetensors((tmp_dir / shard_file_name(layout.rank, layout.world)).string(), tensors,
+                                          {{"format", kFormatName}, {"rank", std::to_string(layout.rank)},
+                                           {"world_size", std::to_string(layout.world)}});
     }
+  };
+  // Rank 0 learns every shard's digest: each writer fills its own slot (bytes, CRC) and the rest are zero,
+  // so a sum is a gather. Both fit a double exactly (sizes below 2^53).
+  FileDigests digests;
+  const auto gather_shard_digests = [&] {
+    std::vector<double> slots(2 * static_cast<size_t>(layout.world), 0.0);
+    if (layout.world > 1 || group.rank() == 0) {
+      slots[2 * layout.rank] = static_cast<double>(shard_digest.bytes);
+      slots[2 * layout.rank + 1] = static_cast<double>(shard_digest.crc32);
+    }
+    const Tensor all = from_vector<double>(slots, {static_cast<int64_t>(slots.size())}, DType::f64, group.device());
+    group.all_reduce(all, ReduceOp::Sum)->wait();
+    const std::vector<double> summed = all.to_vector<double>();
+    for (int k = 0; k < layout.world; ++k) {
+      digests[shard_file_name(k, layout.world)] = {static_cast<uint64_t>(summed[2 * k]),
+                                                   static_cast<uint32_t>(summed[2 * k + 1])};
+    }
+  };
+  const auto write_metadata = [&] {
     if (group.rank() != 0) return;
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& [name, p] : fsdp.module().named_parameters()) shapes[name] = p.shape();
@@ -140,13 +162,23 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
       for (const auto& [key, t] : optimizer_state) {
         if (key.rfind("param_groups.", 0) == 0) group_entries[key] = t;
       }
-      nn::save_safetensors((tmp_dir / kGroupsFile).string(), group_entries, {{"format", kFormatName}});
+      digests[kGroupsFile] =
+          nn::save_safetensors((tmp_dir / kGroupsFile).string(), group_entries, {{"format", kFormatName}});
     }
-    if (write_extra) write_extra(tmp_dir.string());
+    if (write_extra) write_extra(tmp_dir.string(), digests);
+    // A file without a digest would load unchecked.
+    for (const auto& entry : fs::directory_iterator(tmp_dir)) {
+      const std::string name = entry.path().filename().string();
+      OCTET_CHECK(digests.count(name), op, ": ", name, " was written into the checkpoint without a checksum; the ",
+                  "write_extra hook must record the digest of every file it writes");
+    }
+    index["checksums"] = digests_to_json(digests);
     write_file_atomic((tmp_dir / kIndexFile).string(), index.dump(2) + "\n");
   };
   try {
-    on_every_rank(group, op, write_files);
+    on_every_rank(group, op, write_shard);
+    gather_shard_digests();
+    on_every_rank(group, op, write_metadata);
   } catch (...) {
     if (group.rank() == 0) {
       std::error_code ignored;
@@ -200,7 +232,7 @@ struct Piece {
 }  // namespace
 
 FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp,
-                                        optim::Optimizer* optimizer) {
+                                        optim::Optimizer* optimizer, const ReadExtraFiles& read_extra) {
   const std::string op = "load_fsdp_checkpoint(" + dir + ")";
   ProcessGroup& group = *fsdp.process_group();
   const fs::path path = normalized(dir);
@@ -220,19 +252,27 @@ FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedData
     index = read_index(path);
     const std::string index_file = (path / kIndexFile).string();
     check_same_flats(index, flats, fsdp.module(), index_file);
+    const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+    const FileVerifier files(path.string(), kIndexFile, index.checksums,
+                             "load an older checkpoint (beside it in " + parent.string() + ")");
     if (optimizer) {
       OCTET_CHECK(!index.optimizer.empty(), op, ": the checkpoint was saved without optimizer state; pass a null "
                   "optimizer to load the weights alone");
       OCTET_CHECK(index.optimizer == optimizer->name(), op, ": the checkpoint holds ", index.optimizer,
                   " state but the optimizer is ", optimizer->name(), "; build the optimizer the run used");
       const std::string groups_file = (path / kGroupsFile).string();
+      files.require_present(kGroupsFile);
+      nn::SafetensorsFile groups;
       try {
-        optimizer_state = nn::load_safetensors(groups_file).tensors;
+        groups = nn::load_safetensors(groups_file);
       } catch (const Error& e) {
         OCTET_FAIL("FSDP checkpoint ", path.string(), " is damaged: ", groups_file, " cannot be read (", e.what(),
                    "); load another checkpoint");
       }
+      files.verify(kGroupsFile, groups.digest);
+      optimizer_state = std::move(groups.tensors);
     }
+    if (read_extra) read_extra(files);
 
     // What this rank needs: elements [r'·S', (r'+1)·S') ∩ [0, numel) of each flat, which old rank k
     // holds at [k·S, (k+1)·S).
@@ -269,6 +309,7 @@ FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedData
       } catch (const Error& e) {
         OCTET_FAIL(damaged, " cannot be read (", e.what(), "); it was truncated or altered, load another checkpoint");
       }
+      files.verify(index.shards[old_rank], shard_file.digest);
       for (const Piece& piece : list) {
         const SavedFlat& saved = index.flats[piece.flat];
         const std::string prefix = "flat." + std::to_string(piece.flat) + ".";

@@ -18,7 +18,10 @@
 //                                is in (null when the optimizer does not hold it), its step count
 //                                (null before the first step), and its parameters in flat order
 //                                (name, offset in the flat, shape), so that a reader knows which
-//                                element ranges of which shard file hold which parameter.
+//                                element ranges of which shard file hold which parameter. And
+//                                "checksums": the size and CRC-32 of every other file in the
+//                                directory (core/checksum.h), each taken from memory by the rank that
+//                                wrote the file. index.json itself is checked field by field instead.
 //   shard-<r>-of-<N>.safetensors rank r's shards: "flat.<f>.param" (f32 [S]) and, once stepped,
 //                                "flat.<f>.<state>" for each per-element state (AdamW: exp_avg,
 //                                exp_avg_sq; SGD with momentum: momentum_buffer), f32 [S].
@@ -26,6 +29,10 @@
 //                                ("param_groups.<g>.lr", ".weight_decay", ".num_params"), the same
 //                                on every rank.
 //   plus whatever the caller's write_extra hook writes on rank 0 (trainer state, FP8 scales, ...).
+//
+// Loading checks every file against its checksum as it reads it, before anything is changed: a byte
+// altered on disk, two ranks' shard files exchanged, or a shard missing is an error naming the file.
+// A checkpoint from before checksums (format version 1) loads unchecked, with a warning.
 //
 // Loading at M ranks: rank r' needs elements [r'·S', (r'+1)·S') ∩ [0, numel) of each unpadded flat;
 // it reads those ranges from the few old shard files that hold them (and no other file), zeroes its
@@ -44,6 +51,7 @@
 #include <functional>
 #include <string>
 
+#include "core/checksum.h"
 #include "distributed/fsdp.h"
 #include "distributed/process_group.h"
 #include "optim/optimizer.h"
@@ -51,8 +59,14 @@
 namespace octet::distributed {
 
 // Called on rank 0 with the temporary directory, before the checkpoint is renamed into place: write
-// further files there (trainer.json, fp8.safetensors) so they appear atomically with the shards.
-using WriteExtraFiles = std::function<void(const std::string& staging_dir)>;
+// further files there (trainer.json, fp8.safetensors) so they appear atomically with the shards, and
+// record each one's digest (digest_of its bytes, or what nn::save_safetensors returns) in `digests`
+// under its file name, for index.json. A file left without a digest fails the save.
+using WriteExtraFiles = std::function<void(const std::string& staging_dir, FileDigests& digests)>;
+
+// Called on every rank while the checkpoint is read and checked, before the load changes anything:
+// read the files write_extra wrote (files.path(name)), and check each with files.verify.
+using ReadExtraFiles = std::function<void(const FileVerifier& files)>;
 
 // Writes `dir` (replacing a checkpoint already there). `optimizer` may be null: weights only. The
 // optimizer must have been built over fsdp.parameters() (any grouping): its state for each shard is
@@ -71,7 +85,7 @@ struct FsdpCheckpointInfo {
 // mismatch, or a missing, truncated or altered file, throws naming the file or the first differing
 // flat parameter and the fix, before anything is changed.
 FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp,
-                                        optim::Optimizer* optimizer);
+                                        optim::Optimizer* optimizer, const ReadExtraFiles& read_extra = {});
 
 // Gathers every parameter at full size (FullyShardedDataParallel::full_parameters) and rank 0 writes
 // one safetensors file under the model's own dotted names (timm's, for a VisionTransformer), with

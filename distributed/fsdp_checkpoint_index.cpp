@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/checksum_json.h"
 
 namespace octet::distributed::checkpoint {
 
@@ -103,9 +104,11 @@ SavedIndex read_index(const fs::path& dir) {
   OCTET_CHECK(field<std::string>(j, "format", file) == kFormatName, "FSDP checkpoint ", file, " is not an ",
               kFormatName, " index; pass a directory written by save_fsdp_checkpoint");
   const int version = field<int>(j, "format_version", file);
-  OCTET_CHECK(version == kFormatVersion, "FSDP checkpoint ", file, " has format version ", version,
-              "; this build reads version ", kFormatVersion);
+  OCTET_CHECK(version == kFormatVersion || version == kUncheckedFormatVersion, "FSDP checkpoint ", file,
+              " has format version ", version, "; this build reads versions ", kUncheckedFormatVersion, " and ",
+              kFormatVersion);
   SavedIndex index;
+  if (version >= kFormatVersion) index.checksums = digests_from_json(field<json>(j, "checksums", file), file);
   index.world = field<int>(j, "world_size", file);
   index.shards = field<std::vector<std::string>>(j, "shards", file);
   OCTET_CHECK(index.world >= 1 && static_cast<int>(index.shards.size()) == index.world, "FSDP checkpoint ", file,

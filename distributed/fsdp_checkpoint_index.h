@@ -5,10 +5,12 @@
 // index as read back and checked against a model.
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "distributed/fsdp.h"
 #include "distributed/process_group.h"
@@ -18,7 +20,9 @@ namespace octet::distributed::checkpoint {
 
 namespace fs = std::filesystem;
 
-inline constexpr int kFormatVersion = 1;
+// Version 2 adds "checksums"; version 1 checkpoints load unchecked, with a warning.
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kUncheckedFormatVersion = 1;
 inline constexpr const char* kFormatName = "octet-fsdp-checkpoint";
 inline constexpr const char* kIndexFile = "index.json";
 inline constexpr const char* kGroupsFile = "optimizer_groups.safetensors";
@@ -105,6 +109,7 @@ struct SavedIndex {
   std::string optimizer;  // "" when saved without one
   std::vector<std::string> shards;
   std::vector<SavedFlat> flats;
+  std::optional<FileDigests> checksums;  // of every other file; none in a version 1 checkpoint
 };
 
 // Reads and checks `dir`/index.json, naming the file and the field for anything absent or damaged.

@@ -245,8 +245,8 @@ void check_tiling(const std::string& path, std::vector<Entry> entries, uint64_t 
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+FileDigest save_safetensors(const std::string& path, const StateDict& tensors,
+                            const std::map<std::string, std::string>& metadata) {
   // ordered_json keeps "__metadata__" first and the entries in buffer order, as the reference writer does.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -274,6 +274,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   file += json;
   for (const Tensor& t : host_tensors) file.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
   write_file_atomic(path, file);
+  return digest_of(file);
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
@@ -291,6 +292,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   std::string text(header_bytes, '\0');
   file.read(text.data(), header_bytes, 8);
+  uint32_t crc = crc32(std::string_view(reinterpret_cast<const char*>(&header_bytes), 8));
+  crc = crc32(text, crc);
   const Json header = parse_header_json(path, text);
   if (!header.is_object()) corrupt(path, "its header is ", header.type_name(), ", not a JSON object");
 
@@ -315,12 +318,24 @@ SafetensorsFile load_safetensors(const std::string& path) {
   check_tiling(path, entries, buffer_bytes);
 
   // Every size is now known to fit inside the file, so these allocations are bounded by its length.
+  // In buffer order (the header lists names alphabetically), so that the checksum runs over the file
+  // from front to back.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     file.read(t.data_ptr(), e.end - e.begin, buffer_start + e.begin);
+    crc = crc32(std::string_view(static_cast<const char*>(t.data_ptr()), e.end - e.begin), crc);
     result.tensors.emplace(e.name, std::move(t));
   }
+  result.digest = {file.size(), crc};
   return result;
+}
+
+SafetensorsFile load_checked_safetensors(const FileVerifier& files, const std::string& name) {
+  files.require_present(name);
+  SafetensorsFile file = load_safetensors(files.path(name));
+  files.verify(name, file.digest);
+  return file;
 }
 
 }  // namespace octet::nn

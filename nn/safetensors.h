@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "core/checksum.h"
 #include "core/tensor.h"
 
 namespace octet::nn {
@@ -20,18 +21,26 @@ namespace octet::nn {
 using StateDict = std::map<std::string, Tensor>;
 
 // Writes `tensors` (copied to the host when they live on a device) and string `metadata` to
-// `path` atomically: a crash mid-save leaves the previous file intact.
-void save_safetensors(const std::string& path, const StateDict& tensors,
+// `path` atomically: a crash mid-save leaves the previous file intact. Returns the digest of the bytes
+// written (taken from memory, not read back), for a checkpoint to record.
+FileDigest save_safetensors(const std::string& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsFile {
   StateDict tensors;  // on the CPU, in the file's dtypes
   std::map<std::string, std::string> metadata;
+  // Of every byte of the file, taken as it was read: the header and the tensors tile the file, so
+  // reading the tensors in buffer order reads each byte once.
+  FileDigest digest;
 };
 
 // Reads and fully validates `path`: a corrupt or truncated file (bad header, unknown dtype, sizes
 // that disagree, offsets outside the buffer, overlapping or gapped tensors, trailing bytes) throws
 // an octet::Error naming the file, the tensor and the problem; it never reads out of bounds.
 SafetensorsFile load_safetensors(const std::string& path);
+
+// Loads `name` of a checkpoint and checks it against the checksum its metadata recorded
+// (core/checksum.h): a file that is missing though recorded, or whose bytes differ, throws naming it.
+SafetensorsFile load_checked_safetensors(const FileVerifier& files, const std::string& name);
 
 }  // namespace octet::nn

@@ -1,14 +1,24 @@
 // Training checkpoints: a round trip restores weights, optimizer state and trainer state bit for
-// bit; every damaged or mismatched file is an error that names it.
+// bit; every damaged or mismatched file is an error that names it, and every file but trainer.json
+// is checked against the checksum trainer.json records for it.
 #include <gtest/gtest.h>
+
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #include "apps/checkpoint.h"
 #include "autograd/ops.h"
+#include "core/checksum.h"
+#include "core/checksum_json.h"
+#include "core/log.h"
+#include "distributed/fsdp.h"
+#include "distributed/process_group.h"
 #include "models/vit.h"
 #include "nn/fp8.h"
 #include "nn/layers.h"
@@ -66,6 +76,61 @@ void expect_bitwise_equal(const nn::StateDict& a, const nn::StateDict& b) {
     ASSERT_EQ(t.dtype(), u.dtype()) << name;
     EXPECT_EQ(0, std::memcmp(t.data_ptr(), u.data_ptr(), t.nbytes())) << name;
   }
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void spit(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Flips one bit in the middle of a safetensors file's data buffer, past its header: inside a tensor's
+// data, where the file still parses.
+void flip_bit_in_data(const fs::path& file) {
+  std::string bytes = slurp(file);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  const size_t data_start = 8 + header_bytes;
+  ASSERT_LT(data_start, bytes.size()) << file;
+  bytes[data_start + (bytes.size() - data_start) / 2] ^= 0x10;
+  spit(file, bytes);
+}
+
+nlohmann::json read_json(const fs::path& file) { return nlohmann::json::parse(slurp(file)); }
+void write_json(const fs::path& file, const nlohmann::json& j) { spit(file, j.dump(2)); }
+
+// Records `name`'s current bytes in trainer.json, as if the save had written them.
+void record_checksum(const fs::path& dir, const std::string& name) {
+  nlohmann::json trainer = read_json(dir / "trainer.json");
+  trainer["checksums"][name] = digests_to_json({{name, digest_of(slurp(dir / name))}})[name];
+  write_json(dir / "trainer.json", trainer);
+}
+
+// Collects what the "octet" logger writes while it lives.
+class CapturedLog {
+ public:
+  CapturedLog() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)) {
+    logging::logger().sinks().push_back(sink_);
+  }
+  ~CapturedLog() {
+    auto& sinks = logging::logger().sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+size_t occurrences(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
 }
 
 class CheckpointTest : public ::testing::Test {
@@ -130,10 +195,103 @@ TEST_F(CheckpointTest, ADamagedOrMismatchedFp8FileIsAnErrorThatNamesIt) {
   fs::resize_file(dir / "fp8.safetensors", fs::file_size(dir / "fp8.safetensors") - 8);
   EXPECT_TRUE(throws_with(load, {"fp8.safetensors"}));
 
-  // The FP8 state of a deeper model: a block this model lacks.
+  // The FP8 state of a deeper model: a block this model lacks. Its checksum is not the recorded one;
+  // once it is, the load finds that it does not fit.
   TrainedRun deeper(1, 1, /*depth=*/3, short_history_recipe());
   nn::save_safetensors((dir / "fp8.safetensors").string(), nn::fp8_state_dict(deeper.model));
+  EXPECT_TRUE(throws_with(load, {"fp8.safetensors is corrupt"}));
+  record_checksum(dir, "fp8.safetensors");
   EXPECT_TRUE(throws_with(load, {"fp8.safetensors", "does not fit this model's FP8 layers", "blocks.2"}));
+}
+
+// trainer.json records the size and CRC-32 of every other file the save wrote, as they are on disk.
+TEST_F(CheckpointTest, TrainerJsonRecordsTheChecksumOfEveryOtherFile) {
+  TrainedRun run(1, 2, 2, short_history_recipe());
+  const fs::path dir = apps::save_checkpoint(root.string(), run.model, run.optimizer, state());
+  const nlohmann::json trainer = read_json(dir / "trainer.json");
+  EXPECT_EQ(trainer["format_version"], 2);
+  const FileDigests recorded = digests_from_json(trainer["checksums"], "trainer.json");
+  FileDigests on_disk;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name != "trainer.json") on_disk[name] = digest_of(slurp(entry.path()));
+  }
+  EXPECT_EQ(on_disk.size(), 3u) << "model, optimizer and fp8 state";
+  EXPECT_EQ(recorded, on_disk);
+}
+
+// A flipped bit inside a tensor's data parses as a valid file; only its checksum tells. Each file is
+// checked before anything is loaded into the model, and the error names it and the way out.
+TEST_F(CheckpointTest, AFlippedBitInATensorsDataIsAnErrorNamingTheFile) {
+  TrainedRun saved(1, 2, 2, short_history_recipe());
+  const fs::path dir = apps::save_checkpoint(root.string(), saved.model, saved.optimizer, state());
+  for (const std::string name : {"model.safetensors", "optimizer.safetensors", "fp8.safetensors"}) {
+    SCOPED_TRACE(name);
+    const std::string intact = slurp(dir / name);
+    flip_bit_in_data(dir / name);
+    ASSERT_NE(slurp(dir / name), intact);
+    TrainedRun fresh(2, 1, 2, short_history_recipe());
+    const nn::StateDict before = fresh.model.state_dict();
+    EXPECT_TRUE(throws_with([&] { apps::load_checkpoint(root.string(), fresh.model, fresh.optimizer); },
+                            {(dir / name).string() + " is corrupt", (dir / "trainer.json").string() + " recorded",
+                             "CRC-32", "resume from an older checkpoint in " + root.string()}));
+    expect_bitwise_equal(before, fresh.model.state_dict());  // nothing was loaded
+    spit(dir / name, intact);
+    apps::load_checkpoint(root.string(), fresh.model, fresh.optimizer);
+    expect_bitwise_equal(saved.model.state_dict(), fresh.model.state_dict());
+  }
+}
+
+// A file trainer.json records must be there, except the FP8 state, without which a run goes on with
+// fresh scales (tests/e2e/resume_fp8.sh relies on that) and a warning. A file trainer.json does not
+// record is not part of the checkpoint and is never read.
+TEST_F(CheckpointTest, AMissingFileIsAnErrorAndAnUnrecordedOneIsNotRead) {
+  TrainedRun fp8_run(1, 1, 2, short_history_recipe());
+  const fs::path dir = apps::save_checkpoint(root.string(), fp8_run.model, fp8_run.optimizer, state());
+  const std::string fp8_state = slurp(dir / "fp8.safetensors");
+  fs::remove(dir / "fp8.safetensors");
+  {
+    const CapturedLog log;
+    TrainedRun fresh(2, 0, 2, short_history_recipe());
+    apps::load_checkpoint(dir.string(), fresh.model, fresh.optimizer);
+    EXPECT_TRUE(nn::fp8_state_dict(fresh.model).empty());
+    EXPECT_NE(log.text().find("fp8.safetensors is missing"), std::string::npos) << log.text();
+  }
+  fs::remove(dir / "optimizer.safetensors");
+  EXPECT_TRUE(throws_with([&] { apps::load_checkpoint(dir.string(), fp8_run.model, fp8_run.optimizer); },
+                          {"optimizer.safetensors is missing", "trainer.json records it", "resume from an older"}));
+  // A checkpoint without FP8 state that gains an fp8.safetensors (of a wider model, which would not fit).
+  TrainedRun plain(1, 1);
+  apps::TrainerState s = state();
+  s.step = 8;
+  const fs::path plain_dir = apps::save_checkpoint(root.string(), plain.model, plain.optimizer, s);
+  ASSERT_FALSE(fs::exists(plain_dir / "fp8.safetensors"));
+  spit(plain_dir / "fp8.safetensors", fp8_state);
+  apps::load_checkpoint(plain_dir.string(), plain.model, plain.optimizer);
+  EXPECT_TRUE(nn::fp8_state_dict(plain.model).empty());
+}
+
+// A checkpoint of format version 1 recorded no checksums: it loads as it is, unchecked, and says so
+// once. A version 2 trainer.json that lost its checksums is damaged, not old.
+TEST_F(CheckpointTest, ACheckpointWithoutChecksumsLoadsUncheckedWithOneWarning) {
+  TrainedRun saved(1, 2);
+  const fs::path dir = apps::save_checkpoint(root.string(), saved.model, saved.optimizer, state());
+  nlohmann::json trainer = read_json(dir / "trainer.json");
+  trainer.erase("checksums");
+  write_json(dir / "trainer.json", trainer);
+  EXPECT_TRUE(throws_with([&] { apps::load_checkpoint(dir.string(), saved.model, saved.optimizer); },
+                          {"trainer.json has no \"/checksums\""}));
+
+  trainer["format_version"] = 1;
+  write_json(dir / "trainer.json", trainer);
+  flip_bit_in_data(dir / "model.safetensors");  // goes unnoticed: nothing to check it against
+  const CapturedLog log;
+  TrainedRun fresh(2, 1);
+  EXPECT_EQ(apps::load_checkpoint(root.string(), fresh.model, fresh.optimizer).step, 7);
+  apps::load_checkpoint(root.string(), fresh.model, fresh.optimizer);
+  expect_bitwise_equal(saved.optimizer.state_dict(), fresh.optimizer.state_dict());
+  EXPECT_EQ(occurrences(log.text(), "records no checksums"), 1u) << log.text();
+  EXPECT_NE(log.text().find(dir.string()), std::string::npos) << log.text();
 }
 
 TEST_F(CheckpointTest, LatestPointsAtTheNewestAndRewritingAStepLeavesNoTemporaries) {
@@ -175,6 +333,31 @@ TEST_F(CheckpointTest, DamagedFilesAreErrorsThatNameThem) {
   load();
   fs::remove(dir / "optimizer.safetensors");
   EXPECT_TRUE(throws_with(load, {"optimizer.safetensors"}));
+}
+
+// Under FSDP, index.json records the checksums of trainer.json and fp8.safetensors with the shards';
+// each is checked as the load reads it.
+TEST_F(CheckpointTest, ShardedCheckpointsCheckTrainerJsonAgainstIndexJson) {
+  Generator gen(1);
+  auto model = std::make_shared<models::VisionTransformer>(tiny_config(), true, &gen);
+  distributed::FullyShardedDataParallel fsdp(model, std::make_shared<distributed::LocalProcessGroup>());
+  optim::AdamW optimizer(fsdp.parameters(), 1e-2);
+  const fs::path dir = apps::save_sharded_checkpoint(root.string(), fsdp, optimizer, *model, state());
+  const FileDigests recorded = digests_from_json(read_json(dir / "index.json")["checksums"], "index.json");
+  ASSERT_TRUE(recorded.count("trainer.json"));
+  EXPECT_EQ(recorded.at("trainer.json"), digest_of(slurp(dir / "trainer.json")));
+  EXPECT_EQ(apps::load_sharded_checkpoint(root.string(), fsdp, optimizer, *model).step, 7);
+
+  // Still valid JSON, another step: only the checksum tells.
+  const std::string intact = slurp(dir / "trainer.json");
+  const size_t at = intact.find("\"step\": 7");
+  ASSERT_NE(at, std::string::npos) << intact;
+  std::string altered = intact;
+  altered[at + 8] = '8';
+  spit(dir / "trainer.json", altered);
+  EXPECT_TRUE(throws_with([&] { apps::load_sharded_checkpoint(root.string(), fsdp, optimizer, *model); },
+                          {(dir / "trainer.json").string() + " is corrupt", "index.json recorded",
+                           "load an older checkpoint"}));
 }
 
 TEST_F(CheckpointTest, ACheckpointOfAnotherModelNamesTheMismatch) {

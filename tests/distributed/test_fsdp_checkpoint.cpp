@@ -1,7 +1,8 @@
 // Sharded FSDP checkpoints (distributed/fsdp_checkpoint.h), run by mpirun at 4 ranks: a checkpoint
 // saved at N = 4 after 3 AdamW steps must continue, at N = 4, 2 and 1, with the losses of the run
 // that never stopped (bit for bit at the same N, within 1e-5 at another), a consolidated export must
-// load into a single-process model, and damaged checkpoints or mismatched models must give errors
+// load into a single-process model, and damaged checkpoints (a truncated, altered, swapped or missing
+// file, each caught by its size or its checksum in index.json) or mismatched models must give errors
 // that name the problem, on every rank.
 //
 // N = 2 inside a 4-rank job: ranks {0, 1} and {2, 3} each form a 2-rank group over a split MPI
@@ -12,12 +13,18 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
 #include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/checksum_json.h"
 #include "distributed/fsdp_checkpoint.h"
 #include "models/vit.h"
 #include "nn/safetensors.h"
@@ -258,9 +265,12 @@ TEST(FsdpCheckpoint, SavingAgainReplacesTheCheckpointAndLeavesNoTemporaries) {
   auto optimizer = adamw(fsdp);
   distributed::save_fsdp_checkpoint(dir.string(), fsdp, nullptr);  // weights only, step 0
   train(fsdp, *optimizer, world(), 0, 1);
-  distributed::save_fsdp_checkpoint(dir.string() + "/", fsdp, optimizer.get(), [](const std::string& staging) {
-    write_file_atomic(staging + "/trainer.json", "{\"step\": 1}\n");
-  });
+  distributed::save_fsdp_checkpoint(dir.string() + "/", fsdp, optimizer.get(),
+                                    [](const std::string& staging, FileDigests& digests) {
+                                      const std::string trainer = "{\"step\": 1}\n";
+                                      write_file_atomic(staging + "/trainer.json", trainer);
+                                      digests["trainer.json"] = digest_of(trainer);
+                                    });
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(shared_directory())) names.push_back(entry.path().filename().string());
   for (const std::string& name : names) {
@@ -394,6 +404,93 @@ TEST(FsdpCheckpoint, AModelWithOtherFlatParametersIsAClearError) {
   optim::SGD sgd(fsdp.parameters(), 0.1, 0.9);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, &sgd); },
                           {"AdamW", "SGD"}));
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void spit(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// index.json records the size and CRC-32 of every other file, as they are on disk.
+TEST(FsdpCheckpoint, IndexJsonRecordsTheChecksumOfEveryOtherFile) {
+  const fs::path dir = reference().checkpoint;
+  const nlohmann::json index = nlohmann::json::parse(slurp(dir / "index.json"));
+  EXPECT_EQ(index["format_version"], 2);
+  FileDigests on_disk;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name != "index.json") on_disk[name] = digest_of(slurp(entry.path()));
+  }
+  EXPECT_EQ(on_disk.size(), 5u) << "four shards and the optimizer's groups";
+  EXPECT_EQ(digests_from_json(index["checksums"], "index.json"), on_disk);
+}
+
+// A flipped bit inside a shard's data still parses; its checksum catches it, before anything changes.
+TEST(FsdpCheckpoint, AFlippedBitInAShardIsAClearErrorOnEveryRankAndChangesNothing) {
+  const fs::path dir = damaged_copy("flipped", [](const fs::path& d) {
+    const fs::path shard = d / "shard-2-of-4.safetensors";
+    std::string bytes = slurp(shard);
+    uint64_t header_bytes = 0;
+    std::memcpy(&header_bytes, bytes.data(), 8);
+    bytes[8 + header_bytes + (bytes.size() - 8 - header_bytes) / 2] ^= 0x04;
+    spit(shard, bytes);
+  });
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
+  auto optimizer = adamw(fsdp);
+  const auto before = fsdp.parameters()[1].to_vector<float>();
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir.string(), fsdp, optimizer.get()); },
+                          {(dir / "shard-2-of-4.safetensors").string() + " is corrupt",
+                           (dir / "index.json").string() + " recorded", "CRC-32", "load an older checkpoint"}));
+  EXPECT_EQ(fsdp.parameters()[1].to_vector<float>(), before) << "a failed load changed the weights";
+  EXPECT_EQ(optimizer->step_count(0, 1), 0);
+}
+
+// Two ranks' shard files exchanged: each holds the bytes recorded for the other.
+TEST(FsdpCheckpoint, SwappedShardFilesAreAClearError) {
+  const fs::path dir = damaged_copy("swapped", [](const fs::path& d) {
+    fs::rename(d / "shard-0-of-4.safetensors", d / "shard-0.tmp");
+    fs::rename(d / "shard-1-of-4.safetensors", d / "shard-0-of-4.safetensors");
+    fs::rename(d / "shard-0.tmp", d / "shard-1-of-4.safetensors");
+  });
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
+  auto optimizer = adamw(fsdp);
+  // Ranks 0 and 1 each find the other's shard; the rest report rank 0's error.
+  const std::string mine = world().rank() == 1 ? "shard-1-of-4.safetensors" : "shard-0-of-4.safetensors";
+  const std::string theirs = world().rank() == 1 ? "shard-0-of-4.safetensors" : "shard-1-of-4.safetensors";
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir.string(), fsdp, optimizer.get()); },
+                          {mine + " is corrupt", "recorded for " + theirs, "swapped"}));
+  // At N = 1 one rank reads both, and stops at the first.
+  auto alone = std::make_shared<distributed::LocalProcessGroup>();
+  FullyShardedDataParallel single(make_vit(kTinyVit, 77), alone);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(dir.string(), single, nullptr); },
+                          {"shard-0-of-4.safetensors is corrupt", "swapped"}));
+}
+
+// An index of format version 1 recorded no checksums: the checkpoint loads as it is, unchecked, and
+// resumes bit for bit; a version 2 index without them is damaged.
+TEST(FsdpCheckpoint, ACheckpointWithoutChecksumsLoadsUnchecked) {
+  const fs::path no_checksums = damaged_copy("no_checksums", [](const fs::path& d) {
+    nlohmann::json index = nlohmann::json::parse(slurp(d / "index.json"));
+    index.erase("checksums");
+    spit(d / "index.json", index.dump(2));
+  });
+  const fs::path old = damaged_copy("version_1", [](const fs::path& d) {
+    nlohmann::json index = nlohmann::json::parse(slurp(d / "index.json"));
+    index.erase("checksums");
+    index["format_version"] = 1;
+    spit(d / "index.json", index.dump(2));
+  });
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group());
+  auto optimizer = adamw(fsdp, 5e-3);
+  EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(no_checksums.string(), fsdp, optimizer.get()); },
+                          {"index.json", "has no \"checksums\""}));
+  distributed::load_fsdp_checkpoint(old.string(), fsdp, optimizer.get());
+  EXPECT_EQ(train(fsdp, *optimizer, world(), kSaveAfter, kContinueFor), reference().continued);
 }
 
 }  // namespace

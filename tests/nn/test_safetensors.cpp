@@ -160,6 +160,25 @@ TEST_F(Safetensors, ReadsAnyBufferOrderAndUnpaddedSpacedJson) {
   EXPECT_TRUE(f.metadata.empty());
 }
 
+// The digest a load reports covers the whole file in file order, whatever order the header lists the
+// tensors in ("b" before "a" here, the reverse of their names), and equals what the save reported.
+TEST_F(Safetensors, LoadAndSaveReportTheDigestOfTheWholeFile) {
+  const std::string header =
+      R"({"b": {"data_offsets": [0, 2], "shape": [2], "dtype": "U8"}, "a": {"dtype": "U8", "shape": [1], )"
+      R"("data_offsets": [2, 3]}})";
+  const std::string bytes = make_file(header, std::string("\x07\xF0\x38", 3));
+  spit(dir_ / "other.safetensors", bytes);
+  const SafetensorsFile f = load_safetensors(path("other.safetensors"));
+  EXPECT_EQ(f.digest, digest_of(bytes));
+
+  StateDict tensors;
+  tensors["w"] = random_bits({3, 5}, DType::f32, 4);
+  tensors["b"] = random_bits({7}, DType::bf16, 5);
+  const FileDigest saved = save_safetensors(path("saved.safetensors"), tensors, {{"format", "pt"}});
+  EXPECT_EQ(saved, digest_of(slurp(dir_ / "saved.safetensors")));
+  EXPECT_EQ(load_safetensors(path("saved.safetensors")).digest, saved);
+}
+
 // Each corrupt header below names the file, what is wrong, and the fix.
 TEST_F(Safetensors, EveryCorruptionIsNamed) {
   const std::string file = path("bad.safetensors");

@@ -142,7 +142,7 @@ def main():
                         ax.plot([s for s, _ in values], [v for _, v in values], color=c, linestyle=style,
                                 label=f"{label}: {key}")
                 ax.set_yscale("log")
-                ax.set_title(f"FP8 {panel}s of {layer}")
+                ax.set_title(f"FP8 {'amax history' if panel == 'amax' else 'scales'} of {layer}")
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         if panel != "loss" or len(runs) > 1:

@@ -316,15 +316,20 @@ std::vector<uint32_t> grad_bits(const Model& m) {
   return bits;
 }
 
+// One batch of random images and fixed labels, made once: the step is timed, not the data.
+std::pair<Tensor, Tensor> fixed_batch(const Config& c, Generator& gen) {
+  const Tensor images = randn({c.batch, c.channels, c.image, c.image}, gen);
+  std::vector<int64_t> label_values(static_cast<size_t>(c.batch));
+  for (int64_t i = 0; i < c.batch; ++i) label_values[i] = (i * 7 + 3) % c.classes;
+  return {images, from_vector(label_values, {c.batch})};
+}
+
 // The ledger of one forward + backward of a model with c's dimensions and `depth` blocks.
 OpTallies ledger_of_step(Config c, int64_t depth) {
   c.depth = depth;
   Generator gen(7);
   Model model(c, gen);
-  const Tensor images = randn({c.batch, c.channels, c.image, c.image}, gen);
-  std::vector<int64_t> label_values(static_cast<size_t>(c.batch));
-  for (int64_t i = 0; i < c.batch; ++i) label_values[i] = (i * 7 + 3) % c.classes;
-  const Tensor labels = from_vector(label_values, {c.batch});
+  const auto [images, labels] = fixed_batch(c, gen);
   Profile off;
   OpLedger ledger;
   model.step(images, labels, off);
@@ -385,10 +390,7 @@ int main(int argc, char** argv) {
 
   Generator gen(7);
   Model model(c, gen);
-  const Tensor images = randn({c.batch, c.channels, c.image, c.image}, gen);
-  std::vector<int64_t> label_values(static_cast<size_t>(c.batch));
-  for (int64_t i = 0; i < c.batch; ++i) label_values[i] = (i * 7 + 3) % c.classes;
-  const Tensor labels = from_vector(label_values, {c.batch});
+  const auto [images, labels] = fixed_batch(c, gen);
 
   // The reference: sgemm on fc1's forward shape, x [B·T, dim] · W[hidden, dim]ᵀ.
   const int64_t gm = c.batch * c.tokens(), gn = c.hidden(), gk = c.dim;

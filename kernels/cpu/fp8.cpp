@@ -54,6 +54,24 @@ OCTET_FP8_CAST_CLONES uint32_t quantise_row(const X* in, uint8_t* codes, int64_t
   return local;
 }
 
+// The tile's nr × nc codes, rows r0.. and columns c0.. of the cast, into the transposed copy
+// [cols, padded_rows].
+void store_transposed(const uint8_t (*tile)[kTileCols], int64_t nr, int64_t nc, int64_t r0, int64_t c0,
+                      int64_t padded_rows, uint8_t* transposed) {
+  for (int64_t c = 0; c < nc; ++c) {
+    uint8_t* out = transposed + (c0 + c) * padded_rows + r0;
+    for (int64_t r = 0; r < nr; ++r) out[r] = tile[r][c];
+  }
+}
+
+// Zeros in the transposed copy's padding columns rows..padded_rows (FP8 zero is the zero byte).
+void zero_padding(int64_t rows, int64_t cols, int64_t padded_rows, uint8_t* transposed) {
+  if (padded_rows <= rows) return;
+  for (int64_t c = 0; c < cols; ++c) {
+    std::memset(transposed + c * padded_rows + rows, 0, static_cast<size_t>(padded_rows - rows));
+  }
+}
+
 template <class X, bool kE5M2>
 uint32_t cast_tiles(const X* x, int64_t rows, int64_t cols, float scale, uint8_t* data, uint8_t* transposed,
                     int64_t padded_rows) {
@@ -73,21 +91,12 @@ uint32_t cast_tiles(const X* x, int64_t rows, int64_t cols, float scale, uint8_t
           local = quantise_row<X, kE5M2>(in, tile[r], nc, scale, local);
           if (data) std::memcpy(data + (r0 + r) * cols + c0, tile[r], static_cast<size_t>(nc));
         }
-        if (transposed) {
-          for (int64_t c = 0; c < nc; ++c) {
-            uint8_t* out = transposed + (c0 + c) * padded_rows + r0;
-            for (int64_t r = 0; r < nr; ++r) out[r] = tile[r][c];
-          }
-        }
+        if (transposed) store_transposed(tile, nr, nc, r0, c0, padded_rows, transposed);
       }
     }
     merge_max(amax, local);
   });
-  if (transposed && padded_rows > rows) {
-    for (int64_t c = 0; c < cols; ++c) {
-      std::memset(transposed + c * padded_rows + rows, 0, static_cast<size_t>(padded_rows - rows));
-    }
-  }
+  if (transposed) zero_padding(rows, cols, padded_rows, transposed);
   return amax.load();
 }
 
@@ -205,21 +214,12 @@ uint32_t cast_and_sum_chunks(const X* x, int64_t rows, int64_t cols, float scale
       for (int64_t c0 = 0; c0 < cols; c0 += kTileCols) {
         const ChunkTile<X> t{x, cols, c0, std::min(kTileCols, cols - c0), r0, scale, data, tile};
         local = cast_and_sum_subtree<X, kE5M2>(t, r0, nr, chunk_sums.data() + i * cols + c0, scratch.data(), local);
-        if (transposed) {
-          for (int64_t c = 0; c < t.nc; ++c) {
-            uint8_t* out = transposed + (c0 + c) * padded_rows + r0;
-            for (int64_t r = 0; r < nr; ++r) out[r] = tile[r][c];
-          }
-        }
+        if (transposed) store_transposed(tile, nr, t.nc, r0, c0, padded_rows, transposed);
       }
     }
     merge_max(amax, local);
   });
-  if (transposed && padded_rows > rows) {
-    for (int64_t c = 0; c < cols; ++c) {
-      std::memset(transposed + c * padded_rows + rows, 0, static_cast<size_t>(padded_rows - rows));
-    }
-  }
+  if (transposed) zero_padding(rows, cols, padded_rows, transposed);
   std::vector<float> scratch(static_cast<size_t>((pairwise_levels(rows, kSumChunkRows) + 1) * cols));
   int64_t next = 0;
   combine_chunks(chunk_sums.data(), rows, cols, next, column_sums, scratch.data());

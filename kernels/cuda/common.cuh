@@ -13,6 +13,7 @@
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
+#include "core/philox.h"
 #include "core/tensor.h"
 
 namespace octet::kernels::cuda {
@@ -113,6 +114,24 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   return block_reduce(v, scratch, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+}
+
+// The Philox stream every random kernel reads, the same on the CPU (core/philox.h): element i gets
+// word i % 4 of block offset + i / 4. Grid-stride over the blocks, one block of four elements per
+// thread, calling f(i, word) for each element i < n; launch with blocks_for((n + 3) / 4).
+template <class F>
+__device__ __forceinline__ void for_each_philox_word(int64_t n, uint64_t seed, uint64_t offset, F&& f) {
+  const int64_t blocks = (n + 3) / 4;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; b < blocks; b += stride) {
+    const philox::Words words = philox::block_words(seed, offset + static_cast<uint64_t>(b));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = 4 * b + k;
+      if (i >= n) break;
+      f(i, words.w[k]);
+    }
+  }
 }
 
 }  // namespace octet::kernels::cuda

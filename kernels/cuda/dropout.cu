@@ -18,18 +18,10 @@ namespace {
 template <class T>
 __global__ void dropout_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t n, uint32_t keep_threshold,
                                float keep_prob, uint64_t seed, uint64_t offset) {
-  const int64_t blocks = (n + 3) / 4;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; b < blocks; b += stride) {
-    const philox::Words words = philox::block_words(seed, offset + static_cast<uint64_t>(b));
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = 4 * b + k;
-      if (i >= n) break;
-      const bool keep = (words.w[k] >> 8) >= keep_threshold;
-      out[i] = from_float<T>(keep ? __fdiv_rn(to_float(in[i]), keep_prob) : 0.f);
-    }
-  }
+  for_each_philox_word(n, seed, offset, [&](int64_t i, uint32_t word) {
+    const bool keep = (word >> 8) >= keep_threshold;
+    out[i] = from_float<T>(keep ? __fdiv_rn(to_float(in[i]), keep_prob) : 0.f);
+  });
 }
 
 }  // namespace

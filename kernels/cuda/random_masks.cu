@@ -12,17 +12,7 @@ namespace {
 template <class W>
 __global__ void keep_mask_kernel(W* __restrict__ out, int64_t n, double keep, W kept, uint64_t seed,
                                  uint64_t offset) {
-  const int64_t blocks = (n + 3) / 4;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; b < blocks; b += stride) {
-    const philox::Words words = philox::block_words(seed, offset + static_cast<uint64_t>(b));
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = 4 * b + k;
-      if (i >= n) break;
-      out[i] = keep_draw(words.w[k], keep) ? kept : W(0);
-    }
-  }
+  for_each_philox_word(n, seed, offset, [&](int64_t i, uint32_t word) { out[i] = keep_draw(word, keep) ? kept : W(0); });
 }
 
 template <class W>

@@ -159,4 +159,11 @@ inline double relative_error_to_reference(const Tensor& got, const Tensor& refer
   return detail::relative_error(got, reference, /*dtypes_must_match=*/false, /*nans_must_match=*/false);
 }
 
+// How many times `part` occurs in `text` (overlaps counted).
+inline size_t occurrences(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace octet::testing

@@ -24,10 +24,14 @@
 #include "nn/layers.h"
 #include "nn/safetensors.h"
 #include "optim/optim.h"
+#include "tests/log_capture.h"
 #include "tests/testing.h"
 
 namespace octet {
 namespace {
+
+using octet::testing::CapturedLog;
+using octet::testing::occurrences;
 namespace fs = std::filesystem;
 using testing::throws_with;
 
@@ -108,29 +112,6 @@ void record_checksum(const fs::path& dir, const std::string& name) {
   nlohmann::json trainer = read_json(dir / "trainer.json");
   trainer["checksums"][name] = digests_to_json({{name, digest_of(slurp(dir / name))}})[name];
   write_json(dir / "trainer.json", trainer);
-}
-
-// Collects what the "octet" logger writes while it lives.
-class CapturedLog {
- public:
-  CapturedLog() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)) {
-    logging::logger().sinks().push_back(sink_);
-  }
-  ~CapturedLog() {
-    auto& sinks = logging::logger().sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return text_.str(); }
-
- private:
-  std::ostringstream text_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
-
-size_t occurrences(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
 }
 
 class CheckpointTest : public ::testing::Test {

@@ -12,12 +12,10 @@
 #include <fstream>
 #include <limits>
 #include <memory>
-#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <spdlog/sinks/ostream_sink.h>
 #include <unistd.h>
 
 #include "apps/parallel.h"
@@ -25,10 +23,10 @@
 #include "apps/train_report.h"
 #include "apps/train_step.h"
 #include "core/host_sync.h"
-#include "core/log.h"
 #include "core/random.h"
 #include "models/vit.h"
 #include "optim/optim.h"
+#include "tests/log_capture.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -180,13 +178,9 @@ TEST(TrainReport, LogLinesEndWithTheTimeElapsedAndTheTimeLeft) {
   EXPECT_EQ(format_duration(-3), "0s");
   EXPECT_EQ(format_duration(std::numeric_limits<double>::infinity()), "?");
 
-  std::ostringstream captured;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
-  spdlog::logger& logger = logging::logger();
-  logger.sinks().push_back(sink);
-  const spdlog::level::level_enum level = logger.level();
-  logger.set_level(spdlog::level::info);
+  std::string log;
   {
+    const testing::CapturedLog captured;
     const int64_t total_steps = 4, log_every = 2;
     TinyRun run(tiny_options(log_every), total_steps);
     for (int64_t step = 0; step < total_steps; ++step) {
@@ -194,10 +188,8 @@ TEST(TrainReport, LogLinesEndWithTheTimeElapsedAndTheTimeLeft) {
       const StepResult result = run.step([&] { return run.next_batch(); });
       run.report.end_step(step + 1, run.o.lr, result);
     }
+    log = captured.text();
   }
-  logger.sinks().pop_back();
-  logger.set_level(level);
-  const std::string log = captured.str();
   // Step 2 of 4: half the run is left, so the time left is the time elapsed, give or take rounding.
   const auto line_of = [&](const std::string& start) {
     const size_t at = log.find(start);

@@ -7,7 +7,6 @@
 // direct calls assert that a plan was built, and the dispatcher's calls check
 // kernels::attention_path_counts() (an unfused fallback would otherwise pass the comparisons).
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +22,7 @@
 #include "core/log.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_cuda.h"
+#include "tests/log_capture.h"
 #include "tests/testing.h"
 #include "tests/cuda/attention_paths.h"
 #include "tests/cuda/cuda_testing.h"
@@ -334,31 +334,22 @@ TEST(CudaAttention, RequiringFusedAttentionMakesTheFallbackAnError) {
 TEST(CudaAttention, TheFallbackWarnsOncePerProcessWithAFixedText) {
   SKIP_WITHOUT_GPU();
   const AllowUnfused allow;
-  std::ostringstream captured;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
-  spdlog::logger& logger = logging::logger();
-  logger.sinks().push_back(sink);
-  const spdlog::level::level_enum level = logger.level();
-  logger.set_level(spdlog::level::info);
+  std::string log;
   const AttentionPathCounts before = kernels::attention_path_counts();
   // Two different reasons (head dim 20, then f32), both directions.
   const std::pair<Case, DType> fallbacks[] = {{Case{1, 2, 17, 17, 20}, DType::bf16},
                                               {Case{1, 2, 17, 17, 32}, DType::f32}};
-  for (const auto& [c, dtype] : fallbacks) {
-    const Problem p = make_problem(c, dtype, 91);
-    const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
-    kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+  {
+    const testing::CapturedLog captured;
+    for (const auto& [c, dtype] : fallbacks) {
+      const Problem p = make_problem(c, dtype, 91);
+      const AttentionOutput fwd = kernels::attention_forward(p.q, p.k, p.v, scale_for(c));
+      kernels::attention_backward(p.dout, p.q, p.k, p.v, fwd.out, fwd.lse, scale_for(c));
+    }
+    log = captured.text();
   }
-  logger.flush();
-  logger.set_level(level);
-  logger.sinks().pop_back();
   expect_attention_unfused(before, 2, 2, "the fallbacks of this test");
-  const std::string log = captured.str();
-  size_t warnings = 0;
-  for (size_t at = log.find("attention: no fused cuDNN plan"); at != std::string::npos;
-       at = log.find("attention: no fused cuDNN plan", at + 1)) {
-    ++warnings;
-  }
+  const size_t warnings = testing::occurrences(log, "attention: no fused cuDNN plan");
   // Once per process: only if nothing fell back earlier in this process (the whole binary in one run).
   const bool first_in_process = before.unfused_forward + before.unfused_backward == 0;
   EXPECT_EQ(warnings, first_in_process ? 1u : 0u) << log;

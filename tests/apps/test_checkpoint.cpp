@@ -30,6 +30,9 @@
 namespace octet {
 namespace {
 
+using octet::testing::slurp;
+using octet::testing::spit;
+
 using octet::testing::CapturedLog;
 using octet::testing::occurrences;
 namespace fs = std::filesystem;
@@ -80,16 +83,6 @@ void expect_bitwise_equal(const nn::StateDict& a, const nn::StateDict& b) {
     ASSERT_EQ(t.dtype(), u.dtype()) << name;
     EXPECT_EQ(0, std::memcmp(t.data_ptr(), u.data_ptr(), t.nbytes())) << name;
   }
-}
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void spit(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // Flips one bit in the middle of a safetensors file's data buffer, past its header: inside a tensor's

@@ -18,6 +18,8 @@
 namespace octet {
 namespace {
 
+using octet::testing::slurp;
+
 namespace fs = std::filesystem;
 
 // Random bytes over the whole 0..255 range (zeros and high bytes included), from a fixed seed.
@@ -30,11 +32,6 @@ std::string random_bytes(size_t n, uint64_t seed) {
 }
 
 // Reads with the standard library, independently of read_file.
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());

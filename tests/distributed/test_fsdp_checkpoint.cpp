@@ -36,6 +36,9 @@
 namespace octet {
 namespace {
 
+using octet::testing::slurp;
+using octet::testing::spit;
+
 namespace fs = std::filesystem;
 using distributed::FsdpOptions;
 using distributed::FullyShardedDataParallel;
@@ -404,16 +407,6 @@ TEST(FsdpCheckpoint, AModelWithOtherFlatParametersIsAClearError) {
   optim::SGD sgd(fsdp.parameters(), 0.1, 0.9);
   EXPECT_TRUE(throws_with([&] { distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, &sgd); },
                           {"AdamW", "SGD"}));
-}
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void spit(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // index.json records the size and CRC-32 of every other file, as they are on disk.

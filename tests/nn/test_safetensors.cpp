@@ -15,19 +15,11 @@
 namespace octet::nn {
 namespace {
 
+using octet::testing::slurp;
+using octet::testing::spit;
+
 namespace fs = std::filesystem;
 using testing::throws_with;
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void spit(const fs::path& path, const std::string& bytes) {
-  fs::remove(path);  // a fresh file: ext4 flushes a file truncated and rewritten, which is slow
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // The 8-byte little-endian length, spelled out byte by byte (independent of the host's layout).
 std::string length_prefix(uint64_t n) {

@@ -33,6 +33,7 @@
 
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/tile_gemm.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace octet::kernels::cpu {
@@ -41,10 +42,10 @@ namespace {
 
 // ---- row passes, f32 (vectorized) and f64 -----------------------------------------------------------
 
-// In place over `rows` rows of length n: x -> softmax(x), writing each row's log-sum-exp.
-OCTET_SIMD_CLONES void softmax_rows_f32(float* x, float* lse, int64_t rows, int64_t n) {
+// In place over `rows` rows of length n, ld apart: x -> softmax(x), writing each row's log-sum-exp.
+OCTET_SIMD_CLONES void softmax_rows_f32(float* x, int64_t ld, float* lse, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * n;
+    float* row = x + r * ld;
     float max = row[0];
 #pragma omp simd reduction(max : max)
     for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
@@ -62,9 +63,9 @@ OCTET_SIMD_CLONES void softmax_rows_f32(float* x, float* lse, int64_t rows, int6
 }
 
 // P = exp(X − lse) in place.
-OCTET_SIMD_CLONES void probabilities_f32(float* x, const float* lse, int64_t rows, int64_t n) {
+OCTET_SIMD_CLONES void probabilities_f32(float* x, int64_t ld, const float* lse, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * n;
+    float* row = x + r * ld;
     const float l = lse[r];
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) row[j] = vec::exp(row[j] - l);
@@ -72,7 +73,7 @@ OCTET_SIMD_CLONES void probabilities_f32(float* x, const float* lse, int64_t row
 }
 
 // dS = P ⊙ (dP − δ) in place over dP, δ_r = Σ_c dout_rc·out_rc.
-OCTET_SIMD_CLONES void softmax_grad_f32(const float* p, float* ds, const float* dout, int64_t ld_dout,
+OCTET_SIMD_CLONES void softmax_grad_f32(const float* p, float* ds, int64_t ld, const float* dout, int64_t ld_dout,
                                         const float* out, int64_t ld_out, int64_t rows, int64_t n, int64_t d) {
   for (int64_t r = 0; r < rows; ++r) {
     float delta = 0;
@@ -80,8 +81,8 @@ OCTET_SIMD_CLONES void softmax_grad_f32(const float* p, float* ds, const float* 
     const float* out_row = out + r * ld_out;
 #pragma omp simd reduction(+ : delta)
     for (int64_t c = 0; c < d; ++c) delta += dout_row[c] * out_row[c];
-    const float* prow = p + r * n;
-    float* row = ds + r * n;
+    const float* prow = p + r * ld;
+    float* row = ds + r * ld;
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) row[j] = prow[j] * (row[j] - delta);
   }
@@ -100,14 +101,14 @@ void softmax_rows(double* x, double* lse, int64_t rows, int64_t n) {
     lse[r] = max + std::log(sum);
   }
 }
-void softmax_rows(float* x, float* lse, int64_t rows, int64_t n) { softmax_rows_f32(x, lse, rows, n); }
+void softmax_rows(float* x, float* lse, int64_t rows, int64_t n) { softmax_rows_f32(x, n, lse, rows, n); }
 
 void probabilities(double* x, const double* lse, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < n; ++j) x[r * n + j] = std::exp(x[r * n + j] - lse[r]);
   }
 }
-void probabilities(float* x, const float* lse, int64_t rows, int64_t n) { probabilities_f32(x, lse, rows, n); }
+void probabilities(float* x, const float* lse, int64_t rows, int64_t n) { probabilities_f32(x, n, lse, rows, n); }
 
 void softmax_grad(const double* p, double* ds, const double* dout, int64_t ld_dout, const double* out, int64_t ld_out,
                   int64_t rows, int64_t n, int64_t d) {
@@ -119,7 +120,7 @@ void softmax_grad(const double* p, double* ds, const double* dout, int64_t ld_do
 }
 void softmax_grad(const float* p, float* ds, const float* dout, int64_t ld_dout, const float* out, int64_t ld_out,
                   int64_t rows, int64_t n, int64_t d) {
-  softmax_grad_f32(p, ds, dout, ld_dout, out, ld_out, rows, n, d);
+  softmax_grad_f32(p, ds, n, dout, ld_dout, out, ld_out, rows, n, d);
 }
 
 // Heads are worth a thread each once there is this much matmul work in all of them.
@@ -137,12 +138,89 @@ void for_each_head(int64_t bh, int64_t work_per_head, size_t scratch_size, F&& f
   });
 }
 
+// ---- f32 through the tile kernels (kernels/cpu/tile_gemm.h) -----------------------------------------
+//
+// The same arithmetic per head, with every product a tile_gemm::multiply. Its B operands are packed
+// first, once per head: kᵀ and vᵀ as rows of Sk (padded to whole vectors), k, q and dout as rows of D
+// (padded). Score matrices are rows of Sk, `skp` apart. Packing costs O(S·D) per head against the
+// products' O(S·Sk·D).
+
+struct TiledLayout {
+  int64_t skp, dp;  // Sk and D rounded up to whole vectors
+  explicit TiledLayout(const AttentionDims& z) : skp(tile_gemm::padded(z.sk)), dp(tile_gemm::padded(z.d)) {}
+};
+
+int64_t tiled_forward_scratch(const AttentionDims& z) {
+  const TiledLayout t(z);
+  return z.d * t.skp + z.sk * t.dp + z.s * t.skp;  // kᵀ [D, skp], v [Sk, dp], P [S, skp]
+}
+
+void tiled_forward_head(const float* qh, int64_t ldq, const float* kh, int64_t ldk, const float* vh, int64_t ldv,
+                        float* outh, int64_t ldo, float* lse, const AttentionDims& z, float scale, float* scratch) {
+  const TiledLayout t(z);
+  const int64_t s = z.s, sk = z.sk, d = z.d;
+  float* kt = scratch;
+  float* vp = kt + d * t.skp;
+  float* p = vp + sk * t.dp;
+  tile_gemm::pack_transposed(kh, ldk, sk, d, kt, t.skp);
+  tile_gemm::pack_rows(vh, ldv, sk, d, vp, t.dp);
+  tile_gemm::multiply(s, sk, d, scale, qh, ldq, 1, kt, t.skp, 0.0f, p, t.skp);  // X = s · q·kᵀ
+  softmax_rows_f32(p, t.skp, lse, s, sk);                                 // P, lse
+  tile_gemm::multiply(s, d, sk, 1.0f, p, t.skp, 1, vp, t.dp, 0.0f, outh, ldo);  // out = P·v
+}
+
+int64_t tiled_backward_scratch(const AttentionDims& z) {
+  const TiledLayout t(z);
+  // kᵀ and vᵀ [D, skp], k [Sk, dp], q and dout [S, dp], P and dS [S, skp]
+  return 2 * z.d * t.skp + z.sk * t.dp + 2 * z.s * t.dp + 2 * z.s * t.skp;
+}
+
+void tiled_backward_head(const float* douth, int64_t ld_dout, const float* qh, int64_t ldq, const float* kh,
+                         int64_t ldk, const float* vh, int64_t ldv, const float* outh, int64_t ldo, const float* lse,
+                         float* dqh, int64_t lddq, float* dkh, int64_t lddk, float* dvh, int64_t lddv,
+                         const AttentionDims& z, float scale, float* scratch) {
+  const TiledLayout t(z);
+  const int64_t s = z.s, sk = z.sk, d = z.d;
+  float* kt = scratch;
+  float* vt = kt + d * t.skp;
+  float* kp = vt + d * t.skp;
+  float* qp = kp + sk * t.dp;
+  float* dop = qp + s * t.dp;
+  float* p = dop + s * t.dp;
+  float* ds = p + s * t.skp;
+  tile_gemm::pack_transposed(kh, ldk, sk, d, kt, t.skp);
+  tile_gemm::pack_transposed(vh, ldv, sk, d, vt, t.skp);
+  tile_gemm::pack_rows(kh, ldk, sk, d, kp, t.dp);
+  tile_gemm::pack_rows(qh, ldq, s, d, qp, t.dp);
+  tile_gemm::pack_rows(douth, ld_dout, s, d, dop, t.dp);
+  // P = exp(s · q·kᵀ − lse)
+  tile_gemm::multiply(s, sk, d, scale, qh, ldq, 1, kt, t.skp, 0.0f, p, t.skp);
+  probabilities_f32(p, t.skp, lse, s, sk);
+  // dv = Pᵀ·dout: A is P read transposed
+  tile_gemm::multiply(sk, d, s, 1.0f, p, 1, t.skp, dop, t.dp, 0.0f, dvh, lddv);
+  // dP = dout·vᵀ, then dS = P ⊙ (dP − δ) in place
+  tile_gemm::multiply(s, sk, d, 1.0f, douth, ld_dout, 1, vt, t.skp, 0.0f, ds, t.skp);
+  softmax_grad_f32(p, ds, t.skp, douth, ld_dout, outh, ldo, s, sk, d);
+  // dq = s · dS·k,  dk = s · dSᵀ·q
+  tile_gemm::multiply(s, d, sk, scale, ds, t.skp, 1, kp, t.dp, 0.0f, dqh, lddq);
+  tile_gemm::multiply(sk, d, s, scale, ds, 1, t.skp, qp, t.dp, 0.0f, dkh, lddk);
+}
+
 }  // namespace
 
 template <class T>
 void attention_forward(HeadMatrix<const T> q, HeadMatrix<const T> k, HeadMatrix<const T> v, HeadMatrix<T> out, T* lse,
                        const AttentionDims& z, T scale) {
   const int64_t s = z.s, sk = z.sk, d = z.d;
+  if constexpr (std::is_same_v<T, float>) {
+    if (tile_gemm::available()) {
+      for_each_head<T>(z.b * z.h, 2 * s * sk * d, static_cast<size_t>(tiled_forward_scratch(z)), [&](int64_t h, T* p) {
+        tiled_forward_head(q.head(h, z.h), q.ld(), k.head(h, z.h), k.ld(), v.head(h, z.h), v.ld(), out.head(h, z.h),
+                           out.ld(), lse + h * s, z, scale, p);
+      });
+      return;
+    }
+  }
   for_each_head<T>(z.b * z.h, 2 * s * sk * d, static_cast<size_t>(s * sk), [&](int64_t h, T* p) {
     const T* qh = q.head(h, z.h);
     const T* kh = k.head(h, z.h);
@@ -158,6 +236,16 @@ void attention_backward(HeadMatrix<const T> dout, HeadMatrix<const T> q, HeadMat
                         HeadMatrix<const T> out, const T* lse, HeadMatrix<T> dq, HeadMatrix<T> dk, HeadMatrix<T> dv,
                         const AttentionDims& z, T scale) {
   const int64_t s = z.s, sk = z.sk, d = z.d;
+  if constexpr (std::is_same_v<T, float>) {
+    if (tile_gemm::available()) {
+      for_each_head<T>(z.b * z.h, 5 * s * sk * d, static_cast<size_t>(tiled_backward_scratch(z)), [&](int64_t h, T* p) {
+        tiled_backward_head(dout.head(h, z.h), dout.ld(), q.head(h, z.h), q.ld(), k.head(h, z.h), k.ld(),
+                            v.head(h, z.h), v.ld(), out.head(h, z.h), out.ld(), lse + h * s, dq.head(h, z.h), dq.ld(),
+                            dk.head(h, z.h), dk.ld(), dv.head(h, z.h), dv.ld(), z, scale, p);
+      });
+      return;
+    }
+  }
   const size_t scores = static_cast<size_t>(s * sk);
   for_each_head<T>(z.b * z.h, 5 * s * sk * d, 2 * scores, [&](int64_t h, T* scratch) {
     T* p = scratch;

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -18,6 +20,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace octet::kernels::cpu {
 
@@ -40,6 +43,22 @@ void call_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, floa
 void call_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a, int lda,
                const double* b, int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// An f32 product whose C is at most this wide (padded to whole vectors) runs on the tile kernels of
+// kernels/cpu/tile_gemm.h rather than OpenBLAS: a transformer's Linear layers at widths up to a few
+// hundred, forward, input gradient and weight gradient. There the tiles reach the core's AVX-512 FMA
+// rate, where OpenBLAS 0.3.21 (and MKL) run AVX2 kernels on AMD CPUs they do not know, such as Zen 5,
+// and reach half of it; on CPUs OpenBLAS does know they are about even. Wider products stay with
+// OpenBLAS, whose cache blocking suits them better. The choice depends on N only, never on M or K,
+// so a layer's outputs come out the same bits whatever the batch size or the thread count.
+constexpr int64_t kTileMaxWidth = 256;
+// K is taken in chunks of this many floats of packed B (256 KB, a share of L2): each tile streams a
+// chunk of B from L2 while its C block stays in registers, and C is written once per chunk.
+constexpr int64_t kTileChunkFloats = int64_t{1} << 16;
+
+bool use_tiles(int64_t n, int64_t batch) {
+  return batch == 1 && tile_gemm::padded(n) <= kTileMaxWidth && tile_gemm::available();
 }
 
 int max_threads() {
@@ -75,6 +94,52 @@ void gemm_on_caller_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
             std::max(blas_int(ldb, "ldb"), 1), beta, c, std::max(blas_int(ldc, "ldc"), 1));
 }
 
+// One product on the tile kernels: B packed once (or used in place when its rows are whole vectors
+// already), then bands of C's rows (or columns, when those are more) across the threads, as for
+// OpenBLAS below. Each band runs K in chunks of rows of B: the first chunk applies beta (and adds
+// the bias), the later ones accumulate onto C.
+void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                const float* b, float beta, float* c, bool parallel, int64_t threads, const float* bias = nullptr) {
+  int64_t ldb = n;
+  std::vector<float> packed;
+  if (trans_b || n % tile_gemm::kLanes != 0) {
+    ldb = tile_gemm::padded(n);
+    packed.resize(static_cast<size_t>(k * ldb));
+    if (trans_b) {
+      tile_gemm::pack_transposed(b, k, n, k, packed.data(), ldb);  // B is [n, k]
+    } else {
+      tile_gemm::pack_rows(b, n, k, n, packed.data(), ldb);  // B is [k, n]
+    }
+    b = packed.data();
+  }
+  const int64_t chunk = std::max<int64_t>(tile_gemm::kLanes, kTileChunkFloats / ldb);
+  const int64_t a_row = trans_a ? 1 : k, a_col = trans_a ? m : 1;
+  // C's rows [r0, r1) and columns [c0, c1).
+  const auto block = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    for (int64_t p0 = 0; p0 < k; p0 += chunk) {
+      const bool first = p0 == 0;
+      tile_gemm::multiply(r1 - r0, c1 - c0, std::min(chunk, k - p0), alpha, a + r0 * a_row + p0 * a_col, a_row, a_col,
+                          b + p0 * ldb + c0, ldb, first ? beta : 1.0f, c + r0 * n + c0, n,
+                          first && bias != nullptr ? bias + c0 : nullptr);
+    }
+  };
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t bands = parallel ? std::min<int64_t>(threads, (extent + kBandAlign - 1) / kBandAlign) : 1;
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands)) if (bands > 1)
+  for (int64_t band = 0; band < bands; ++band) {
+    const int64_t units = (extent + kBandAlign - 1) / kBandAlign;
+    const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
+    const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
+    if (hi <= lo) continue;
+    if (by_rows) {
+      block(lo, hi, 0, n);
+    } else {
+      block(0, m, lo, hi);
+    }
+  }
+}
+
 template <class T>
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                           int64_t stride_a, const T* b, int64_t stride_b, T beta, T* c, int64_t stride_c,
@@ -92,6 +157,9 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   const int64_t threads = max_threads();
   const bool parallel = threads > 1 && m * n * k * batch >= kParallelMacs;
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_tiles(n, batch)) return tiled_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, parallel, threads);
+  }
   BlasOnCallerThread single;
 
   if (batch >= threads || !parallel) {
@@ -128,6 +196,14 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
       }
     }
   }
+}
+
+bool linear_forward_tiled(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* bias,
+                          float* y) {
+  if (m == 0 || k == 0 || !use_tiles(n, 1)) return false;
+  const int64_t threads = max_threads();
+  tiled_gemm(false, true, m, n, k, 1.0f, x, w, 0.0f, y, threads > 1 && m * n * k >= kParallelMacs, threads, bias);
+  return true;
 }
 
 template void gemm_on_caller_thread<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,

@@ -1,5 +1,6 @@
 #pragma once
-// CPU GEMM backend: strided batches of row-major GEMMs through OpenBLAS, threaded by OpenMP.
+// CPU GEMM backend: strided batches of row-major GEMMs, threaded by OpenMP, through OpenBLAS or, for
+// f32 products with a narrow C, the tile kernels of kernels/cpu/tile_gemm.h.
 #include <cstdint>
 
 namespace octet::kernels::cpu {
@@ -29,5 +30,12 @@ template <class T>
 void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                           int64_t stride_a, const T* b, int64_t stride_b, T beta, T* c, int64_t stride_c,
                           int64_t batch);
+
+// A Linear's forward in f32, y[m, n] = x[m, k]·w[n, k]ᵀ + bias[n], with the bias added as each row
+// is stored, when the product runs on the tile kernels (the f32 GEMMs above choose them by N).
+// Returns false, having done nothing, when it does not: the caller then composes bias and GEMM.
+// Same bits as that composition (C = bias, then C += x·wᵀ on the tiles).
+bool linear_forward_tiled(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* bias,
+                          float* y);
 
 }  // namespace octet::kernels::cpu

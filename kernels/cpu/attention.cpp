@@ -19,12 +19,15 @@
 // The softmax backward needs Σ_j P_ij·dP_ij per row; that equals Σ_d dout_id·out_id (expand dP and
 // out = P·v), which costs O(S·D) instead of O(S·Sk) and is what flash attention computes too.
 //
-// Every operand is read (and every result written) in place through its row stride, the leading
-// dimension OpenBLAS takes, so the packed qkv layout costs no copies (kernels/attention_layout.h).
+// Every operand is read (and every result written) in place through its row stride, a leading
+// dimension to both GEMM paths, so the packed qkv layout costs no layout copies
+// (kernels/attention_layout.h).
 //
 // Heads are independent, so they are split across OpenMP threads (a contiguous range of heads per
-// thread); each thread runs its heads one at a time with OpenBLAS on that thread, so one head's score
-// matrix stays in cache between its GEMMs and its row passes. For f32 the row passes use the
+// thread); each thread runs its heads one at a time, so one head's score matrix stays in cache between
+// its products and its row passes. In f32 on an AVX-512 CPU the products are the register tiles of
+// kernels/cpu/tile_gemm.h, with k, v (and in backward q and dout) packed per head into whole vectors
+// first; elsewhere, and in f64, they are OpenBLAS calls on the thread. For f32 the row passes use the
 // vectorized exp of kernels/cpu/vec_math.h.
 #include <algorithm>
 #include <cmath>

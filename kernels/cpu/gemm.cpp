@@ -47,12 +47,14 @@ void call_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, doub
 
 // An f32 product whose C is at most this wide (padded to whole vectors) runs on the tile kernels of
 // kernels/cpu/tile_gemm.h rather than OpenBLAS: a transformer's Linear layers at widths up to a few
-// hundred, forward, input gradient and weight gradient. There the tiles reach the core's AVX-512 FMA
-// rate, where OpenBLAS 0.3.21 (and MKL) run AVX2 kernels on AMD CPUs they do not know, such as Zen 5,
-// and reach half of it; on CPUs OpenBLAS does know they are about even. Wider products stay with
-// OpenBLAS, whose cache blocking suits them better. The choice depends on N only, never on M or K,
-// so a layer's outputs come out the same bits whatever the batch size or the thread count.
-constexpr int64_t kTileMaxWidth = 256;
+// hundred (a qkv projection of width 96·3 included), forward, input gradient and weight gradient.
+// There the tiles reach the core's AVX-512 FMA rate, where OpenBLAS 0.3.21 (and MKL) run AVX2
+// kernels on AMD CPUs they do not know, such as Zen 5, and reach half of it; against OpenBLAS's own
+// AVX-512 kernels they are about even up to this width and fall behind beyond it (measured up to
+// 512 columns, `bench/RESULTS.md`), where OpenBLAS's cache blocking pays. The choice depends on N
+// only, never on M or K, so a layer's outputs come out the same bits whatever the batch size or the
+// thread count.
+constexpr int64_t kTileMaxWidth = 320;
 // K is taken in chunks of this many floats of packed B (256 KB, a share of L2): each tile streams a
 // chunk of B from L2 while its C block stays in registers, and C is written once per chunk.
 constexpr int64_t kTileChunkFloats = int64_t{1} << 16;

@@ -95,6 +95,10 @@ Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t, int64_t, const Tens
   no_cuda("fp8_cast_dbias", {&x, &scale});
 }
 void fp8_amax_(const Tensor& x, const Tensor& amax) { no_cuda("fp8_amax_", {&x, &amax}); }
+LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor&, const Tensor&, const Tensor&, double,
+                                   const Tensor& scale, const Tensor&, DType, bool, bool, int64_t) {
+  no_cuda("layernorm_fp8_forward", {&x, &scale});
+}
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float, AmaxCompute) {
   no_cuda("fp8_update_scales_", {&groups[0].amax_history});
 }

@@ -13,6 +13,7 @@
 #include "kernels/cpu/fp8_cpu.h"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/fp8_scale_rule.h"
+#include "kernels/nn_ops.h"
 #include "kernels/reduce.h"
 
 namespace octet::kernels {
@@ -189,6 +190,72 @@ Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, const Tensor& scale, const T
   // kernels::sum rounds its f32 sums to x's dtype; the caller's .to(dbias_dtype) then rounds again.
   out.dbias = sums.to(x.dtype()).to(dbias_dtype);
   return out;
+}
+
+namespace {
+
+// layernorm_fp8_forward and add_layernorm_fp8_forward (y defined): checks, ledger, dispatch.
+LayerNormFp8 layernorm_fp8(const char* op, const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                           double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
+                           bool transposed, int64_t pad_rows_to) {
+  const CastGeometry g = check_cast(op, x, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+  OCTET_CHECK(x.dim() >= 1 && g.cols >= 1, op, ": x must be [..., C] with C >= 1, got ", x.describe());
+  for (const Tensor* t : {&weight, &bias}) {
+    if (!t->defined()) continue;
+    OCTET_CHECK(t->shape() == Shape{g.cols} && t->device() == x.device(), op, ": weight and bias must be [", g.cols,
+                "] on x's device (", describe_all({&x, &weight, &bias}), ")");
+  }
+  OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
+  if (y.defined()) {
+    OCTET_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(), op,
+                ": x and y must have one shape, dtype and device; the add is not broadcast (", describe_all({&x, &y}),
+                ")");
+  }
+  LedgerOp ledger(op);
+  ledger.read({&x, &weight, &bias, &scale}).write_bytes(g.fp8_bytes(rowwise, transposed) + 4 + 2 * g.rows * 4);
+  if (y.defined()) ledger.read(y).write(x);  // h
+  if (amax.defined()) ledger.read(amax).write(amax);
+  if (x.is_cuda()) {
+    return cuda::layernorm_fp8_forward(x, y, weight, bias, eps, scale, amax, fp8_dtype, rowwise, transposed,
+                                       g.padded_rows);
+  }
+  // The CPU emulates: the LayerNorm (and the add) as layernorm_forward (add_layernorm_forward) runs
+  // it, then the cast of its output, rounded to x's dtype, as fp8_cast runs it. Counted above as the
+  // one op it stands for.
+  LayerNormFp8 out;
+  Tensor normed;
+  if (y.defined()) {
+    AddLayerNormOutput r = add_layernorm_forward(x, y, weight, bias, eps);
+    out.h = r.h;
+    normed = r.y;
+    out.mean = r.mean;
+    out.rstd = r.rstd;
+  } else {
+    LayerNormOutput r = layernorm_forward(x, weight, bias, eps);
+    normed = r.y;
+    out.mean = r.mean;
+    out.rstd = r.rstd;
+  }
+  out.cast = fp8_cast(normed, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+  return out;
+}
+
+}  // namespace
+
+LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                   const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
+                                   bool transposed, int64_t pad_rows_to) {
+  return layernorm_fp8("layernorm_fp8_forward", x, Tensor(), weight, bias, eps, scale, amax, fp8_dtype, rowwise,
+                       transposed, pad_rows_to);
+}
+
+LayerNormFp8 add_layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                       double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
+                                       bool rowwise, bool transposed, int64_t pad_rows_to) {
+  OCTET_CHECK(y.defined(), "add_layernorm_fp8_forward: y (the residual branch) is undefined; pass it, or call "
+                           "layernorm_fp8_forward");
+  return layernorm_fp8("add_layernorm_fp8_forward", x, y, weight, bias, eps, scale, amax, fp8_dtype, rowwise,
+                       transposed, pad_rows_to);
 }
 
 void fp8_amax_(const Tensor& x, const Tensor& amax) {

@@ -65,6 +65,30 @@ Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, const Tensor& scale, const T
                                    bool rowwise, bool transposed, DType dbias_dtype,
                                    int64_t pad_rows_to = kFp8RowPadding);
 
+// ---- LayerNorm writing FP8: the producer of an FP8 Linear's input (Transformer Engine's LayerNormLinear) ----
+//
+// LayerNorm of x over its last dim, cast to FP8 as it is written: the bytes, transposed copy, amax and
+// scale_inv are those of fp8_cast(layernorm_forward(x, weight, bias, eps).y, scale, amax, ...), bit
+// for bit on each device, and mean and rstd those of layernorm_forward. The LayerNorm's output in x's
+// dtype is never stored: on the GPU one kernel reads x once and writes only the FP8 copies and the
+// statistics. The CPU, which emulates FP8, runs the two steps back to back. Under delayed scaling
+// `scale` is the next Linear's input scale, known before the pass; current scaling needs the amax
+// first, so it keeps the unfused LayerNorm and two-pass cast (nn/fp8_linear.h).
+struct LayerNormFp8 {
+  Fp8Cast cast;  // of the LayerNorm's output, as fp8_cast describes
+  Tensor mean;   // as layernorm_forward returns them: f32, x's shape without the last dim
+  Tensor rstd;
+  Tensor h;      // add_layernorm_fp8_forward only: x + y, x's shape and dtype (the residual stream)
+};
+LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                   const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
+                                   bool transposed, int64_t pad_rows_to = kFp8RowPadding);
+// The residual add first (kernels/nn_ops.h add_layernorm_forward): h = x + y is written in x's dtype
+// and its LayerNorm cast to FP8 as above, the bits of add_layernorm_forward followed by fp8_cast.
+LayerNormFp8 add_layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                       double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
+                                       bool rowwise, bool transposed, int64_t pad_rows_to = kFp8RowPadding);
+
 // amax ← max(amax, amax(x)) alone: the first pass of current scaling. amax is [1] f32 on x's device.
 void fp8_amax_(const Tensor& x, const Tensor& amax);
 

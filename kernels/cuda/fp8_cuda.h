@@ -19,6 +19,11 @@ Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t rows, int64_t cols, 
                                    const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,
                                    int64_t padded_rows, DType dbias_dtype);
 void fp8_amax_(const Tensor& x, const Tensor& amax);
+// kernels/fp8.h's LayerNorm writing FP8, arguments checked; padded_rows as for fp8_cast. y is
+// undefined for layernorm_fp8_forward, the residual for add_layernorm_fp8_forward.
+LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                                   double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
+                                   bool transposed, int64_t padded_rows);
 // Every group in one launch per chunk of groups.
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float two_pow_margin, AmaxCompute algo);
 void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, DType fp8_dtype,

@@ -29,7 +29,13 @@ Tensor MultiheadAttention::forward(const Tensor& x) {
   // are). The attention reads q, k and v out of it in place and writes its output as [B, N, H·hd],
   // heads side by side as `proj` expects: no permutes, no selects, and in backward one qkv-shaped
   // gradient instead of three zero-padded ones summed.
-  const Tensor heads = packed_qkv_attention((*qkv)(x), num_heads);  // [B, N, dim]
+  return after_qkv((*qkv)(x));
+}
+
+Tensor MultiheadAttention::after_qkv(const Tensor& qkv_out) {
+  OCTET_CHECK(qkv_out.dim() == 3 && qkv_out.size(2) == 3 * dim, "MultiheadAttention(dim ", dim, "): qkv output ",
+              qkv_out.describe(), " must be [B, N, ", 3 * dim, "]");
+  const Tensor heads = packed_qkv_attention(qkv_out, num_heads);  // [B, N, dim]
   return (*proj_drop)((*proj)(heads));
 }
 

@@ -20,6 +20,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
   if (init_enabled()) reset_parameters(default_generator());
 }
 
+std::shared_ptr<const Fp8Config> Linear::fp8_config_for(DType x_dtype) const {
+  if (!fp8_allowed) return nullptr;
+  std::shared_ptr<const Fp8Config> config = fp8_config();
+  if (config == nullptr || !fp8_linear_unsupported_reason(in_features, out_features, x_dtype, weight.dtype()).empty()) {
+    return nullptr;
+  }
+  return config;
+}
+
 Tensor Linear::forward(const Tensor& x) {
   OCTET_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "Linear(", in_features, " -> ", out_features,
               "): input ", x.describe(), " must end in ", in_features, " features");
@@ -58,6 +67,33 @@ std::pair<Tensor, Tensor> LayerNorm::add_forward(const Tensor& x, const Tensor& 
     return {h, (*this)(h)};
   }
   return add_layer_norm(x, y, weight, bias, eps);
+}
+
+// The fused path only where nothing can tell the difference: neither module has hooks (a hook must see
+// the LayerNorm's output as the Linear's input), and the Linear runs in FP8.
+Tensor LayerNorm::linear_forward(Linear& next, const Tensor& x) {
+  if (!has_forward_hooks() && !next.has_forward_hooks()) {
+    if (std::shared_ptr<const Fp8Config> config = next.fp8_config_for(x.dtype())) {
+      OCTET_CHECK(x.dim() >= 1 && x.size(-1) == dim && dim == next.in_features, "LayerNorm(", dim, ") then Linear(",
+                  next.in_features, " -> ", next.out_features, "): input ", x.describe(), " must end in ", dim,
+                  " features, and the Linear must take ", dim);
+      return fp8_layernorm_linear(x, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
+    }
+  }
+  return next((*this)(x));
+}
+
+std::pair<Tensor, Tensor> LayerNorm::add_linear_forward(Linear& next, const Tensor& x, const Tensor& y) {
+  if (!has_forward_hooks() && !next.has_forward_hooks()) {
+    if (std::shared_ptr<const Fp8Config> config = next.fp8_config_for(x.dtype())) {
+      OCTET_CHECK(x.dim() >= 1 && x.size(-1) == dim && dim == next.in_features, "LayerNorm(", dim, ") then Linear(",
+                  next.in_features, " -> ", next.out_features, "): input ", x.describe(), " must end in ", dim,
+                  " features, and the Linear must take ", dim);
+      return fp8_add_layernorm_linear(x, y, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
+    }
+  }
+  const auto [h, normed] = add_forward(x, y);
+  return {h, next(normed)};
 }
 
 void LayerNorm::reset_parameters() {

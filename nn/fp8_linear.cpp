@@ -5,8 +5,11 @@
 #include <optional>
 
 #include "autograd/function.h"
+#include "autograd/ops.h"
 #include "core/grad_mode.h"
+#include "kernels/fp8.h"
 #include "kernels/fp8_gemm.h"
+#include "kernels/nn_ops.h"
 #include "kernels/reduce.h"
 
 namespace octet::nn {
@@ -82,73 +85,205 @@ const kernels::Fp8Cast& weight_cast(Fp8LinearState& state, const Tensor& weight,
   return cache.cast();
 }
 
+// The checks every FP8 Linear entry makes on x (read as [..., in]), the weight and the bias; then the
+// state is made ready for the recipe.
+void check_and_prepare(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       std::shared_ptr<Fp8LinearState>& state, const std::shared_ptr<const Fp8Config>& config) {
+  OCTET_CHECK(config != nullptr, op, ": no FP8 config; run it inside an enabled nn::Fp8Autocast scope");
+  OCTET_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), op,
+              ": x must be [..., in] and weight [out, in], got ", x.describe(), " and ", weight.describe());
+  const int64_t out = weight.size(0), in = weight.size(1);
+  const std::string reason = fp8_linear_unsupported_reason(in, out, x.dtype(), weight.dtype());
+  OCTET_CHECK(reason.empty(), op, ": cannot run Linear(", in, " -> ", out, ") in FP8: ", reason,
+              "; run it with nn::linear instead (nn::Linear falls back by itself)");
+  OCTET_CHECK(x.device() == weight.device() && (!bias.defined() || bias.device() == x.device()), op, ": x ",
+              x.describe(), ", weight ", weight.describe(), " and bias must share a device");
+  Fp8LinearState::prepare(state, weight.device(), config->recipe);
+}
+
+// What a forward decided and its backward needs, besides the FP8 copies it keeps.
+struct Fp8LinearPlan {
+  int64_t rows = 0, in = 0, out = 0;
+  bool need_dx = false, need_dw = false, need_db = false;
+  DType x_dtype = DType::f32, w_dtype = DType::f32, b_dtype = DType::f32;
+  Device device;
+};
+
+// y [rows, out] = x·Wᵀ + b from the FP8 copies, in x's dtype.
+Tensor forward_gemm(const kernels::Fp8Cast& xq, const kernels::Fp8Cast& wq, const Tensor& bias, const Fp8LinearPlan& p) {
+  Tensor y = empty({p.rows, p.out}, p.x_dtype, p.device);
+  const Tensor b = bias.defined() ? bias.detach().to(p.x_dtype) : Tensor();
+  kernels::fp8_gemm(xq.data, xq.scale_inv, wq.data, wq.scale_inv, y, b, /*accumulate=*/false, /*fast_accumulate=*/true);
+  return y;
+}
+
+struct Fp8LinearGrads {
+  Tensor dx;  // [rows, in], the gradient of the Linear's input
+  Tensor dw, db;
+};
+
+// The backward of every FP8 Linear, given dy [rows, out] and what the forward kept: xᵀ and Wᵀ in FP8
+// with their scale_invs, nothing of x itself.
+Fp8LinearGrads backward_gemms(const Tensor& dy2, const Fp8LinearPlan& p, const Tensor& x_t, const Tensor& x_scale_inv,
+                              const Tensor& w_t, const Tensor& w_scale_inv, const std::shared_ptr<Fp8LinearState>& st,
+                              const std::shared_ptr<const Fp8Config>& config) {
+  // dy's cast writes the rowwise copy dgrad reads and the transposed one wgrad reads and, when the
+  // bias needs a gradient, db = Σ_rows dy from the same read of dy (fp8_cast_dbias): under delayed
+  // scaling one pass over dy does it all, where the cast and kernels::sum took two.
+  const bool fuse_db = p.need_db && fused_bias_grad.load(std::memory_order_relaxed);
+  const kernels::Fp8CastWithBiasGrad dyq =
+      cast_entry(dy2, st->backward, Fp8BwdTensors::kGradOutput, config->recipe, /*rowwise=*/p.need_dx,
+                 /*transposed=*/p.need_dw, fuse_db ? std::optional<DType>(p.b_dtype) : std::nullopt);
+  fp8_backward_ran(st, config);
+  Fp8LinearGrads g;
+  if (p.need_dx) {
+    g.dx = empty({p.rows, p.in}, p.x_dtype, p.device);
+    kernels::fp8_gemm(dyq.data, dyq.scale_inv, w_t, w_scale_inv, g.dx);
+  }
+  if (p.need_dw) {
+    g.dw = empty({p.out, p.in}, p.w_dtype, p.device);
+    kernels::fp8_gemm(dyq.transposed, dyq.scale_inv, x_t, x_scale_inv, g.dw);
+  }
+  if (p.need_db) g.db = fuse_db ? dyq.dbias : kernels::sum(dy2, 0).to(p.b_dtype);
+  return g;
+}
+
+Fp8LinearPlan plan_for(const Tensor& input, const Tensor& weight, const Tensor& bias, bool need_dx) {
+  const bool grad_on = GradMode::is_enabled();
+  Fp8LinearPlan p;
+  p.in = weight.size(1);
+  p.out = weight.size(0);
+  p.rows = input.numel() / p.in;
+  p.need_dx = need_dx;
+  p.need_dw = grad_on && weight.requires_grad();
+  p.need_db = grad_on && bias.defined() && bias.requires_grad();
+  p.x_dtype = input.dtype();
+  p.w_dtype = weight.dtype();
+  p.b_dtype = bias.defined() ? bias.dtype() : input.dtype();
+  p.device = input.device();
+  return p;
+}
+
+std::atomic<bool> fused_producers{true};
+
+// Whether a LayerNorm may write this Linear's FP8 input: delayed scaling (the scale is known before
+// the pass) and not switched off.
+bool producer_fuses(const std::shared_ptr<const Fp8Config>& config) {
+  return config != nullptr && config->recipe.is_delayed() && fused_producers.load(std::memory_order_relaxed);
+}
+
 }  // namespace
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                   const std::shared_ptr<const Fp8Config>& config) {
-  OCTET_CHECK(config != nullptr, "fp8_linear: no FP8 config; run it inside an enabled nn::Fp8Autocast scope");
-  OCTET_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
-              "fp8_linear: x must be [..., in] and weight [out, in], got ", x.describe(), " and ", weight.describe());
-  const int64_t out = weight.size(0), in = weight.size(1);
-  const std::string reason = fp8_linear_unsupported_reason(in, out, x.dtype(), weight.dtype());
-  OCTET_CHECK(reason.empty(), "fp8_linear: cannot run Linear(", in, " -> ", out, ") in FP8: ", reason,
-              "; run it with nn::linear instead (nn::Linear falls back by itself)");
-  OCTET_CHECK(x.device() == weight.device() && (!bias.defined() || bias.device() == x.device()),
-              "fp8_linear: x ", x.describe(), ", weight ", weight.describe(), " and bias must share a device");
-  const Fp8Recipe& recipe = config->recipe;
-  Fp8LinearState::prepare(state, weight.device(), recipe);
-
-  const bool grad_on = GradMode::is_enabled();
-  const bool need_dx = grad_on && x.requires_grad();
-  const bool need_dw = grad_on && weight.requires_grad();
-  const bool need_db = grad_on && bias.defined() && bias.requires_grad();
-  const Tensor x2 = x.detach().reshape({-1, in});
-  const int64_t rows = x2.size(0);
-
-  const kernels::Fp8Cast xq = cast_entry(x2, state->forward, Fp8FwdTensors::kInput, recipe, /*rowwise=*/true, /*transposed=*/need_dw);
-  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), recipe, /*need_transposed=*/need_dx);
+  check_and_prepare("fp8_linear", x, weight, bias, state, config);
+  const Fp8LinearPlan p = plan_for(x, weight, bias, GradMode::is_enabled() && x.requires_grad());
+  const Tensor x2 = x.detach().reshape({-1, p.in});
+  const kernels::Fp8Cast xq =
+      cast_entry(x2, state->forward, Fp8FwdTensors::kInput, config->recipe, /*rowwise=*/true, /*transposed=*/p.need_dw);
+  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
   fp8_forward_ran(state);
-
-  const DType y_dtype = x.dtype();
-  Tensor y = empty({rows, out}, y_dtype, x.device());
-  const Tensor b = bias.defined() ? bias.detach().to(y_dtype) : Tensor();
-  kernels::fp8_gemm(xq.data, xq.scale_inv, wq.data, wq.scale_inv, y, b, /*accumulate=*/false, /*fast_accumulate=*/true);
   Shape y_shape = x.shape();
-  y_shape.back() = out;
-  y = y.reshape(y_shape);
-  if (!need_dx && !need_dw && !need_db) return y;
+  y_shape.back() = p.out;
+  const Tensor y = forward_gemm(xq, wq, bias, p).reshape(y_shape);
+  if (!p.need_dx && !p.need_dw && !p.need_db) return y;
 
-  // Backward keeps xᵀ and Wᵀ in FP8 with their scale_invs, and nothing of x itself.
-  const Tensor x_t = need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
-  const Tensor w_t = need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
+  const Tensor x_t = p.need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
+  const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
   const Shape x_shape = x.shape();
-  const DType x_dtype = x.dtype(), w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : x.dtype();
-  const Device device = x.device();
   std::shared_ptr<Fp8LinearState> st = state;
   return autograd::record("fp8_linear", y, {x, weight, bias}, [=](const autograd::Grads& g) -> autograd::Grads {
-    const Tensor dy2 = g[0].reshape({-1, out});
-    // dy's cast writes the rowwise copy dgrad reads and the transposed one wgrad reads and, when the
-    // bias needs a gradient, db = Σ_rows dy from the same read of dy (fp8_cast_dbias): under delayed
-    // scaling one pass over dy does it all, where the cast and kernels::sum took two.
-    const bool fuse_db = need_db && fused_bias_grad.load(std::memory_order_relaxed);
-    const kernels::Fp8CastWithBiasGrad dyq =
-        cast_entry(dy2, st->backward, Fp8BwdTensors::kGradOutput, config->recipe, /*rowwise=*/need_dx,
-                   /*transposed=*/need_dw, fuse_db ? std::optional<DType>(b_dtype) : std::nullopt);
-    fp8_backward_ran(st, config);
-    Tensor dx, dw, db;
-    if (need_dx) {
-      dx = empty({rows, in}, x_dtype, device);
-      kernels::fp8_gemm(dyq.data, dyq.scale_inv, w_t, w_scale_inv, dx);
-      dx = dx.reshape(x_shape);
-    }
-    if (need_dw) {
-      dw = empty({out, in}, w_dtype, device);
-      kernels::fp8_gemm(dyq.transposed, dyq.scale_inv, x_t, x_scale_inv, dw);
-    }
-    if (need_db) db = fuse_db ? dyq.dbias : kernels::sum(dy2, 0).to(b_dtype);
-    return {dx, dw, db};
+    Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
+    return {p.need_dx ? d.dx.reshape(x_shape) : Tensor(), d.dw, d.db};
   });
 }
+
+Tensor fp8_layernorm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
+                            const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                            const std::shared_ptr<const Fp8Config>& config) {
+  if (!producer_fuses(config)) return fp8_linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias, state, config);
+  check_and_prepare("fp8_layernorm_linear", x, weight, bias, state, config);
+  const bool grad_on = GradMode::is_enabled();
+  const bool nx = grad_on && x.requires_grad(), nlw = grad_on && ln_weight.defined() && ln_weight.requires_grad(),
+             nlb = grad_on && ln_bias.defined() && ln_bias.requires_grad();
+  const Fp8LinearPlan p = plan_for(x, weight, bias, nx || nlw || nlb);
+  const Tensor x2 = x.detach().reshape({-1, p.in});
+  const Tensor lnw = ln_weight.defined() ? ln_weight.detach() : Tensor(), lnb = ln_bias.defined() ? ln_bias.detach() : Tensor();
+  const Fp8LinearState::Entry e = Fp8LinearState::entry(state->forward, Fp8FwdTensors::kInput);
+  const kernels::LayerNormFp8 ln = kernels::layernorm_fp8_forward(x2, lnw, lnb, eps, e.scale, e.amax,
+                                                                  state->forward.fp8_dtype, /*rowwise=*/true,
+                                                                  /*transposed=*/p.need_dw);
+  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
+  fp8_forward_ran(state);
+  Shape y_shape = x.shape();
+  y_shape.back() = p.out;
+  const Tensor y = forward_gemm(ln.cast, wq, bias, p).reshape(y_shape);
+  if (!p.need_dx && !p.need_dw && !p.need_db) return y;
+
+  const Tensor x_t = p.need_dw ? ln.cast.transposed : Tensor(), x_scale_inv = ln.cast.scale_inv;
+  const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
+  std::shared_ptr<Fp8LinearState> st = state;
+  return autograd::record(
+      "fp8_layernorm_linear", y, {x, ln_weight, ln_bias, weight, bias},
+      [=, mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
+        Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
+        if (!p.need_dx) return {Tensor(), Tensor(), Tensor(), d.dw, d.db};
+        // The LayerNorm's backward, as layer_norm's own (autograd/ops_nn.cpp) runs it.
+        const kernels::LayerNormGrads l = kernels::layernorm_backward(d.dx, x2, lnw, mean, rstd);
+        return {nx ? l.dx.reshape(shape) : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d.dw, d.db};
+      });
+}
+
+std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                                   const Tensor& ln_bias, double eps, const Tensor& weight,
+                                                   const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                                                   const std::shared_ptr<const Fp8Config>& config) {
+  if (!producer_fuses(config)) {
+    const auto [h, normed] = add_layer_norm(x, residual, ln_weight, ln_bias, eps);
+    return {h, fp8_linear(normed, weight, bias, state, config)};
+  }
+  check_and_prepare("fp8_add_layernorm_linear", x, weight, bias, state, config);
+  const bool grad_on = GradMode::is_enabled();
+  const bool nx = grad_on && x.requires_grad(), nr = grad_on && residual.requires_grad(),
+             nlw = grad_on && ln_weight.defined() && ln_weight.requires_grad(),
+             nlb = grad_on && ln_bias.defined() && ln_bias.requires_grad();
+  const Fp8LinearPlan p = plan_for(x, weight, bias, nx || nr || nlw || nlb);
+  const Tensor x2 = x.detach().reshape({-1, p.in}), r2 = residual.detach().reshape({-1, p.in});
+  const Tensor lnw = ln_weight.defined() ? ln_weight.detach() : Tensor(), lnb = ln_bias.defined() ? ln_bias.detach() : Tensor();
+  const Fp8LinearState::Entry e = Fp8LinearState::entry(state->forward, Fp8FwdTensors::kInput);
+  const kernels::LayerNormFp8 ln = kernels::add_layernorm_fp8_forward(x2, r2, lnw, lnb, eps, e.scale, e.amax,
+                                                                      state->forward.fp8_dtype, /*rowwise=*/true,
+                                                                      /*transposed=*/p.need_dw);
+  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
+  fp8_forward_ran(state);
+  Shape y_shape = x.shape();
+  y_shape.back() = p.out;
+  const Tensor h = ln.h.reshape(x.shape());
+  const Tensor y = forward_gemm(ln.cast, wq, bias, p).reshape(y_shape);
+  if (!p.need_dx && !p.need_dw && !p.need_db) return {h, y};
+
+  const Tensor x_t = p.need_dw ? ln.cast.transposed : Tensor(), x_scale_inv = ln.cast.scale_inv;
+  const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
+  std::shared_ptr<Fp8LinearState> st = state;
+  // h is an output of this node: the closure keeps a detached handle, never h itself (a cycle).
+  std::vector<Tensor> outs = autograd::record(
+      "fp8_add_layernorm_linear", {h, y}, {x, residual, ln_weight, ln_bias, weight, bias},
+      [=, hd = ln.h.detach(), mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
+        // g[0] is h's gradient from its other consumers, g[1] the Linear output's (zeros when none came).
+        Fp8LinearGrads d = backward_gemms(g[1].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
+        if (!p.need_dx) return {Tensor(), Tensor(), Tensor(), Tensor(), d.dw, d.db};
+        // add_layer_norm's backward (autograd/ops_nn.cpp): LayerNorm's input gradient plus h's other one.
+        const kernels::AddLayerNormGrads l =
+            kernels::add_layernorm_backward(d.dx, g[0].reshape({-1, p.in}), hd, lnw, mean, rstd);
+        const Tensor dh = l.dh.reshape(shape);
+        return {nx ? dh : Tensor(), nr ? dh : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d.dw,
+                d.db};
+      });
+  return {outs[0], outs[1]};
+}
+
+void set_fp8_fused_producers(bool fused) { fused_producers.store(fused, std::memory_order_relaxed); }
+bool fp8_fused_producers() { return fused_producers.load(std::memory_order_relaxed); }
 
 void set_fp8_fused_bias_grad(bool fused) { fused_bias_grad.store(fused, std::memory_order_relaxed); }
 bool fp8_fused_bias_grad() { return fused_bias_grad.load(std::memory_order_relaxed); }

@@ -15,6 +15,7 @@
 // weight's dtype and db in the bias's.
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/tensor.h"
 #include "nn/fp8.h"
@@ -32,6 +33,33 @@ std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_featu
 // weight's device. Check fp8_linear_unsupported_reason first.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                   const std::shared_ptr<const Fp8Config>& config);
+
+// LayerNorm, then an FP8 Linear, with the LayerNorm writing the Linear's FP8 input itself (Transformer
+// Engine's LayerNormLinear): fp8_linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias), where
+// the LayerNorm's output is never stored in x's dtype. kernels::layernorm_fp8_forward writes the E4M3
+// copy, the transposed copy wgrad reads and the amax in one pass, with the Linear's input scale. That
+// scale must be known before the pass: under delayed scaling it is (the history gave it); under
+// current scaling it comes from this very tensor's amax, so there this runs the unfused pair, the
+// LayerNorm and then the two-pass cast. Backward: the Linear's three GEMMs, then the LayerNorm's
+// backward on the dgrad. Bit for bit the unfused pair on the CPU, forward and backward. Differentiable
+// in x, ln_weight, ln_bias, weight and bias. Check fp8_linear_unsupported_reason first.
+Tensor fp8_layernorm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
+                            const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                            const std::shared_ptr<const Fp8Config>& config);
+
+// The residual add before the LayerNorm too (autograd's add_layer_norm): returns {h, y} with
+// h = x + residual and y = fp8_linear(layer_norm(h)), the LayerNorm writing y's FP8 input as above.
+// Backward sums h's gradient from its other consumers with the LayerNorm's input gradient in one pass.
+std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                                   const Tensor& ln_bias, double eps, const Tensor& weight,
+                                                   const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                                                   const std::shared_ptr<const Fp8Config>& config);
+
+// Whether fp8_layernorm_linear and fp8_add_layernorm_linear fuse (the default) or run their unfused
+// pairs even under delayed scaling: the same bits on the CPU; the switch lets tests show it.
+// Process-wide, read as each forward runs.
+void set_fp8_fused_producers(bool fused);
+bool fp8_fused_producers();
 
 // Whether the backward sums the bias gradient in the pass that casts dy (kernels::fp8_cast_dbias, the
 // default) or casts dy and then sums it with kernels::sum, reading dy twice. On the CPU both give the

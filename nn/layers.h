@@ -18,6 +18,7 @@
 namespace octet::nn {
 
 struct Fp8LinearState;
+struct Fp8Config;
 
 // y = x·Wᵀ + b over the last dim: x [..., in] -> [..., out].
 // Inside an enabled Fp8Autocast scope (nn/fp8.h) it runs its GEMMs in FP8 (nn/fp8_linear.h), unless
@@ -32,6 +33,10 @@ class Linear : public Module {
   const int64_t in_features, out_features;
   Tensor weight;  // [out, in]
   Tensor bias;    // [out]; undefined when built with bias = false
+
+  // The FP8 config this layer runs under for an input of x_dtype: the scope's, when FP8 is on, the
+  // layer allows it and its sizes and dtypes suit it; else null (forward then runs unquantised).
+  std::shared_ptr<const Fp8Config> fp8_config_for(DType x_dtype) const;
 
   // Off for layers a model keeps in higher precision under FP8 (a classifier head, as is usual).
   bool fp8_allowed = true;
@@ -54,6 +59,14 @@ class LayerNorm : public Module {
   // LayerNorm runs (a pre-hook may gather parameters or replace the input), and h only exists once
   // the fused kernel has run.
   std::pair<Tensor, Tensor> add_forward(const Tensor& x, const Tensor& y);
+  // This LayerNorm, then `next`: next(forward(x)). When `next` runs in FP8, the LayerNorm writes its
+  // FP8 input itself and its output is never stored in x's dtype (nn::fp8_layernorm_linear, under
+  // delayed scaling). When either module has forward hooks, or `next` runs unquantised, it is exactly
+  // the two calls. Same results either way (bit for bit on the CPU).
+  Tensor linear_forward(Linear& next, const Tensor& x);
+  // add_forward, then `next` on the normalised h: {h, next(forward(h))}, fused the same way
+  // (nn::fp8_add_layernorm_linear).
+  std::pair<Tensor, Tensor> add_linear_forward(Linear& next, const Tensor& x, const Tensor& y);
   void reset_parameters();  // weight ones, bias zeros
 
   const int64_t dim;
@@ -100,6 +113,9 @@ class Mlp : public Module {
   Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop = 0.0,
       Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // The layers after fc1, given fc1's output: forward(x) is after_fc1((*fc1)(x)). For a caller that
+  // runs fc1 itself (TransformerBlock, with norm2 writing fc1's FP8 input).
+  Tensor after_fc1(const Tensor& hidden);
 
   std::shared_ptr<Linear> fc1;
   std::shared_ptr<GELU> act;
@@ -117,6 +133,9 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t dim, int64_t num_heads, bool qkv_bias = true, double attn_drop = 0.0,
                      double proj_drop = 0.0, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // The layers after qkv, given qkv's output [B, N, 3·dim]: forward(x) is after_qkv((*qkv)(x)). For a
+  // caller that runs qkv itself (TransformerBlock, with norm1 writing qkv's FP8 input).
+  Tensor after_qkv(const Tensor& qkv_out);
 
   const int64_t dim, num_heads, head_dim;
   std::shared_ptr<Linear> qkv;

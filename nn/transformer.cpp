@@ -14,7 +14,9 @@ Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, dou
   drop2 = register_module("drop2", std::make_shared<Dropout>(drop, gen));
 }
 
-Tensor Mlp::forward(const Tensor& x) { return (*drop2)((*fc2)((*drop1)((*act)((*fc1)(x))))); }
+Tensor Mlp::forward(const Tensor& x) { return after_fc1((*fc1)(x)); }
+
+Tensor Mlp::after_fc1(const Tensor& hidden) { return (*drop2)((*fc2)((*drop1)((*act)(hidden)))); }
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
                                    double proj_drop, double attn_drop, double drop_path, Generator* gen)
@@ -39,9 +41,22 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // FSDP wraps each block as a unit (it gathers the block's parameters in the block's pre-hook, so
 // norm1's weights do not exist yet when the previous block runs), and a per-block activation
 // recompute would need each block's graph to start at its own input.
+//
+// Each LayerNorm also runs together with the Linear it feeds (LayerNorm::linear_forward and
+// add_linear_forward): norm1 with attn.qkv, norm2 with mlp.fc1. Without FP8 that is the two calls;
+// under FP8 with delayed scaling the LayerNorm writes the Linear's E4M3 input (and its transpose and
+// amax) in its own pass, as Transformer Engine's LayerNormLinear does, instead of writing its output
+// for the Linear to read and cast. A hook on attn or mlp must see their inputs, so then they are
+// called as modules, unfused.
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const auto [h, normed] = norm2->add_forward(x, (*drop_path1)((*attn)((*norm1)(x))));
-  return h + (*drop_path2)((*mlp)(normed));
+  const Tensor attended = attn->has_forward_hooks() ? (*attn)((*norm1)(x))
+                                                    : attn->after_qkv(norm1->linear_forward(*attn->qkv, x));
+  if (mlp->has_forward_hooks()) {
+    const auto [h, normed] = norm2->add_forward(x, (*drop_path1)(attended));
+    return h + (*drop_path2)((*mlp)(normed));
+  }
+  const auto [h, hidden] = norm2->add_linear_forward(*mlp->fc1, x, (*drop_path1)(attended));
+  return h + (*drop_path2)(mlp->after_fc1(hidden));
 }
 
 PatchProjection::PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t patch_size)

@@ -27,6 +27,7 @@
 #include "nn/fp8_linear.h"
 #include "nn/layers.h"
 #include "optim/sgd.h"
+#include "tests/nn/fp8_steps.h"
 #include "tests/testing.h"
 
 namespace octet::nn {
@@ -38,6 +39,7 @@ using octet::testing::relative_error_to_reference;
 using octet::testing::same_bits;
 using octet::testing::throws_with;
 using Vec = std::vector<double>;
+using namespace fp8_testing;
 
 bool all_finite(const Tensor& t) {
   for (double v : t.detach().to_vector<double>()) {
@@ -70,25 +72,6 @@ Vec matmul(const Vec& a, const Vec& b, int64_t m, int64_t k, int64_t n, bool b_k
     }
   }
   return c;
-}
-
-std::shared_ptr<Linear> make_linear(int64_t in, int64_t out, DType dtype, uint64_t seed) {
-  auto layer = std::make_shared<Linear>(in, out);
-  layer->weight.copy_(random_tensor({out, in}, DType::f32, seed, 0.1));
-  layer->bias.copy_(random_tensor({out}, DType::f32, seed + 1, 0.1));
-  layer->to(dtype);
-  return layer;
-}
-
-// One forward in a scope and one backward of Σ y·r; returns y.
-Tensor step(Module& layer, const Tensor& x, const Tensor& r, const Fp8Recipe& recipe, AmaxReducer reducer = nullptr) {
-  Tensor y;
-  {
-    Fp8Autocast fp8(true, recipe, std::move(reducer));
-    y = layer(x);
-  }
-  sum(mul(y, r)).backward();
-  return y;
 }
 
 TEST(Fp8Recipe, DefaultsMatchTransformerEngineAndBadValuesAreRefused) {
@@ -191,31 +174,6 @@ class FusedBiasGrad {
   explicit FusedBiasGrad(bool fused) { set_fp8_fused_bias_grad(fused); }
   ~FusedBiasGrad() { set_fp8_fused_bias_grad(true); }
 };
-
-// What two FP8 steps leave: every output and gradient and every layer's FP8 state, by name, and how
-// many fused casts ran.
-struct Fp8Steps {
-  std::map<std::string, Tensor> tensors;
-  int64_t fused_casts = 0;
-};
-
-void keep_fp8_state(Fp8Steps& out, Module& m, const std::string& prefix) {
-  for (const auto& [name, t] : fp8_state_dict(m)) out.tensors[prefix + name] = t.clone();
-}
-
-void keep_grads(Fp8Steps& out, Module& m, const std::string& prefix) {
-  for (const auto& [name, p] : m.named_parameters()) out.tensors[prefix + name + ".grad"] = p.grad().clone();
-}
-
-void expect_same_steps(const Fp8Steps& fused, const Fp8Steps& unfused) {
-  ASSERT_EQ(fused.tensors.size(), unfused.tensors.size());
-  for (const auto& [name, t] : unfused.tensors) {
-    ASSERT_TRUE(fused.tensors.count(name)) << name;
-    EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
-  }
-  EXPECT_GT(fused.fused_casts, 0) << "the fused path should have run";
-  EXPECT_EQ(unfused.fused_casts, 0) << "the unfused path should have run";
-}
 
 // Two steps of one Linear (33 rows: not a multiple of 16), the second with the scales the first gave.
 Fp8Steps linear_steps(DType dtype, const Fp8Recipe& recipe, bool fused) {

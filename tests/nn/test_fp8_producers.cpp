@@ -1,0 +1,188 @@
+// FP8 producers: the LayerNorm that writes the next Linear's FP8 input (nn::fp8_layernorm_linear,
+// nn::fp8_add_layernorm_linear, and the TransformerBlock that uses them through LayerNorm::
+// linear_forward and add_linear_forward) against the unfused pairs they replace, bit for bit on the
+// CPU: outputs, every gradient and the FP8 state, over training steps, under both formats of delayed
+// scaling; current scaling and hooks keep the unfused pair; and the module path passes gradcheck.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+
+#include "autograd/gradcheck.h"
+#include "core/op_ledger.h"
+#include "kernels/elementwise.h"
+#include "nn/fp8.h"
+#include "nn/fp8_linear.h"
+#include "nn/layers.h"
+#include "optim/sgd.h"
+#include "tests/nn/fp8_steps.h"
+#include "tests/testing.h"
+
+namespace octet::nn {
+namespace {
+
+using namespace fp8_testing;
+using octet::testing::random_tensor;
+
+// Sets whether the LayerNorms write their Linears' FP8 inputs (set_fp8_fused_producers) for one scope,
+// then restores the default (fused).
+class FusedProducers {
+ public:
+  explicit FusedProducers(bool fused) { set_fp8_fused_producers(fused); }
+  ~FusedProducers() { set_fp8_fused_producers(true); }
+  FusedProducers(const FusedProducers&) = delete;
+  FusedProducers& operator=(const FusedProducers&) = delete;
+};
+
+int64_t producer_calls(const OpLedger& ledger) {
+  return ledger.op("layernorm_fp8_forward").calls + ledger.op("add_layernorm_fp8_forward").calls;
+}
+
+// A LayerNorm and the Linear it feeds, as a module: norm then fc, through LayerNorm::linear_forward,
+// or with a residual (add_linear_forward) whose h is also an output, so that h has a gradient of its
+// own as in a block.
+class NormLinear : public Module {
+ public:
+  NormLinear(int64_t in, int64_t out, bool residual) : Module("NormLinear"), residual_(residual) {
+    norm = register_module("norm", std::make_shared<LayerNorm>(in));
+    fc = register_module("fc", std::make_shared<Linear>(in, out));
+  }
+  Tensor forward(const Tensor& x) override {
+    if (!residual_) return norm->linear_forward(*fc, x);
+    const Tensor branch = mul(x, 0.5);
+    const auto [h, y] = norm->add_linear_forward(*fc, x, branch);
+    return concat({y, h}, -1);
+  }
+  std::shared_ptr<LayerNorm> norm;
+  std::shared_ptr<Linear> fc;
+
+ private:
+  bool residual_;
+};
+
+// Two steps with an SGD step between (the second casts with the scales and weights the first left).
+Fp8Steps norm_linear_steps(bool residual, DType dtype, const Fp8Recipe& recipe, bool fused) {
+  const FusedProducers mode(fused);
+  OpLedger ledger;
+  NormLinear m(64, 48, residual);
+  uint64_t seed = 700;
+  for (const Tensor& p : m.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.3));
+  m.norm->weight.detach().copy_(kernels::add(m.norm->weight.detach(), full({64}, 1.0)));
+  m.to(dtype);
+  optim::SGD sgd(m.parameters(), 0.1);
+  Fp8Steps out;
+  for (int s = 0; s < 2; ++s) {
+    // 33 rows: not a multiple of the transposed copy's 16-row padding.
+    Tensor x = random_tensor({3, 11, 64}, dtype, 720 + s, 2.0).requires_grad_();
+    sgd.zero_grad();
+    const std::string at = "step" + std::to_string(s) + ".";
+    const int64_t width = residual ? 48 + 64 : 48;
+    out.tensors[at + "y"] = step(m, x, random_tensor({3, 11, width}, dtype, 730 + s), recipe);
+    out.tensors[at + "x.grad"] = x.grad();
+    keep_grads(out, m, at);
+    keep_fp8_state(out, m, at);
+    sgd.step();
+  }
+  out.fused_casts = producer_calls(ledger);
+  return out;
+}
+
+TEST(Fp8Producers, LayerNormLinearEqualsTheUnfusedPairBitForBit) {
+  const std::vector<std::pair<std::string, Fp8Recipe>> recipes = {
+      {"delayed HYBRID", DelayedScaling{.amax_history_len = 4}},
+      {"delayed E4M3", DelayedScaling{.amax_history_len = 4, .fp8_format = Fp8Format::E4M3}}};
+  for (const auto& [name, recipe] : recipes) {
+    for (bool residual : {false, true}) {
+      for (DType dtype : {DType::bf16, DType::f32}) {
+        SCOPED_TRACE(name + (residual ? " with the residual add " : " ") + dtype_name(dtype));
+        const Fp8Steps fused = norm_linear_steps(residual, dtype, recipe, true);
+        const Fp8Steps unfused = norm_linear_steps(residual, dtype, recipe, false);
+        expect_same_steps(fused, unfused);
+        EXPECT_EQ(fused.fused_casts, 2);
+      }
+    }
+  }
+  EXPECT_TRUE(fp8_fused_producers()) << "fused is the default";
+}
+
+// Current scaling needs the LayerNorm output's amax before its cast, so it keeps the unfused pair:
+// no producer runs, and the results are those of the explicit pair.
+TEST(Fp8Producers, CurrentScalingKeepsTheUnfusedPair) {
+  for (bool residual : {false, true}) {
+    const Fp8Steps a = norm_linear_steps(residual, DType::bf16, CurrentScaling{}, true);
+    const Fp8Steps b = norm_linear_steps(residual, DType::bf16, CurrentScaling{}, false);
+    EXPECT_EQ(a.fused_casts, 0);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const auto& [name, t] : b.tensors) EXPECT_TRUE(same_bits(a.tensors.at(name), t)) << name;
+  }
+}
+
+// A hook on the Linear (LoRA hangs its adapters on one) must see the LayerNorm's output as its input,
+// so a hooked Linear is run as a module, unfused.
+TEST(Fp8Producers, AHookedLinearRunsUnfused) {
+  NormLinear m(32, 16, false);
+  m.to(DType::bf16);
+  int64_t seen = 0;
+  m.fc->register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
+    ++seen;
+    EXPECT_EQ(in.shape(), (Shape{2, 5, 32}));
+    return out;
+  });
+  OpLedger ledger;
+  step(m, random_tensor({2, 5, 32}, DType::bf16, 1), random_tensor({2, 5, 16}, DType::bf16, 2), DelayedScaling{});
+  EXPECT_EQ(seen, 1);
+  EXPECT_EQ(producer_calls(ledger), 0);
+}
+
+// Two steps of a bf16 TransformerBlock: norm1 writes qkv's FP8 input, norm2 (with the residual add)
+// fc1's; the same bits as the unfused block, including every FP8 history and scale, in both formats.
+TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
+  for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
+    SCOPED_TRACE(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3");
+    auto run = [&](bool fused) {
+      const FusedProducers mode(fused);
+      OpLedger ledger;
+      TransformerBlock block(32, 2);
+      uint64_t seed = 800;
+      for (const Tensor& p : block.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
+      block.to(DType::bf16);
+      optim::SGD sgd(block.parameters(), 0.1);
+      Fp8Steps out;
+      for (int s = 0; s < 2; ++s) {
+        Tensor x = random_tensor({2, 17, 32}, DType::bf16, 820 + s, 1.0).requires_grad_();
+        sgd.zero_grad();
+        const std::string at = "step" + std::to_string(s) + ".";
+        out.tensors[at + "y"] = step(block, x, random_tensor({2, 17, 32}, DType::bf16, 830 + s),
+                                     DelayedScaling{.amax_history_len = 3, .fp8_format = format});
+        out.tensors[at + "x.grad"] = x.grad();
+        keep_grads(out, block, at);
+        keep_fp8_state(out, block, at);
+        sgd.step();
+      }
+      out.fused_casts = producer_calls(ledger);
+      EXPECT_EQ(ledger.op("layernorm_forward").calls + ledger.op("add_layernorm_forward").calls,
+                fused ? 0 : 4)
+          << "the fused block stores no LayerNorm output";
+      return out;
+    };
+    const Fp8Steps fused = run(true), unfused = run(false);
+    expect_same_steps(fused, unfused);
+    EXPECT_EQ(fused.fused_casts, 2 * 2) << "norm1 and norm2, twice";
+  }
+}
+
+// Without a scope LayerNorm::linear_forward and add_linear_forward are the plain pair, which passes
+// gradcheck in f64 through both. (Within a scope the fused functions equal the unfused pair bit for
+// bit, above, and tests/nn/test_fp8.cpp checks the FP8 Linear's straight-through gradients exactly.)
+TEST(Fp8Producers, WithoutAScopeTheModulesAreThePlainPairAndPassGradcheck) {
+  for (bool residual : {false, true}) {
+    NormLinear m(8, 4, residual);
+    m.to(DType::f64);
+    const Tensor x = random_tensor({2, 3, 8}, DType::f64, 5).requires_grad_();
+    const auto result = autograd::gradcheck([&](const std::vector<Tensor>& in) { return m(in[0]); }, {x});
+    EXPECT_TRUE(result.ok) << result.message;
+  }
+}
+
+}  // namespace
+}  // namespace octet::nn

@@ -99,6 +99,10 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor&, const Tensor&
                                    const Tensor& scale, const Tensor&, DType, bool, bool, int64_t) {
   no_cuda("layernorm_fp8_forward", {&x, &scale});
 }
+Fp8Cast gelu_fp8_forward(const Tensor& x, int64_t, int64_t, GeluApproximation, const Tensor& scale, const Tensor&,
+                         DType, bool, bool, int64_t) {
+  no_cuda("gelu_fp8_forward", {&x, &scale});
+}
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float, AmaxCompute) {
   no_cuda("fp8_update_scales_", {&groups[0].amax_history});
 }

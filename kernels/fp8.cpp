@@ -258,6 +258,22 @@ LayerNormFp8 add_layernorm_fp8_forward(const Tensor& x, const Tensor& y, const T
                        transposed, pad_rows_to);
 }
 
+Fp8Cast gelu_fp8_forward(const Tensor& x, GeluApproximation approximation, const Tensor& scale, const Tensor& amax,
+                         DType fp8_dtype, bool rowwise, bool transposed, int64_t pad_rows_to) {
+  const char* op = "gelu_fp8_forward";
+  const CastGeometry g = check_cast(op, x, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+  LedgerOp ledger(op);
+  ledger.read({&x, &scale}).write_bytes(g.fp8_bytes(rowwise, transposed) + 4);
+  if (amax.defined()) ledger.read(amax).write(amax);
+  if (x.is_cuda()) {
+    return cuda::gelu_fp8_forward(x, g.rows, g.cols, approximation, scale, amax, fp8_dtype, rowwise, transposed,
+                                  g.padded_rows);
+  }
+  // The CPU emulates: gelu_forward, then the cast of its output as fp8_cast runs it (counted above as
+  // the one op it stands for).
+  return fp8_cast(gelu_forward(x, approximation), scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+}
+
 void fp8_amax_(const Tensor& x, const Tensor& amax) {
   const char* op = "fp8_amax_";
   check_defined(op, {&x, &amax});

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/nn_ops.h"
 
 namespace octet::kernels {
 
@@ -88,6 +89,13 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& weight, const 
 LayerNormFp8 add_layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                        double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype,
                                        bool rowwise, bool transposed, int64_t pad_rows_to = kFp8RowPadding);
+
+// GELU of x cast to FP8 as it is written (the producer of an MLP's second Linear's input): the bytes,
+// transposed copy, amax and scale_inv of fp8_cast(gelu_forward(x, approximation), ...), bit for bit
+// on each device, without the GELU's output in x's dtype. Emulated on the CPU as the two steps, as
+// layernorm_fp8_forward is.
+Fp8Cast gelu_fp8_forward(const Tensor& x, GeluApproximation approximation, const Tensor& scale, const Tensor& amax,
+                         DType fp8_dtype, bool rowwise, bool transposed, int64_t pad_rows_to = kFp8RowPadding);
 
 // amax ← max(amax, amax(x)) alone: the first pass of current scaling. amax is [1] f32 on x's device.
 void fp8_amax_(const Tensor& x, const Tensor& amax);

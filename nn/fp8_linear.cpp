@@ -282,6 +282,37 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor
   return {outs[0], outs[1]};
 }
 
+Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approximation, const Tensor& weight,
+                       const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                       const std::shared_ptr<const Fp8Config>& config) {
+  if (!producer_fuses(config)) return fp8_linear(gelu(hidden, approximation), weight, bias, state, config);
+  check_and_prepare("fp8_gelu_linear", hidden, weight, bias, state, config);
+  const Fp8LinearPlan p = plan_for(hidden, weight, bias, GradMode::is_enabled() && hidden.requires_grad());
+  const Tensor x2 = hidden.detach().reshape({-1, p.in});
+  const Fp8LinearState::Entry e = Fp8LinearState::entry(state->forward, Fp8FwdTensors::kInput);
+  const kernels::Fp8Cast xq = kernels::gelu_fp8_forward(x2, approximation, e.scale, e.amax, state->forward.fp8_dtype,
+                                                        /*rowwise=*/true, /*transposed=*/p.need_dw);
+  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
+  fp8_forward_ran(state);
+  Shape y_shape = hidden.shape();
+  y_shape.back() = p.out;
+  const Tensor y = forward_gemm(xq, wq, bias, p).reshape(y_shape);
+  if (!p.need_dx && !p.need_dw && !p.need_db) return y;
+
+  const Tensor x_t = p.need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
+  const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
+  std::shared_ptr<Fp8LinearState> st = state;
+  return autograd::record("fp8_gelu_linear", y, {hidden, weight, bias},
+                          [=, shape = hidden.shape()](const autograd::Grads& g) -> autograd::Grads {
+                            Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t,
+                                                              w_scale_inv, st, config);
+                            // gelu's backward (autograd/ops_nn.cpp), on the dgrad.
+                            const Tensor dh = p.need_dx ? kernels::gelu_backward(d.dx, x2, approximation).reshape(shape)
+                                                        : Tensor();
+                            return {dh, d.dw, d.db};
+                          });
+}
+
 void set_fp8_fused_producers(bool fused) { fused_producers.store(fused, std::memory_order_relaxed); }
 bool fp8_fused_producers() { return fused_producers.load(std::memory_order_relaxed); }
 

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/tensor.h"
+#include "kernels/nn_ops.h"
 #include "nn/fp8.h"
 
 namespace octet::nn {
@@ -55,7 +56,15 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor
                                                    const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                                                    const std::shared_ptr<const Fp8Config>& config);
 
-// Whether fp8_layernorm_linear and fp8_add_layernorm_linear fuse (the default) or run their unfused
+// GELU, then an FP8 Linear, with the GELU writing the Linear's FP8 input (an MLP's act -> fc2):
+// fp8_linear(gelu(hidden, approximation), weight, bias) with the GELU's output never stored in
+// hidden's dtype (kernels::gelu_fp8_forward), under delayed scaling; current scaling runs the pair.
+// Backward: the Linear's GEMMs, then GELU's backward on the dgrad. Bit for bit the pair on the CPU.
+Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approximation, const Tensor& weight,
+                       const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                       const std::shared_ptr<const Fp8Config>& config);
+
+// Whether fp8_layernorm_linear, fp8_add_layernorm_linear and fp8_gelu_linear fuse (the default) or run their unfused
 // pairs even under delayed scaling: the same bits on the CPU; the switch lets tests show it.
 // Process-wide, read as each forward runs.
 void set_fp8_fused_producers(bool fused);

@@ -1,5 +1,7 @@
 // The transformer's building blocks: timm's Mlp and pre-norm Block, and the patch embedding.
 #include "autograd/ops.h"
+#include "nn/fp8.h"
+#include "nn/fp8_linear.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 
@@ -16,7 +18,21 @@ Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, dou
 
 Tensor Mlp::forward(const Tensor& x) { return after_fc1((*fc1)(x)); }
 
-Tensor Mlp::after_fc1(const Tensor& hidden) { return (*drop2)((*fc2)((*drop1)((*act)(hidden)))); }
+// The GELU writes fc2's FP8 input itself (nn::fp8_gelu_linear) when fc2 runs in FP8 and nothing sits
+// between them: drop1 is the identity (p = 0, or evaluation) and none of act, drop1 and fc2 has a
+// hook. Otherwise, and without FP8, the modules one after the other.
+Tensor Mlp::after_fc1(const Tensor& hidden) {
+  const bool adjacent = (drop1->p == 0.0 || !drop1->is_training()) && !act->has_forward_hooks() &&
+                        !drop1->has_forward_hooks() && !fc2->has_forward_hooks();
+  if (adjacent) {
+    if (std::shared_ptr<const Fp8Config> config = fc2->fp8_config_for(hidden.dtype())) {
+      OCTET_CHECK(hidden.dim() >= 1 && hidden.size(-1) == fc2->in_features, "Mlp: hidden ", hidden.describe(),
+                  " must end in fc2's ", fc2->in_features, " features");
+      return (*drop2)(fp8_gelu_linear(hidden, act->approximation, fc2->weight, fc2->bias, fc2->fp8_state, config));
+    }
+  }
+  return (*drop2)((*fc2)((*drop1)((*act)(hidden))));
+}
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
                                    double proj_drop, double attn_drop, double drop_path, Generator* gen)

@@ -24,6 +24,10 @@ void fp8_amax_(const Tensor& x, const Tensor& amax);
 LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                    double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
                                    bool transposed, int64_t padded_rows);
+// kernels/fp8.h's GELU writing FP8, arguments checked.
+Fp8Cast gelu_fp8_forward(const Tensor& x, int64_t rows, int64_t cols, GeluApproximation approximation,
+                         const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,
+                         int64_t padded_rows);
 // Every group in one launch per chunk of groups.
 void fp8_update_scales_(const std::vector<Fp8ScalingTensors>& groups, float two_pow_margin, AmaxCompute algo);
 void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor& scale_inv, DType fp8_dtype,

@@ -35,7 +35,8 @@ class FusedProducers {
 };
 
 int64_t producer_calls(const OpLedger& ledger) {
-  return ledger.op("layernorm_fp8_forward").calls + ledger.op("add_layernorm_fp8_forward").calls;
+  return ledger.op("layernorm_fp8_forward").calls + ledger.op("add_layernorm_fp8_forward").calls +
+         ledger.op("gelu_fp8_forward").calls;
 }
 
 // A LayerNorm and the Linear it feeds, as a module: norm then fc, through LayerNorm::linear_forward,
@@ -105,6 +106,57 @@ TEST(Fp8Producers, LayerNormLinearEqualsTheUnfusedPairBitForBit) {
   EXPECT_TRUE(fp8_fused_producers()) << "fused is the default";
 }
 
+// GELU then a Linear through nn::fp8_gelu_linear, which runs the unfused pair when the producers are
+// switched off. (TransformerBlock's Mlp takes this path too, in the block test below.)
+class GeluLinear : public Module {
+ public:
+  GeluLinear(int64_t in, int64_t out, kernels::GeluApproximation approximation)
+      : Module("GeluLinear"), approximation_(approximation) {
+    fc = register_module("fc", std::make_shared<Linear>(in, out));
+  }
+  Tensor forward(const Tensor& x) override {
+    return fp8_gelu_linear(x, approximation_, fc->weight, fc->bias, fc->fp8_state, fp8_config());
+  }
+  std::shared_ptr<Linear> fc;
+
+ private:
+  kernels::GeluApproximation approximation_;
+};
+
+// The GELU writing the next Linear's FP8 input, both GELU forms, two steps, against the unfused pair.
+TEST(Fp8Producers, GeluLinearEqualsTheUnfusedPairBitForBit) {
+  for (kernels::GeluApproximation approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
+      auto run = [&](bool fused) {
+        const FusedProducers mode(fused);
+        OpLedger ledger;
+        GeluLinear mlp(64, 32, approximation);
+        uint64_t seed = 900;
+        for (const Tensor& p : mlp.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.3));
+        mlp.to(DType::bf16);
+        optim::SGD sgd(mlp.parameters(), 0.1);
+        Fp8Steps out;
+        for (int s = 0; s < 2; ++s) {
+          Tensor x = random_tensor({3, 11, 64}, DType::bf16, 920 + s, 2.0).requires_grad_();
+          sgd.zero_grad();
+          const std::string at = "step" + std::to_string(s) + ".";
+          out.tensors[at + "y"] = step(mlp, x, random_tensor({3, 11, 32}, DType::bf16, 930 + s),
+                                       DelayedScaling{.amax_history_len = 3, .fp8_format = format});
+          out.tensors[at + "x.grad"] = x.grad();
+          keep_grads(out, mlp, at);
+          keep_fp8_state(out, mlp, at);
+          sgd.step();
+        }
+        out.fused_casts = producer_calls(ledger);
+        return out;
+      };
+      const Fp8Steps fused = run(true), unfused = run(false);
+      expect_same_steps(fused, unfused);
+      EXPECT_EQ(fused.fused_casts, 2);
+    }
+  }
+}
+
 // Current scaling needs the LayerNorm output's amax before its cast, so it keeps the unfused pair:
 // no producer runs, and the results are those of the explicit pair.
 TEST(Fp8Producers, CurrentScalingKeepsTheUnfusedPair) {
@@ -135,7 +187,7 @@ TEST(Fp8Producers, AHookedLinearRunsUnfused) {
 }
 
 // Two steps of a bf16 TransformerBlock: norm1 writes qkv's FP8 input, norm2 (with the residual add)
-// fc1's; the same bits as the unfused block, including every FP8 history and scale, in both formats.
+// fc1's, the GELU fc2's; the same bits as the unfused block, including every FP8 history and scale, in both formats.
 TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
   for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
     SCOPED_TRACE(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3");
@@ -160,14 +212,15 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
         sgd.step();
       }
       out.fused_casts = producer_calls(ledger);
-      EXPECT_EQ(ledger.op("layernorm_forward").calls + ledger.op("add_layernorm_forward").calls,
-                fused ? 0 : 4)
-          << "the fused block stores no LayerNorm output";
+      EXPECT_EQ(ledger.op("layernorm_forward").calls + ledger.op("add_layernorm_forward").calls +
+                    ledger.op("gelu_forward").calls,
+                fused ? 0 : 6)
+          << "the fused block stores no LayerNorm or GELU output";
       return out;
     };
     const Fp8Steps fused = run(true), unfused = run(false);
     expect_same_steps(fused, unfused);
-    EXPECT_EQ(fused.fused_casts, 2 * 2) << "norm1 and norm2, twice";
+    EXPECT_EQ(fused.fused_casts, 2 * 3) << "norm1, norm2 and the GELU, twice";
   }
 }
 

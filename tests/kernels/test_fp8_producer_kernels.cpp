@@ -1,6 +1,7 @@
-// LayerNorm writing FP8 (kernels/fp8.h layernorm_fp8_forward, add_layernorm_fp8_forward) against the
-// unfused sequence it replaces, layernorm_forward (add_layernorm_forward) then fp8_cast: bit for bit
-// for the FP8 bytes, the transposed copy, the amax, scale_inv, the statistics and h.
+// The kernels that write an FP8 Linear's input as they compute it (kernels/fp8.h): LayerNorm
+// (layernorm_fp8_forward, add_layernorm_fp8_forward) and GELU (gelu_fp8_forward), against the
+// unfused sequences they replace, the op then fp8_cast: bit for bit for the FP8 bytes, the transposed
+// copy, the amax, scale_inv, the statistics and h.
 #include <gtest/gtest.h>
 
 #include <ostream>
@@ -77,6 +78,32 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormFp8Test,
                                            Case{50, 80, DType::bf16, DType::e5m2, false, true, false},
                                            Case{65, 144, DType::f32, DType::e4m3, true, false, true},
                                            Case{130, 48, DType::bf16, DType::e4m3, false, true, true}));
+
+TEST(GeluFp8, EqualsGeluThenCastBitForBit) {
+  for (kernels::GeluApproximation approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (DType fp8 : {DType::e4m3, DType::e5m2}) {
+        const Tensor x = random_tensor({37, 80}, dtype, 21, 3.0);
+        const Tensor scale = full({1}, 70.0);
+        Tensor amax_fused = full({1}, 0.0), amax_ref = full({1}, 0.0);
+        const kernels::Fp8Cast fused = kernels::gelu_fp8_forward(x, approximation, scale, amax_fused, fp8, true, true);
+        const kernels::Fp8Cast ref =
+            kernels::fp8_cast(kernels::gelu_forward(x, approximation), scale, amax_ref, fp8, true, true);
+        EXPECT_TRUE(same_bits(fused.data, ref.data));
+        EXPECT_TRUE(same_bits(fused.transposed, ref.transposed));
+        EXPECT_TRUE(same_bits(fused.scale_inv, ref.scale_inv));
+        EXPECT_TRUE(same_bits(amax_fused, amax_ref));
+        EXPECT_GT(amax_ref.item<double>(), 1.0);
+      }
+    }
+  }
+  EXPECT_TRUE(testing::throws_with(
+      [] {
+        kernels::gelu_fp8_forward(random_tensor({4, 16}), kernels::GeluApproximation::None, full({1}, 1.0), Tensor(),
+                                  DType::e4m3, false, false);
+      },
+      {"gelu_fp8_forward", "neither rowwise nor transposed"}));
+}
 
 TEST(LayerNormFp8, ErrorsNameTheProblem) {
   const Tensor x = random_tensor({4, 16}, DType::bf16, 1);

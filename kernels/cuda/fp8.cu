@@ -1,18 +1,20 @@
 // FP8 cast (+ transpose + amax, + the bias gradient's column sums), amax, and the delayed/current scale
 // updates on the GPU.
 //
-// The element arithmetic is the CPU's (kernels/cpu/fp8.cpp) from the same host/device sources:
-// inputs widen to f32 through core/float_formats.h, q = float_to_e4m3/e5m2(x·scale, saturate) with
-// x·scale one correctly rounded f32 product, amax is the largest |x| bit pattern (NaN and inf
-// propagate; atomicMax on those bits is valid because they are non-negative integers in the order of
-// the values), and the scale rules come from kernels/fp8_scale_rule.h. So every result here equals
-// the CPU's bit for bit, whatever the grid.
+// The element arithmetic is the CPU's (kernels/cpu/fp8.cpp) from the same host/device sources (the
+// element steps are in fp8_elements.cuh, shared with the LayerNorm writing FP8): inputs widen to f32
+// through core/float_formats.h, q = float_to_e4m3/e5m2(x·scale, saturate) with x·scale one correctly
+// rounded f32 product, amax is the largest |x| bit pattern (NaN and inf propagate; atomicMax on those
+// bits is valid because they are non-negative integers in the order of the values), and the scale
+// rules come from kernels/fp8_scale_rule.h. So every result here equals the CPU's bit for bit,
+// whatever the grid.
 #include <algorithm>
 #include <vector>
 
 #include "core/float_formats.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8_cuda.h"
+#include "kernels/cuda/fp8_elements.cuh"
 #include "kernels/fp8_scale_rule.h"
 
 namespace octet::kernels::cuda {
@@ -25,25 +27,6 @@ int sm_count(int device) {
   octet::cuda::check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
                      "cudaDeviceGetAttribute(multiprocessor count)");
   return n;
-}
-
-__device__ __forceinline__ uint32_t magnitude_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
-
-template <bool kE5M2>
-__device__ __forceinline__ uint8_t quantise(float v, float scale) {
-  const float scaled = __fmul_rn(v, scale);
-  return kE5M2 ? float_to_e5m2(scaled, /*saturate=*/true) : float_to_e4m3(scaled, /*saturate=*/true);
-}
-
-// The block's largest value of `v` (unsigned), in every thread. scratch: __shared__ uint32_t[32].
-__device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch) {
-  return block_reduce(v, scratch, 0u, [](uint32_t x, uint32_t y) { return max(x, y); });
-}
-
-// amax ← max(amax, bits) for the block's result; a block that saw only zeros changes nothing.
-__device__ __forceinline__ void publish_amax(uint32_t local, uint32_t* scratch, unsigned int* amax_bits) {
-  const uint32_t block = block_max_bits(local, scratch);
-  if (threadIdx.x == 0 && amax_bits != nullptr && block != 0) atomicMax(amax_bits, block);
 }
 
 // The host storage types of core/float_formats.h work on the device too (their conversions are
@@ -66,15 +49,6 @@ constexpr int kTile = 64;
 constexpr int kCastThreads = 256;
 constexpr int kQuadsPerRow = kTile / 4;                 // 16 threads across a tile row
 constexpr int kRowStride = kCastThreads / kQuadsPerRow;  // 16 tile rows per pass
-
-template <class X>
-struct alignas(4 * sizeof(X)) Quad {
-  X v[4];
-};
-
-__device__ __forceinline__ uint32_t pack_bytes(const uint8_t b[4]) {
-  return uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
-}
 
 struct CastArgs {
   int64_t rows, cols, padded_rows;  // padded_rows: rows of the tiles the transpose needs (>= rows)

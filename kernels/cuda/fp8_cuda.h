@@ -20,7 +20,8 @@ Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t rows, int64_t cols, 
                                    int64_t padded_rows, DType dbias_dtype);
 void fp8_amax_(const Tensor& x, const Tensor& amax);
 // kernels/fp8.h's LayerNorm writing FP8, arguments checked; padded_rows as for fp8_cast. y is
-// undefined for layernorm_fp8_forward, the residual for add_layernorm_fp8_forward.
+// undefined for layernorm_fp8_forward, the residual for add_layernorm_fp8_forward. One kernel (see
+// layernorm_fp8.cu).
 LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                    double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
                                    bool transposed, int64_t padded_rows);

@@ -4,6 +4,8 @@
 //   dx = rstd · (g - mean(g) - xhat · mean(g · xhat)),  g = dy · weight,
 //   dweight = Σ_rows dy · xhat,  dbias = Σ_rows dy.
 // Statistics and every sum are f32 whatever x's dtype; weight and bias may have a dtype of their own.
+// The forward's row arithmetic is in layernorm_rows.cuh, which the LayerNorm writing FP8
+// (layernorm_fp8.cu) runs too, so that its statistics and outputs have this kernel's bits.
 //
 // Forward: one warp per row while C <= 1024 (no block-wide synchronisation), one block per row
 // beyond (ViT-H has C = 1280). Each row is read three times (sum, squares, output); the second and
@@ -21,51 +23,19 @@
 // gradient to each dx in f32 with __fadd_rn (never merged into an FMA with the LayerNorm arithmetic)
 // before the one rounding. In f32 on aligned rows the results therefore equal add() then
 // layernorm_forward(), and layernorm_backward() then add(), bit for bit on the GPU too.
-#include <algorithm>
-
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/layernorm_rows.cuh"
 #include "kernels/cuda/nn_ops_cuda.h"
 
 namespace octet::kernels::cuda {
 namespace {
 
-constexpr int64_t kWarpPerRowMaxC = 1024;
 constexpr int kForwardWarpThreads = 256;  // 8 rows per block in warp-per-row mode
 // At most this many backward blocks: more would cost more partial sums than it gains in parallelism.
 constexpr int64_t kMaxBackwardBlocks = 512;
 // Per-block partial sums live in shared memory up to this size (under the 48 KiB a block gets
 // without opting in, with room for the static scratch), in global memory beyond.
 constexpr size_t kMaxSharedPartialBytes = 40 * 1024;
-
-// Threads per row for a block-per-row kernel: about one 16-byte pack (or 8 scalars) each, a
-// multiple of 32 in [lo, hi].
-int threads_for_row(int64_t C, bool vectorized, int elements_per_pack, int lo, int hi) {
-  const int64_t per_thread = vectorized ? elements_per_pack : 8;
-  const int64_t wanted = (C + per_thread - 1) / per_thread;
-  const int64_t rounded = (wanted + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(rounded, lo, hi));
-}
-
-// Calls f(c, value) for this thread's elements of a row: packs c = lane·N, lane·N + lanes·N, ...
-// when vectorized, else c = lane, lane + lanes, ...
-template <class T, class F>
-__device__ __forceinline__ void for_each_in_row(const T* row, int64_t C, int lane, int lanes, bool vectorized, F&& f) {
-  if (vectorized) {
-    constexpr int N = Pack<T>::N;
-    for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
-      const Pack<T> p = load_pack(row + c);
-#pragma unroll
-      for (int k = 0; k < N; ++k) f(c + k, to_float(p.v[k]));
-    }
-  } else {
-    for (int64_t c = lane; c < C; c += lanes) f(c, to_float(row[c]));
-  }
-}
-
-template <class W>
-__device__ __forceinline__ float weight_at(const W* w, int64_t c, float if_null) {
-  return w ? to_float(w[c]) : if_null;
-}
 
 // Sums two floats across the block; every thread gets both totals. scratch: __shared__ float[64].
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
@@ -81,12 +51,6 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
   a = lane < warps ? scratch[lane] : 0.f;
   b = lane < warps ? scratch[32 + lane] : 0.f;
   return make_float2(warp_sum(a), warp_sum(b));
-}
-
-// h = a + b rounded to T, as the add kernel computes it (kernels/cuda/elementwise.cu).
-template <class T>
-__device__ __forceinline__ T add_rounded(T a, T b) {
-  return from_float<T>(__fadd_rn(to_float(a), to_float(b)));
 }
 
 // y = (x - mean) · rstd · weight + bias per row; mean and rstd saved (f32).
@@ -115,65 +79,29 @@ __global__ void __launch_bounds__(1024)
   }
   auto row_sum = [&](float v) { return kBlockPerRow ? block_sum(v, scratch) : warp_sum(v); };
   const T* xr = x + row * C;
+  T* hr = kResidual ? h + row * C : nullptr;
+  const T* x2r = kResidual ? x2 + row * C : nullptr;
+  const RowStats s = layernorm_row_stats<kResidual>(xr, x2r, hr, C, eps, lane, lanes, vectorized, row_sum);
+  // The third pass reads the row normalized: x, or h as this thread wrote it.
+  const T* src = kResidual ? hr : xr;
   T* yr = y + row * C;
-
-  // The first pass: Σ (row - row[0]) over the row normalized, which is x, or h as it is written.
-  // Each thread visits the same elements in every pass, so it reads back only h it wrote itself.
-  float shift, sum = 0.f;
-  const T* src = xr;
-  if constexpr (kResidual) {
-    const T* x2r = x2 + row * C;
-    T* hr = h + row * C;
-    shift = to_float(add_rounded(xr[0], x2r[0]));
-    if (vectorized) {
-      constexpr int N = Pack<T>::N;
-      for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
-        const Pack<T> pa = load_pack(xr + c), pb = load_pack(x2r + c);
-        Pack<T> ph;
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-          ph.v[k] = add_rounded(pa.v[k], pb.v[k]);
-          sum += to_float(ph.v[k]) - shift;
-        }
-        store_pack(hr + c, ph);
-      }
-    } else {
-      for (int64_t c = lane; c < C; c += lanes) {
-        const T v = add_rounded(xr[c], x2r[c]);
-        hr[c] = v;
-        sum += to_float(v) - shift;
-      }
-    }
-    src = hr;
-  } else {
-    shift = to_float(xr[0]);
-    for_each_in_row(xr, C, lane, lanes, vectorized, [&](int64_t, float v) { sum += v - shift; });
-  }
-  const float m = shift + row_sum(sum) / static_cast<float>(C);
-  float sq = 0.f;
-  for_each_in_row(src, C, lane, lanes, vectorized, [&](int64_t, float v) { sq += (v - m) * (v - m); });
-  const float rs = 1.0f / sqrtf(row_sum(sq) / static_cast<float>(C) + eps);
-
-  auto out = [&](int64_t c, float v) {
-    float o = (v - m) * rs;
-    if (weight) o = o * to_float(weight[c]) + weight_at(bias, c, 0.f);
-    return o;
-  };
   if (vectorized) {
     constexpr int N = Pack<T>::N;
     for (int64_t c = int64_t{lane} * N; c < C; c += int64_t{lanes} * N) {
       const Pack<T> p = load_pack(src + c);
       Pack<T> o;
 #pragma unroll
-      for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(out(c + k, to_float(p.v[k])));
+      for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(layernorm_element(to_float(p.v[k]), s, weight, bias, c + k));
       store_pack(yr + c, o);
     }
   } else {
-    for (int64_t c = lane; c < C; c += lanes) yr[c] = from_float<T>(out(c, to_float(src[c])));
+    for (int64_t c = lane; c < C; c += lanes) {
+      yr[c] = from_float<T>(layernorm_element(to_float(src[c]), s, weight, bias, c));
+    }
   }
   if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = rs;
+    mean[row] = s.mean;
+    rstd[row] = s.rstd;
   }
 }
 
@@ -285,19 +213,6 @@ __global__ void layernorm_column_sums_kernel(const float* __restrict__ partial, 
 
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
 
-// Calls f.template operator()<W>() with weight's element type, or float when there is no weight
-// (the kernels then see null pointers).
-template <class F>
-void with_weight_type(const Tensor& weight, const char* op, F&& f) {
-  if (weight.defined()) return dispatch_floating(weight.dtype(), op, f);
-  f.template operator()<float>();
-}
-
-template <class W>
-const W* maybe(const Tensor& t) {
-  return t.defined() ? ptr<W>(t) : nullptr;
-}
-
 // The forward launch, with or without the residual add: x2 and h are both defined or both not.
 void launch_forward(const char* op, const Tensor& x, const Tensor& x2, const Tensor& h, const Tensor& weight,
                     const Tensor& bias, const Tensor& y, const Tensor& mean, const Tensor& rstd, double eps) {
@@ -315,13 +230,13 @@ void launch_forward(const char* op, const Tensor& x, const Tensor& x2, const Ten
                                                ptr<float>(rstd), rows, C, static_cast<float>(eps), vectorized);
       };
       auto launch_mode = [&]<bool kResidual>() {
-        if (C <= kWarpPerRowMaxC) {
+        if (C <= kLayerNormWarpPerRowMaxC) {
           const int64_t rows_per_block = kForwardWarpThreads / 32;
           launch(layernorm_forward_kernel<T, W, false, kResidual>,
                  static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kForwardWarpThreads);
         } else {
           launch(layernorm_forward_kernel<T, W, true, kResidual>, static_cast<unsigned>(rows),
-                 threads_for_row(C, vectorized, Pack<T>::N, 128, 1024));
+                 layernorm_forward_block_threads(C, vectorized, Pack<T>::N));
         }
       };
       if (residual) {

@@ -99,6 +99,11 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor&, const Tensor&
                                    const Tensor& scale, const Tensor&, DType, bool, bool, int64_t) {
   no_cuda("layernorm_fp8_forward", {&x, &scale});
 }
+Fp8CastWithBiasGrad dgelu_fp8_cast_dbias(const Tensor& dact, const Tensor& x, int64_t, int64_t, GeluApproximation,
+                                         const Tensor&, const Tensor&, DType, bool, bool, std::optional<DType>,
+                                         int64_t) {
+  no_cuda("dgelu_fp8_cast_dbias", {&dact, &x});
+}
 Fp8Cast gelu_fp8_forward(const Tensor& x, int64_t, int64_t, GeluApproximation, const Tensor& scale, const Tensor&,
                          DType, bool, bool, int64_t) {
   no_cuda("gelu_fp8_forward", {&x, &scale});

@@ -274,6 +274,35 @@ Fp8Cast gelu_fp8_forward(const Tensor& x, GeluApproximation approximation, const
   return fp8_cast(gelu_forward(x, approximation), scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
 }
 
+Fp8CastWithBiasGrad dgelu_fp8_cast_dbias(const Tensor& dact, const Tensor& x, GeluApproximation approximation,
+                                         const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
+                                         bool transposed, std::optional<DType> dbias_dtype, int64_t pad_rows_to) {
+  const char* op = "dgelu_fp8_cast_dbias";
+  const CastGeometry g = check_cast(op, x, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+  check_defined(op, {&dact});
+  OCTET_CHECK(dact.shape() == x.shape() && dact.dtype() == x.dtype() && dact.device() == x.device(), op,
+              ": dact (the GELU output's gradient) must have x's shape, dtype and device (", describe_all({&dact, &x}),
+              ")");
+  OCTET_CHECK(!dbias_dtype || is_cast_input(*dbias_dtype), op,
+              ": dbias_dtype must be f32, bf16 or f16 (the bias's dtype), got ", dtype_name(*dbias_dtype));
+  LedgerOp ledger(op);
+  ledger.read({&dact, &x, &scale})
+      .write_bytes(g.fp8_bytes(rowwise, transposed) + 4 +
+                   (dbias_dtype ? g.cols * static_cast<int64_t>(dtype_size(*dbias_dtype)) : 0));
+  if (amax.defined()) ledger.read(amax).write(amax);
+  if (x.is_cuda()) {
+    return cuda::dgelu_fp8_cast_dbias(dact, x, g.rows, g.cols, approximation, scale, amax, fp8_dtype, rowwise,
+                                      transposed, dbias_dtype, g.padded_rows);
+  }
+  // The CPU emulates: gelu_backward, then fp8_cast_dbias (or fp8_cast) of its result (counted above
+  // as the one op it stands for).
+  const Tensor dy = gelu_backward(dact, x, approximation);
+  if (dbias_dtype) return fp8_cast_dbias(dy, scale, amax, fp8_dtype, rowwise, transposed, *dbias_dtype, pad_rows_to);
+  Fp8CastWithBiasGrad out;
+  static_cast<Fp8Cast&>(out) = fp8_cast(dy, scale, amax, fp8_dtype, rowwise, transposed, pad_rows_to);
+  return out;
+}
+
 void fp8_amax_(const Tensor& x, const Tensor& amax) {
   const char* op = "fp8_amax_";
   check_defined(op, {&x, &amax});

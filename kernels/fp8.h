@@ -19,6 +19,7 @@
 // All scale, scale_inv and amax tensors are f32 and live on the device of the data they describe,
 // so a GPU step never reads them back to the host.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -96,6 +97,16 @@ LayerNormFp8 add_layernorm_fp8_forward(const Tensor& x, const Tensor& y, const T
 // layernorm_fp8_forward is.
 Fp8Cast gelu_fp8_forward(const Tensor& x, GeluApproximation approximation, const Tensor& scale, const Tensor& amax,
                          DType fp8_dtype, bool rowwise, bool transposed, int64_t pad_rows_to = kFp8RowPadding);
+
+// GELU's backward feeding an FP8 Linear's output-gradient cast (an MLP's fc2 dgrad -> fc1's dy):
+// dy = gelu_backward(dact, x, approximation), cast as fp8_cast_dbias casts it, bit for bit on each
+// device: the bytes, transposed copy, amax, scale_inv and, with a dbias_dtype, the column sums of dy
+// (fc1's bias gradient); without one, as fp8_cast. dy itself is never stored in x's dtype. Emulated
+// on the CPU as the two steps.
+Fp8CastWithBiasGrad dgelu_fp8_cast_dbias(const Tensor& dact, const Tensor& x, GeluApproximation approximation,
+                                         const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
+                                         bool transposed, std::optional<DType> dbias_dtype,
+                                         int64_t pad_rows_to = kFp8RowPadding);
 
 // amax ← max(amax, amax(x)) alone: the first pass of current scaling. amax is [1] f32 on x's device.
 void fp8_amax_(const Tensor& x, const Tensor& amax);

@@ -3,6 +3,7 @@
 // kernels/fp8.cpp have checked every tensor (dtypes, shapes, one CUDA device) and the arguments;
 // two_pow_margin is 2^margin rounded once to f32 on the host, as the CPU kernels take it. Every
 // launch goes on the current stream of the tensors' device, and nothing is read back to the host.
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -25,6 +26,11 @@ void fp8_amax_(const Tensor& x, const Tensor& amax);
 LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                    double eps, const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise,
                                    bool transposed, int64_t padded_rows);
+// kernels/fp8.h's GELU backward writing FP8, arguments checked: dbias when dbias_dtype is given.
+Fp8CastWithBiasGrad dgelu_fp8_cast_dbias(const Tensor& dact, const Tensor& x, int64_t rows, int64_t cols,
+                                         GeluApproximation approximation, const Tensor& scale, const Tensor& amax,
+                                         DType fp8_dtype, bool rowwise, bool transposed,
+                                         std::optional<DType> dbias_dtype, int64_t padded_rows);
 // kernels/fp8.h's GELU writing FP8, arguments checked.
 Fp8Cast gelu_fp8_forward(const Tensor& x, int64_t rows, int64_t cols, GeluApproximation approximation,
                          const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,

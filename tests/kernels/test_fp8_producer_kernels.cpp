@@ -4,6 +4,7 @@
 // copy, the amax, scale_inv, the statistics and h.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <ostream>
 #include <tuple>
 
@@ -103,6 +104,42 @@ TEST(GeluFp8, EqualsGeluThenCastBitForBit) {
                                   DType::e4m3, false, false);
       },
       {"gelu_fp8_forward", "neither rowwise nor transposed"}));
+}
+
+TEST(DgeluFp8, EqualsGeluBackwardThenTheCastWithColumnSumsBitForBit) {
+  for (kernels::GeluApproximation approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (bool with_dbias : {true, false}) {
+        // 70 rows: more than one of the column sums' 16-row leaves, not a multiple of 16.
+        const Tensor x = random_tensor({70, 48}, dtype, 31, 3.0);
+        const Tensor dact = random_tensor({70, 48}, dtype, 32, 0.01);
+        const Tensor scale = full({1}, 4096.0);
+        Tensor amax_fused = full({1}, 0.0), amax_ref = full({1}, 0.0);
+        const std::optional<DType> dbias = with_dbias ? std::optional<DType>(DType::f32) : std::nullopt;
+        const kernels::Fp8CastWithBiasGrad fused = kernels::dgelu_fp8_cast_dbias(
+            dact, x, approximation, scale, amax_fused, DType::e5m2, true, true, dbias);
+        const Tensor dy = kernels::gelu_backward(dact, x, approximation);
+        kernels::Fp8CastWithBiasGrad ref;
+        if (with_dbias) {
+          ref = kernels::fp8_cast_dbias(dy, scale, amax_ref, DType::e5m2, true, true, DType::f32);
+        } else {
+          static_cast<kernels::Fp8Cast&>(ref) = kernels::fp8_cast(dy, scale, amax_ref, DType::e5m2, true, true);
+        }
+        EXPECT_TRUE(same_bits(fused.data, ref.data));
+        EXPECT_TRUE(same_bits(fused.transposed, ref.transposed));
+        EXPECT_TRUE(same_bits(fused.scale_inv, ref.scale_inv));
+        EXPECT_TRUE(same_bits(fused.dbias, ref.dbias));
+        EXPECT_TRUE(same_bits(amax_fused, amax_ref));
+        EXPECT_EQ(fused.dbias.defined(), with_dbias);
+      }
+    }
+  }
+  EXPECT_TRUE(testing::throws_with(
+      [] {
+        kernels::dgelu_fp8_cast_dbias(random_tensor({4, 16}), random_tensor({4, 8}), kernels::GeluApproximation::None,
+                                      full({1}, 1.0), Tensor(), DType::e5m2, true, false, std::nullopt);
+      },
+      {"dgelu_fp8_cast_dbias", "dact"}));
 }
 
 TEST(LayerNormFp8, ErrorsNameTheProblem) {

@@ -122,6 +122,21 @@ struct Fp8LinearGrads {
   Tensor dw, db;
 };
 
+// dgrad and wgrad from dy's cast (the gradients the plan asks for; db is the caller's).
+Fp8LinearGrads gemms_from_cast(const kernels::Fp8Cast& dyq, const Fp8LinearPlan& p, const Tensor& x_t,
+                               const Tensor& x_scale_inv, const Tensor& w_t, const Tensor& w_scale_inv) {
+  Fp8LinearGrads g;
+  if (p.need_dx) {
+    g.dx = empty({p.rows, p.in}, p.x_dtype, p.device);
+    kernels::fp8_gemm(dyq.data, dyq.scale_inv, w_t, w_scale_inv, g.dx);
+  }
+  if (p.need_dw) {
+    g.dw = empty({p.out, p.in}, p.w_dtype, p.device);
+    kernels::fp8_gemm(dyq.transposed, dyq.scale_inv, x_t, x_scale_inv, g.dw);
+  }
+  return g;
+}
+
 // The backward of every FP8 Linear, given dy [rows, out] and what the forward kept: xᵀ and Wᵀ in FP8
 // with their scale_invs, nothing of x itself.
 Fp8LinearGrads backward_gemms(const Tensor& dy2, const Fp8LinearPlan& p, const Tensor& x_t, const Tensor& x_scale_inv,
@@ -135,15 +150,7 @@ Fp8LinearGrads backward_gemms(const Tensor& dy2, const Fp8LinearPlan& p, const T
       cast_entry(dy2, st->backward, Fp8BwdTensors::kGradOutput, config->recipe, /*rowwise=*/p.need_dx,
                  /*transposed=*/p.need_dw, fuse_db ? std::optional<DType>(p.b_dtype) : std::nullopt);
   fp8_backward_ran(st, config);
-  Fp8LinearGrads g;
-  if (p.need_dx) {
-    g.dx = empty({p.rows, p.in}, p.x_dtype, p.device);
-    kernels::fp8_gemm(dyq.data, dyq.scale_inv, w_t, w_scale_inv, g.dx);
-  }
-  if (p.need_dw) {
-    g.dw = empty({p.out, p.in}, p.w_dtype, p.device);
-    kernels::fp8_gemm(dyq.transposed, dyq.scale_inv, x_t, x_scale_inv, g.dw);
-  }
+  Fp8LinearGrads g = gemms_from_cast(dyq, p, x_t, x_scale_inv, w_t, w_scale_inv);
   if (p.need_db) g.db = fuse_db ? dyq.dbias : kernels::sum(dy2, 0).to(p.b_dtype);
   return g;
 }
@@ -311,6 +318,83 @@ Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approxim
                                                         : Tensor();
                             return {dh, d.dw, d.db};
                           });
+}
+
+std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                                const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
+                                                kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
+                                                const std::shared_ptr<const Fp8Config>& config) {
+  // The dGELU fusion hands fc1 its output gradient already cast, with the bias gradient from that
+  // pass; when the bias gradient is summed apart (set_fp8_fused_bias_grad(false)) it runs as two nodes.
+  if (!producer_fuses(config) || !fused_bias_grad.load(std::memory_order_relaxed)) {
+    const auto [h, hidden] = fp8_add_layernorm_linear(x, residual, ln_weight, ln_bias, eps, fc1.weight, fc1.bias,
+                                                      fc1.state, config);
+    return {h, fp8_gelu_linear(hidden, approximation, fc2.weight, fc2.bias, fc2.state, config)};
+  }
+  check_and_prepare("fp8_add_layernorm_mlp", x, fc1.weight, fc1.bias, fc1.state, config);
+  const bool grad_on = GradMode::is_enabled();
+  const bool nx = grad_on && x.requires_grad(), nr = grad_on && residual.requires_grad(),
+             nlw = grad_on && ln_weight.defined() && ln_weight.requires_grad(),
+             nlb = grad_on && ln_bias.defined() && ln_bias.requires_grad();
+  const Fp8LinearPlan p1 = plan_for(x, fc1.weight, fc1.bias, nx || nr || nlw || nlb);
+  const Tensor x2 = x.detach().reshape({-1, p1.in}), r2 = residual.detach().reshape({-1, p1.in});
+  const Tensor lnw = ln_weight.defined() ? ln_weight.detach() : Tensor(), lnb = ln_bias.defined() ? ln_bias.detach() : Tensor();
+
+  // fc1: the LayerNorm (after the residual add) writes its E4M3 input.
+  const Fp8LinearState::Entry e1 = Fp8LinearState::entry(fc1.state->forward, Fp8FwdTensors::kInput);
+  const kernels::LayerNormFp8 ln = kernels::add_layernorm_fp8_forward(x2, r2, lnw, lnb, eps, e1.scale, e1.amax,
+                                                                      fc1.state->forward.fp8_dtype, /*rowwise=*/true,
+                                                                      /*transposed=*/p1.need_dw);
+  const kernels::Fp8Cast wq1 = weight_cast(*fc1.state, fc1.weight.detach(), config->recipe, p1.need_dx);
+  fp8_forward_ran(fc1.state);
+  const Tensor hidden = forward_gemm(ln.cast, wq1, fc1.bias, p1);  // [rows, hidden], kept for GELU's backward
+
+  // fc2: the GELU writes its E4M3 input.
+  check_and_prepare("fp8_add_layernorm_mlp (fc2)", hidden, fc2.weight, fc2.bias, fc2.state, config);
+  const bool upstream = p1.need_dx || p1.need_dw || p1.need_db;
+  const Fp8LinearPlan p2 = plan_for(hidden, fc2.weight, fc2.bias, grad_on && upstream);
+  const Fp8LinearState::Entry e2 = Fp8LinearState::entry(fc2.state->forward, Fp8FwdTensors::kInput);
+  const kernels::Fp8Cast act = kernels::gelu_fp8_forward(hidden, approximation, e2.scale, e2.amax,
+                                                         fc2.state->forward.fp8_dtype, /*rowwise=*/true,
+                                                         /*transposed=*/p2.need_dw);
+  const kernels::Fp8Cast wq2 = weight_cast(*fc2.state, fc2.weight.detach(), config->recipe, p2.need_dx);
+  fp8_forward_ran(fc2.state);
+  Shape y_shape = x.shape();
+  y_shape.back() = p2.out;
+  const Tensor h = ln.h.reshape(x.shape());
+  const Tensor y = forward_gemm(act, wq2, fc2.bias, p2).reshape(y_shape);
+  if (!upstream && !p2.need_dw && !p2.need_db) return {h, y};
+
+  std::shared_ptr<Fp8LinearState> st1 = fc1.state, st2 = fc2.state;
+  const Tensor x1_t = p1.need_dw ? ln.cast.transposed : Tensor(), x1_si = ln.cast.scale_inv;
+  const Tensor w1_t = p1.need_dx ? wq1.transposed : Tensor(), w1_si = wq1.scale_inv;
+  const Tensor x2_t = p2.need_dw ? act.transposed : Tensor(), x2_si = act.scale_inv;
+  const Tensor w2_t = p2.need_dx ? wq2.transposed : Tensor(), w2_si = wq2.scale_inv;
+  std::vector<Tensor> outs = autograd::record(
+      "fp8_add_layernorm_mlp", {h, y},
+      {x, residual, ln_weight, ln_bias, fc1.weight, fc1.bias, fc2.weight, fc2.bias},
+      [=, hd = ln.h.detach(), mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
+        // fc2, as its own node would run it; its dgrad is the GELU output's gradient.
+        const Fp8LinearGrads d2 = backward_gemms(g[1].reshape({-1, p2.out}), p2, x2_t, x2_si, w2_t, w2_si, st2, config);
+        if (!upstream) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), d2.dw, d2.db};
+        // GELU's backward and fc1's output-gradient cast (with fc1's bias gradient) in one pass: the
+        // bits of gelu_backward and then fc1's cast_entry under delayed scaling.
+        const Fp8LinearState::Entry e = Fp8LinearState::entry(st1->backward, Fp8BwdTensors::kGradOutput);
+        const kernels::Fp8CastWithBiasGrad dyq1 = kernels::dgelu_fp8_cast_dbias(
+            d2.dx, hidden, approximation, e.scale, e.amax, st1->backward.fp8_dtype, /*rowwise=*/p1.need_dx,
+            /*transposed=*/p1.need_dw, p1.need_db ? std::optional<DType>(p1.b_dtype) : std::nullopt);
+        fp8_backward_ran(st1, config);
+        Fp8LinearGrads d1 = gemms_from_cast(dyq1, p1, x1_t, x1_si, w1_t, w1_si);
+        const Tensor db1 = p1.need_db ? dyq1.dbias : Tensor();
+        if (!p1.need_dx) return {Tensor(), Tensor(), Tensor(), Tensor(), d1.dw, db1, d2.dw, d2.db};
+        // add_layer_norm's backward: the LayerNorm's input gradient plus h's other one.
+        const kernels::AddLayerNormGrads l =
+            kernels::add_layernorm_backward(d1.dx, g[0].reshape({-1, p1.in}), hd, lnw, mean, rstd);
+        const Tensor dh = l.dh.reshape(shape);
+        return {nx ? dh : Tensor(), nr ? dh : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d1.dw,
+                db1, d2.dw, d2.db};
+      });
+  return {outs[0], outs[1]};
 }
 
 void set_fp8_fused_producers(bool fused) { fused_producers.store(fused, std::memory_order_relaxed); }

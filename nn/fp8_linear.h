@@ -64,7 +64,25 @@ Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approxim
                        const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                        const std::shared_ptr<const Fp8Config>& config);
 
-// Whether fp8_layernorm_linear, fp8_add_layernorm_linear and fp8_gelu_linear fuse (the default) or run their unfused
+// One Linear of an FP8 MLP: its parameters and its FP8 state (created on first use).
+struct Fp8MlpLinear {
+  const Tensor& weight;
+  const Tensor& bias;
+  std::shared_ptr<Fp8LinearState>& state;
+};
+
+// A pre-norm MLP in FP8, as one node (Transformer Engine's LayerNormMLP): h = x + residual,
+// y = fc2(gelu(fc1(layer_norm(h)))), returning {h, y}. The LayerNorm writes fc1's FP8 input, the GELU
+// fc2's, and in backward GELU's backward writes fc1's output gradient in FP8 with fc1's bias gradient
+// (kernels::dgelu_fp8_cast_dbias): neither the GELU's output nor its input gradient is ever stored in
+// x's dtype. Under current scaling, or with set_fp8_fused_bias_grad(false), it runs as
+// fp8_add_layernorm_linear then fp8_gelu_linear. Bit for bit the unfused modules on the CPU.
+std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                                const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
+                                                kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
+                                                const std::shared_ptr<const Fp8Config>& config);
+
+// Whether fp8_layernorm_linear, fp8_add_layernorm_linear, fp8_gelu_linear and fp8_add_layernorm_mlp fuse (the default) or run their unfused
 // pairs even under delayed scaling: the same bits on the CPU; the switch lets tests show it.
 // Process-wide, read as each forward runs.
 void set_fp8_fused_producers(bool fused);

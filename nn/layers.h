@@ -116,6 +116,12 @@ class Mlp : public Module {
   // The layers after fc1, given fc1's output: forward(x) is after_fc1((*fc1)(x)). For a caller that
   // runs fc1 itself (TransformerBlock, with norm2 writing fc1's FP8 input).
   Tensor after_fc1(const Tensor& hidden);
+  // The residual add and the pre-norm before this MLP: {h, forward(norm(h))} with h = x + y, as
+  // norm.add_forward then this module. Under FP8 with delayed scaling, and with nothing that could
+  // see the difference (no hooks on norm, fc1, act, drop1 or fc2; drop1 the identity), it is one
+  // node (nn::fp8_add_layernorm_mlp): every cast rides on the kernel before it. For a caller that
+  // owns the residual (TransformerBlock).
+  std::pair<Tensor, Tensor> add_norm_forward(LayerNorm& norm, const Tensor& x, const Tensor& y);
 
   std::shared_ptr<Linear> fc1;
   std::shared_ptr<GELU> act;

@@ -34,6 +34,23 @@ Tensor Mlp::after_fc1(const Tensor& hidden) {
   return (*drop2)((*fc2)((*drop1)((*act)(hidden))));
 }
 
+std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x, const Tensor& y) {
+  const bool adjacent = (drop1->p == 0.0 || !drop1->is_training()) && !norm.has_forward_hooks() &&
+                        !fc1->has_forward_hooks() && !act->has_forward_hooks() && !drop1->has_forward_hooks() &&
+                        !fc2->has_forward_hooks();
+  if (adjacent && x.dim() >= 1 && x.size(-1) == norm.dim && norm.dim == fc1->in_features) {
+    std::shared_ptr<const Fp8Config> config = fc1->fp8_config_for(x.dtype());
+    if (config != nullptr && fc2->fp8_config_for(x.dtype()) != nullptr) {
+      const auto [h, out] = fp8_add_layernorm_mlp(x, y, norm.weight, norm.bias, norm.eps,
+                                                  {fc1->weight, fc1->bias, fc1->fp8_state}, act->approximation,
+                                                  {fc2->weight, fc2->bias, fc2->fp8_state}, config);
+      return {h, (*drop2)(out)};
+    }
+  }
+  const auto [h, hidden] = norm.add_linear_forward(*fc1, x, y);
+  return {h, after_fc1(hidden)};
+}
+
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
                                    double proj_drop, double attn_drop, double drop_path, Generator* gen)
     : Module("TransformerBlock") {
@@ -58,12 +75,13 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // norm1's weights do not exist yet when the previous block runs), and a per-block activation
 // recompute would need each block's graph to start at its own input.
 //
-// Each LayerNorm also runs together with the Linear it feeds (LayerNorm::linear_forward and
-// add_linear_forward): norm1 with attn.qkv, norm2 with mlp.fc1. Without FP8 that is the two calls;
-// under FP8 with delayed scaling the LayerNorm writes the Linear's E4M3 input (and its transpose and
-// amax) in its own pass, as Transformer Engine's LayerNormLinear does, instead of writing its output
-// for the Linear to read and cast. A hook on attn or mlp must see their inputs, so then they are
-// called as modules, unfused.
+// Each LayerNorm also runs together with what it feeds: norm1 with attn.qkv
+// (LayerNorm::linear_forward), norm2 with the whole MLP (Mlp::add_norm_forward). Without FP8 that is
+// the modules one after the other; under FP8 with delayed scaling the LayerNorm writes the Linear's
+// E4M3 input (and its transpose and amax) in its own pass, as Transformer Engine's LayerNormLinear
+// and LayerNormMLP do, the GELU writes fc2's, and GELU's backward writes fc1's output gradient in
+// E5M2 with fc1's bias gradient. A hook on attn or mlp must see their inputs, so then they are called
+// as modules, unfused.
 Tensor TransformerBlock::forward(const Tensor& x) {
   const Tensor attended = attn->has_forward_hooks() ? (*attn)((*norm1)(x))
                                                     : attn->after_qkv(norm1->linear_forward(*attn->qkv, x));
@@ -71,8 +89,8 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     const auto [h, normed] = norm2->add_forward(x, (*drop_path1)(attended));
     return h + (*drop_path2)((*mlp)(normed));
   }
-  const auto [h, hidden] = norm2->add_linear_forward(*mlp->fc1, x, (*drop_path1)(attended));
-  return h + (*drop_path2)(mlp->after_fc1(hidden));
+  const auto [h, mlp_out] = mlp->add_norm_forward(*norm2, x, (*drop_path1)(attended));
+  return h + (*drop_path2)(mlp_out);
 }
 
 PatchProjection::PatchProjection(int64_t in_chans, int64_t embed_dim, int64_t patch_size)

@@ -187,7 +187,8 @@ TEST(Fp8Producers, AHookedLinearRunsUnfused) {
 }
 
 // Two steps of a bf16 TransformerBlock: norm1 writes qkv's FP8 input, norm2 (with the residual add)
-// fc1's, the GELU fc2's; the same bits as the unfused block, including every FP8 history and scale, in both formats.
+// fc1's, the GELU fc2's, and GELU's backward fc1's E5M2 output gradient (fp8_add_layernorm_mlp);
+// the same bits as the unfused block, including every FP8 history and scale, in both formats.
 TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
   for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
     SCOPED_TRACE(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3");
@@ -213,15 +214,54 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
       }
       out.fused_casts = producer_calls(ledger);
       EXPECT_EQ(ledger.op("layernorm_forward").calls + ledger.op("add_layernorm_forward").calls +
-                    ledger.op("gelu_forward").calls,
-                fused ? 0 : 6)
-          << "the fused block stores no LayerNorm or GELU output";
+                    ledger.op("gelu_forward").calls + ledger.op("gelu_backward").calls,
+                fused ? 0 : 8)
+          << "the fused block stores no LayerNorm or GELU output, nor GELU's input gradient";
+      EXPECT_EQ(ledger.op("dgelu_fp8_cast_dbias").calls, fused ? 2 : 0);
       return out;
     };
     const Fp8Steps fused = run(true), unfused = run(false);
     expect_same_steps(fused, unfused);
     EXPECT_EQ(fused.fused_casts, 2 * 3) << "norm1, norm2 and the GELU, twice";
   }
+}
+
+// The fused nodes compute only the gradients asked for: a block whose input needs no gradient and
+// whose fc1 and norm2 are frozen trains the same bits fused and unfused (the frozen parameters get
+// none either way).
+TEST(Fp8Producers, FrozenLayersAndAnInputWithoutGradientTrainTheSameBits) {
+  auto run = [&](bool fused) {
+    const FusedProducers mode(fused);
+    TransformerBlock block(32, 2);
+    uint64_t seed = 1000;
+    for (const Tensor& p : block.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
+    block.to(DType::bf16);
+    for (Tensor* frozen : {&block.mlp->fc1->weight, &block.mlp->fc1->bias, &block.norm2->weight, &block.norm2->bias}) {
+      frozen->requires_grad_(false);
+    }
+    std::vector<Tensor> trainable;
+    for (const Tensor& p : block.parameters()) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    optim::SGD sgd(trainable, 0.1);
+    Fp8Steps out;
+    for (int s = 0; s < 2; ++s) {
+      const Tensor x = random_tensor({2, 17, 32}, DType::bf16, 1020 + s, 1.0);
+      sgd.zero_grad();
+      const std::string at = "step" + std::to_string(s) + ".";
+      out.tensors[at + "y"] = step(block, x, random_tensor({2, 17, 32}, DType::bf16, 1030 + s), DelayedScaling{});
+      for (const auto& [name, p] : block.named_parameters()) {
+        if (p.requires_grad()) out.tensors[at + name + ".grad"] = p.grad().clone();
+        EXPECT_EQ(p.grad().defined(), p.requires_grad()) << name;
+      }
+      keep_fp8_state(out, block, at);
+      sgd.step();
+    }
+    return out;
+  };
+  const Fp8Steps fused = run(true), unfused = run(false);
+  ASSERT_EQ(fused.tensors.size(), unfused.tensors.size());
+  for (const auto& [name, t] : unfused.tensors) EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
 }
 
 // Without a scope LayerNorm::linear_forward and add_linear_forward are the plain pair, which passes

@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     check_fp8_options(precision, fp8_options);
+    apply_fp8_switches(fp8_options);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const Error& e) {

@@ -1,6 +1,7 @@
 #include "apps/fp8_flags.h"
 
 #include "core/error.h"
+#include "nn/fp8_linear.h"
 
 namespace octet {
 
@@ -19,6 +20,11 @@ void add_fp8_flags(CLI::App& app, Fp8Options& o) {
       ->check(CLI::IsMember({"max", "most_recent"}))->each(given("--fp8-amax-algo"))->capture_default_str();
   app.add_option("--fp8-format", o.format, "hybrid (E4M3 forward, E5M2 gradients) or e4m3 (E4M3 everywhere)")
       ->check(CLI::IsMember({"hybrid", "e4m3"}))->each(given("--fp8-format"))->capture_default_str();
+  app.add_option("--fp8-fused-producers", o.fused_producers,
+                 "on: under the delayed recipe the LayerNorms and GELU write their Linears' FP8 inputs, and GELU's "
+                 "backward fc1's FP8 gradient (Transformer Engine's LayerNormLinear/LayerNormMLP); off: the "
+                 "separate casts, the same bits (for comparing the two)")
+      ->check(CLI::IsMember({"on", "off"}))->each(given("--fp8-fused-producers"))->capture_default_str();
 }
 
 void check_fp8_options(const std::string& precision, const Fp8Options& o) {
@@ -33,6 +39,8 @@ void check_fp8_options(const std::string& precision, const Fp8Options& o) {
     }
   }
 }
+
+void apply_fp8_switches(const Fp8Options& o) { nn::set_fp8_fused_producers(o.fused_producers == "on"); }
 
 nn::Fp8Recipe fp8_recipe_from(const Fp8Options& o) {
   const nn::Fp8Format format = o.format == "e4m3" ? nn::Fp8Format::E4M3 : nn::Fp8Format::HYBRID;

@@ -17,13 +17,16 @@ struct Fp8Options {
   int margin = 0;
   std::string amax_algo = "max";  // or "most_recent"; delayed only
   std::string format = "hybrid";  // or "e4m3"
+  std::string fused_producers = "on";  // or "off": nn::set_fp8_fused_producers
   std::vector<std::string> given;  // the --fp8-* flags on the command line, for the checks
 };
 
-// --fp8-recipe, --fp8-amax-history, --fp8-margin, --fp8-amax-algo, --fp8-format.
+// --fp8-recipe, --fp8-amax-history, --fp8-margin, --fp8-amax-algo, --fp8-format, --fp8-fused-producers.
 void add_fp8_flags(CLI::App& app, Fp8Options& options);
 // The checks CLI11 cannot express; throws octet::Error naming the flag and the fix.
 void check_fp8_options(const std::string& precision, const Fp8Options& options);
 nn::Fp8Recipe fp8_recipe_from(const Fp8Options& options);
+// Applies the process-wide FP8 switches (--fp8-fused-producers) for the run.
+void apply_fp8_switches(const Fp8Options& options);
 
 }  // namespace octet

@@ -298,6 +298,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     check_run_options(options);
+    apply_fp8_switches(options.fp8);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error and a pointer to --help
     return code == 0 ? 0 : 2;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "apps/fp8_flags.h"
+#include "nn/fp8_linear.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -61,6 +62,16 @@ TEST(Fp8Flags, RefusalsNameTheFlagAndTheFix) {
   EXPECT_THROW(parse({"--fp8-amax-history", "0"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--fp8-margin", "65"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--fp8-recipe", "sometimes"}), CLI::ValidationError);
+  EXPECT_THROW(parse({"--fp8-fused-producers", "maybe"}), CLI::ValidationError);
+  EXPECT_TRUE(throws_with([] { check_fp8_options("bf16", parse({"--fp8-fused-producers", "off"})); },
+                          {"--fp8-fused-producers", "--precision bf16"}));
+}
+
+TEST(Fp8Flags, FusedProducersSwitchTheProcessWideSetting) {
+  apply_fp8_switches(parse({"--fp8-fused-producers", "off"}));
+  EXPECT_FALSE(nn::fp8_fused_producers());
+  apply_fp8_switches(parse({}));
+  EXPECT_TRUE(nn::fp8_fused_producers()) << "on by default";
 }
 
 }  // namespace

@@ -51,9 +51,10 @@ struct CastArgs {
 
 // data = fp8(v·scale) row-major and/or transposed = its transpose with zero columns rows..padded_rows,
 // amax ← max(amax, amax(v)), and scale_inv = 1/scale (block 0), for v the elements Input reads from x
-// (and x2). Reads each input once (rows·cols elements) and writes rows·cols bytes per copy plus the transposed padding; one atomic per block.
-// With kColumnSums, also column_partials[tile row, c] = the f32 sum of the tile's rows of column c of v, in
-// a fixed order (each thread adds its 4 rows of the tile in order, then thread lc adds the 16 threads'
+// (and x2). Reads each input once (rows·cols elements) and writes rows·cols bytes per copy plus the
+// transposed padding; one atomic per block.
+// With kColumnSums, also column_partials[tile row, c] = the f32 sum of the tile's rows of column c of v,
+// in a fixed order (each thread adds its 4 rows of the tile in order, then thread lc adds the 16 threads'
 // sums of column lc in order): 4 bytes written per column per 64 rows, no float atomics.
 template <class Input, bool kE5M2, bool kColumnSums>
 __global__ void __launch_bounds__(kCastThreads)

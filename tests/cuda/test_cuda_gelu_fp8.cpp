@@ -295,7 +295,8 @@ void expect_close_to_cpu(const CpuCase& k, int64_t rows, int64_t cols) {
     }
     const double e = d + static_cast<double>(rows) * u * (abs_g + abs_c);
     const double bound = e * (1 + u_out) + 2 * u_out * (std::abs(want[col]) * (1 + 2 * u_out) + e);
-    EXPECT_LE(std::abs(got[col] - want[col]), bound) << "dbias[" << col << "]: gpu " << got[col] << ", cpu " << want[col];
+    EXPECT_LE(std::abs(got[col] - want[col]), bound)
+        << "dbias[" << col << "]: gpu " << got[col] << ", cpu " << want[col];
   }
 }
 

@@ -1,5 +1,6 @@
 // FP8 cast (+ transpose + amax, + the bias gradient's column sums), amax, and the delayed/current scale
-// updates on the GPU.
+// updates on the GPU. The cast's tile kernel is in fp8_cast_tiles.cuh, shared with the GELU writing FP8
+// (gelu_fp8.cu), which runs it over computed elements.
 //
 // The element arithmetic is the CPU's (kernels/cpu/fp8.cpp) from the same host/device sources (the
 // element steps are in fp8_elements.cuh, shared with the LayerNorm writing FP8): inputs widen to f32
@@ -13,6 +14,7 @@
 
 #include "core/float_formats.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_cast_tiles.cuh"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/cuda/fp8_elements.cuh"
 #include "kernels/fp8_scale_rule.h"
@@ -29,8 +31,7 @@ int sm_count(int device) {
   return n;
 }
 
-// The host storage types of core/float_formats.h work on the device too (their conversions are
-// OCTET_HD), so the GPU widens bf16 and f16 with the very code the CPU runs.
+// The host storage types of core/float_formats.h (see StoredInput in fp8_cast_tiles.cuh).
 template <class F>
 decltype(auto) with_input_type(DType d, F&& f) {
   if (d == DType::bf16) return f.template operator()<bfloat16>();
@@ -38,139 +39,7 @@ decltype(auto) with_input_type(DType d, F&& f) {
   return f.template operator()<float>();
 }
 
-// ---- cast + transpose + amax -----------------------------------------------------------------------
-
-// A tile of kTile × kTile elements per iteration of a block of kCastThreads threads: thread (tx, ty)
-// handles the 4 consecutive columns 4·tx.. of rows ty, ty + 16, ty + 32, ty + 48. A warp thus reads
-// two 64-element row segments, and writes them back as two 64-byte segments of the row-major copy.
-// The quantised bytes go through shared memory so that the transposed copy is written the same way:
-// a warp writes two 64-byte segments of two rows of the transpose.
-constexpr int kTile = 64;
-constexpr int kCastThreads = 256;
-constexpr int kQuadsPerRow = kTile / 4;                 // 16 threads across a tile row
-constexpr int kRowStride = kCastThreads / kQuadsPerRow;  // 16 tile rows per pass
-
-struct CastArgs {
-  int64_t rows, cols, padded_rows;  // padded_rows: rows of the tiles the transpose needs (>= rows)
-  int64_t tiles_x, tiles;           // tiles across the columns; tiles in all
-  const float* scale;
-  uint8_t* data;        // [rows, cols] or null
-  uint8_t* transposed;  // [cols, padded_rows] or null
-  unsigned int* amax_bits;  // the amax tensor as bits, or null
-  float* scale_inv;
-  float* column_partials;  // [row tiles, cols] f32: each tile's column sums (fp8_cast_dbias), or null
-  bool quad_rows;        // x, data: 4-element loads and 4-byte stores (cols % 4 == 0, aligned pointers)
-  bool quad_transposed;  // transposed: 4-byte stores (padded_rows % 4 == 0, aligned pointer)
-};
-
-// data = fp8(x·scale) row-major and/or transposed = its transpose with zero columns rows..padded_rows,
-// amax ← max(amax, amax(x)), and scale_inv = 1/scale (block 0). Reads x once (rows·cols·sizeof(X)
-// bytes) and writes rows·cols bytes per copy plus the transposed padding; one atomic per block.
-// With kColumnSums, also column_partials[tile row, c] = the f32 sum of the tile's rows of column c, in
-// a fixed order (each thread adds its 4 rows of the tile in order, then thread lc adds the 16 threads'
-// sums of column lc in order): 4 bytes written per column per 64 rows, no float atomics.
-template <class X, bool kE5M2, bool kColumnSums>
-__global__ void __launch_bounds__(kCastThreads) fp8_cast_kernel(const X* __restrict__ x, CastArgs a) {
-  __shared__ uint8_t tile[kTile][kTile + 1];  // +1: the transposed reads walk down a column
-  __shared__ uint32_t scratch[32];
-  __shared__ float column_sums[kColumnSums ? kRowStride : 1][kTile];  // [ty][tile column]
-  const float scale = *a.scale;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = fp8_scale_inv(scale);
-  const int tx = threadIdx.x % kQuadsPerRow, ty = threadIdx.x / kQuadsPerRow;
-  uint32_t local = 0;
-  for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-    const int64_t r0 = (t / a.tiles_x) * kTile, c0 = (t % a.tiles_x) * kTile;
-    const int64_t c = c0 + 4 * tx;
-    // The previous tile's reads of the shared tile (transposed) and column sums are done.
-    if (a.transposed || kColumnSums) __syncthreads();
-    float sums[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's rows of its 4 columns, added in row order
-#pragma unroll
-    for (int k = 0; k < kTile / kRowStride; ++k) {
-      const int lr = ty + k * kRowStride;
-      const int64_t r = r0 + lr;
-      uint8_t q[4] = {0, 0, 0, 0};  // rows past `rows` are the transpose's zero padding
-      if (r < a.rows) {
-        const X* row = x + r * a.cols;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        bool in[4];
-        if (a.quad_rows) {
-          const bool quad_in = c < a.cols;  // cols % 4 == 0: a quad is all in or all out
-          if (quad_in) {
-            const Quad<X> quad = *reinterpret_cast<const Quad<X>*>(row + c);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = static_cast<float>(quad.v[j]);
-          }
-#pragma unroll
-          for (int j = 0; j < 4; ++j) in[j] = quad_in;
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            in[j] = c + j < a.cols;
-            if (in[j]) v[j] = static_cast<float>(row[c + j]);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (in[j]) {
-            local = max(local, magnitude_bits(v[j]));
-            q[j] = quantise<kE5M2>(v[j], scale);
-            if (kColumnSums) sums[j] = __fadd_rn(sums[j], v[j]);
-          }
-        }
-        if (a.data) {
-          uint8_t* out = a.data + r * a.cols + c;
-          if (a.quad_rows) {
-            if (in[0]) *reinterpret_cast<uint32_t*>(out) = pack_bytes(q);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              if (in[j]) out[j] = q[j];
-            }
-          }
-        }
-      }
-      if (a.transposed) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) tile[lr][4 * tx + j] = q[j];
-      }
-    }
-    if (kColumnSums) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) column_sums[ty][4 * tx + j] = sums[j];
-    }
-    if (!a.transposed && !kColumnSums) continue;
-    __syncthreads();
-    if (kColumnSums && threadIdx.x < kTile) {
-      const int lc = threadIdx.x;
-      float s = 0.f;
-#pragma unroll
-      for (int k = 0; k < kRowStride; ++k) s = __fadd_rn(s, column_sums[k][lc]);
-      if (c0 + lc < a.cols) a.column_partials[(t / a.tiles_x) * a.cols + c0 + lc] = s;
-    }
-    if (!a.transposed) continue;
-    // transposed[cc, r .. r+3] for the tile's columns cc: tile column lc read down four tile rows.
-    const int64_t r = r0 + 4 * tx;
-#pragma unroll
-    for (int k = 0; k < kTile / kRowStride; ++k) {
-      const int lc = ty + k * kRowStride;
-      const int64_t cc = c0 + lc;
-      if (cc >= a.cols || r >= a.padded_rows) continue;
-      uint8_t b[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = tile[4 * tx + j][lc];
-      uint8_t* out = a.transposed + cc * a.padded_rows + r;
-      if (a.quad_transposed) {  // padded_rows % 4 == 0, so r + 3 < padded_rows
-        *reinterpret_cast<uint32_t*>(out) = pack_bytes(b);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (r + j < a.padded_rows) out[j] = b[j];
-        }
-      }
-    }
-  }
-  publish_amax(local, scratch, a.amax_bits);
-}
+// ---- the bias gradient from fp8_cast_kernel's per-tile column sums ---------------------------------
 
 // dbias[c] = D(X(Σ_t partials[t, c])): the tiles' column sums added in a fixed order (warp w takes the
 // tiles t ≡ w mod kSumWarps in order, then warp 0 adds the warps' sums in order), rounded to x's dtype
@@ -296,17 +165,13 @@ __global__ void fp8_scale_from_amax_kernel(const float* __restrict__ amax, float
   }
 }
 
-bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 }  // namespace
 
-namespace {
+bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// fp8_cast_kernel's launch, with the column sums to `column_partials` when it is non-null. Fills out.
-void launch_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
-                 DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows, float* column_partials,
-                 Fp8Cast& out, const char* op) {
-  const Device device = x.device();
+CastArgs prepare_cast(Device device, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
+                      DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows, float* column_partials,
+                      Fp8Cast& out) {
   if (rowwise) out.data = empty({rows, cols}, fp8_dtype, device);
   if (transposed) out.transposed = empty({cols, padded_rows}, fp8_dtype, device);
   out.scale_inv = empty({1}, DType::f32, device);
@@ -323,61 +188,60 @@ void launch_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scal
   a.scale_inv = ptr<float>(out.scale_inv);
   a.column_partials = column_partials;
   a.quad_transposed = transposed && padded_rows % 4 == 0 && aligned_to(a.transposed, 4);
-  cudaStream_t stream = stream_for(x);
-  // Enough blocks to fill every SM (8 resident blocks of 256 threads each); each loops over tiles,
-  // which also bounds the atomics on amax to one per block. At least one block writes scale_inv.
-  const int64_t max_blocks = int64_t{8} * sm_count(device.index);
-  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(a.tiles, max_blocks)));
-  with_input_type(x.dtype(), [&]<class X>() {
-    const X* xp = ptr<const X>(x);
-    a.quad_rows = cols % 4 == 0 && aligned_to(xp, 4 * sizeof(X)) && (!rowwise || aligned_to(a.data, 4));
-    auto launch = [&]<bool kE5M2>() {
-      if (column_partials) {
-        fp8_cast_kernel<X, kE5M2, true><<<blocks, kCastThreads, 0, stream>>>(xp, a);
-      } else {
-        fp8_cast_kernel<X, kE5M2, false><<<blocks, kCastThreads, 0, stream>>>(xp, a);
-      }
-    };
-    if (fp8_dtype == DType::e5m2) {
-      launch.template operator()<true>();
-    } else {
-      launch.template operator()<false>();
-    }
-    check_launch(op);
-  });
+  return a;
 }
 
-}  // namespace
+unsigned cast_blocks(const CastArgs& a, int device_index) {
+  const int64_t max_blocks = int64_t{8} * sm_count(device_index);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(a.tiles, max_blocks)));
+}
+
+Tensor column_partials_for(Device device, int64_t rows, int64_t cols, bool transposed, int64_t padded_rows) {
+  const int64_t row_tiles = ((transposed ? padded_rows : rows) + kTile - 1) / kTile;
+  Tensor partials = empty({std::max<int64_t>(row_tiles, 1), cols}, DType::f32, device);
+  if (row_tiles == 0) partials.zero_();  // no tile runs: the sums are 0
+  return partials;
+}
+
+Tensor dbias_from_column_partials(const Tensor& partials, int64_t cols, DType x_dtype, DType dbias_dtype) {
+  Tensor dbias = empty({cols}, dbias_dtype, partials.device());
+  if (cols == 0) return dbias;
+  const unsigned blocks = static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns);
+  cudaStream_t stream = stream_for(partials);
+  with_input_type(x_dtype, [&]<class X>() {
+    with_input_type(dbias_dtype, [&]<class D>() {
+      dbias_from_partials_kernel<X, D><<<blocks, kSumColumns * kSumWarps, 0, stream>>>(
+          ptr<const float>(partials), partials.size(0), cols, ptr<D>(dbias));
+    });
+    check_launch("fp8_cast_dbias (dbias)");
+  });
+  return dbias;
+}
 
 Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
                  DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows) {
   Fp8Cast out;
-  launch_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, nullptr, out, "fp8_cast");
+  const CastArgs a =
+      prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, nullptr, out);
+  with_input_type(x.dtype(), [&]<class X>() {
+    run_fp8_cast_kernel<StoredInput<X>>(ptr<const X>(x), nullptr, a, fp8_dtype, x.device().index, stream_for(x),
+                                        "fp8_cast");
+  });
   return out;
 }
 
 Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scale,
                                    const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,
                                    int64_t padded_rows, DType dbias_dtype) {
-  const Device device = x.device();
-  // The cast kernel's tiles span padded_rows when it writes the transpose (the padding rows add 0).
-  const int64_t row_tiles = ((transposed ? padded_rows : rows) + kTile - 1) / kTile;
-  Tensor partials = empty({std::max<int64_t>(row_tiles, 1), cols}, DType::f32, device);
-  if (row_tiles == 0) partials.zero_();  // no tile runs: the sums are 0
+  const Tensor partials = column_partials_for(x.device(), rows, cols, transposed, padded_rows);
   Fp8CastWithBiasGrad out;
-  launch_cast(x, rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, ptr<float>(partials), out,
-              "fp8_cast_dbias");
-  out.dbias = empty({cols}, dbias_dtype, device);
-  if (cols == 0) return out;
-  const unsigned blocks = static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns);
-  cudaStream_t stream = stream_for(x);
+  const CastArgs a = prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows,
+                                  ptr<float>(partials), out);
   with_input_type(x.dtype(), [&]<class X>() {
-    with_input_type(dbias_dtype, [&]<class D>() {
-      dbias_from_partials_kernel<X, D><<<blocks, kSumColumns * kSumWarps, 0, stream>>>(
-          ptr<const float>(partials), std::max<int64_t>(row_tiles, 1), cols, ptr<D>(out.dbias));
-    });
-    check_launch("fp8_cast_dbias (dbias)");
+    run_fp8_cast_kernel<StoredInput<X>>(ptr<const X>(x), nullptr, a, fp8_dtype, x.device().index, stream_for(x),
+                                        "fp8_cast_dbias");
   });
+  out.dbias = dbias_from_column_partials(partials, cols, x.dtype(), dbias_dtype);
   return out;
 }
 

@@ -1,50 +1,13 @@
-// GELU forward and backward on the GPU, erf and tanh forms, with the CPU kernel's formulas
-// (kernels/cpu/gelu.cpp):
-//   erf:  y = x·Φ(x),                       dy/dx = Φ(x) + x·φ(x)
-//   tanh: y = x·σ(2u), u = √(2/π)(x + 0.044715x³),
-//         dy/dx = σ(2u) + ½·x·4σ(1-σ)·√(2/π)(1 + 3·0.044715x²)
-// Φ is normcdff, which keeps its relative accuracy in the left tail where 1 + erf would cancel.
+// GELU forward and backward on the GPU, erf and tanh forms: the element arithmetic is in
+// gelu_elements.cuh (shared with the GELU writing FP8, gelu_fp8.cu), mapped over the tensors here.
 // Elementwise: 16-byte packs while every pointer is 16-byte aligned, scalars for the tail.
 // Bytes per element: forward reads x, writes y (2·sizeof(T)); backward reads dy, x, writes dx (3·sizeof(T)).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gelu_elements.cuh"
 #include "kernels/cuda/nn_ops_cuda.h"
 
 namespace octet::kernels::cuda {
 namespace {
-
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
-
-__device__ __forceinline__ float sigmoid_of_2u(float x) {
-  const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-  return 1.0f / (1.0f + expf(-2.0f * u));
-}
-
-template <bool kTanh>
-struct GeluForward {
-  __device__ float operator()(float x, float) const {
-    if constexpr (kTanh) return x * sigmoid_of_2u(x);
-    else return x * normcdff(x);
-  }
-};
-
-template <bool kTanh>
-struct GeluBackward {
-  // (dy, x) -> dx
-  __device__ float operator()(float dy, float x) const {
-    if constexpr (kTanh) {
-      const float s = sigmoid_of_2u(x);
-      const float sech2 = 4.0f * s * (1.0f - s);
-      // Far out in the tails sech² is exactly 0 while x² may overflow; 0·inf would give NaN.
-      const float tail = sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-      return dy * (s + tail);
-    } else {
-      const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
-      return dy * (normcdff(x) + x * pdf);
-    }
-  }
-};
 
 // out[i] = op(a[i], b[i]) (b ignored when kBinary is false), grid-stride.
 template <class T, bool kBinary, class Op>

@@ -1,0 +1,101 @@
+// GELU (forward and backward) writing FP8 on the GPU (kernels/fp8.h gelu_fp8_forward,
+// dgelu_fp8_cast_dbias): one pass of the FP8 cast's tile kernel (fp8_cast_tiles.cuh) whose input
+// computes each element instead of reading it, so the GELU's output (its backward's dy) in x's dtype is
+// never stored.
+//
+// Bits. An element is what the unfused sequence writes and then reads back: GeluForward (GeluBackward)
+// of gelu_elements.cuh, the very code gelu.cu maps, on x (dact, x) widened as gelu.cu widens them
+// (to_float of the device types), rounded to x's dtype T as gelu.cu stores it (from_float<T>), then
+// widened as fp8_cast reads a stored element (widen_stored: the bits of StoredInput's widening, NaN
+// included). The rest -- bytes, transposed copy and padding, amax, scale_inv, the per-tile column sums
+// and their fixed order, dbias's rounding -- is fp8_cast's (fp8_cast_dbias's) own kernel and code, so
+// every output is that of the unfused sequence bit for bit.
+//
+// Bytes: reads x (and dact) once and writes what fp8_cast (fp8_cast_dbias) writes; the unfused
+// sequence also writes the GELU's output in x's dtype and reads it back.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_cast_tiles.cuh"
+#include "kernels/cuda/fp8_cuda.h"
+#include "kernels/cuda/fp8_elements.cuh"
+#include "kernels/cuda/gelu_elements.cuh"
+
+namespace octet::kernels::cuda {
+namespace {
+
+// gelu(x[i]) as fp8_cast reads it from gelu_forward's output (x2 unused).
+template <class T, bool kTanh>
+struct GeluInput {
+  using Element = T;
+  static __device__ __forceinline__ float stored(T x) {
+    return widen_stored(from_float<T>(GeluForward<kTanh>{}(to_float(x), 0.f)));
+  }
+  static __device__ __forceinline__ float one(const T* x, const T*, int64_t i) { return stored(x[i]); }
+  static __device__ __forceinline__ void quad(const T* x, const T*, int64_t i, float v[4]) {
+    const Quad<T> q = *reinterpret_cast<const Quad<T>*>(x + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = stored(q.v[j]);
+  }
+};
+
+// gelu_backward(dact, x)[i] as fp8_cast (fp8_cast_dbias) reads it from gelu_backward's output: the
+// kernel's x is dact, its x2 is GELU's input x.
+template <class T, bool kTanh>
+struct DgeluInput {
+  using Element = T;
+  static __device__ __forceinline__ float stored(T dact, T x) {
+    return widen_stored(from_float<T>(GeluBackward<kTanh>{}(to_float(dact), to_float(x))));
+  }
+  static __device__ __forceinline__ float one(const T* dact, const T* x, int64_t i) { return stored(dact[i], x[i]); }
+  static __device__ __forceinline__ void quad(const T* dact, const T* x, int64_t i, float v[4]) {
+    const Quad<T> d = *reinterpret_cast<const Quad<T>*>(dact + i);
+    const Quad<T> q = *reinterpret_cast<const Quad<T>*>(x + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = stored(d.v[j], q.v[j]);
+  }
+};
+
+// Runs the tile kernel with Input<T, kTanh> for x's dtype and the approximation.
+template <template <class, bool> class Input>
+void run_gelu_cast(const Tensor& x, const Tensor& x2, GeluApproximation approximation, const CastArgs& a,
+                   DType fp8_dtype, const char* op) {
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    const T* p = ptr<const T>(x);
+    const T* p2 = x2.defined() ? ptr<const T>(x2) : nullptr;
+    if (approximation == GeluApproximation::Tanh) {
+      run_fp8_cast_kernel<Input<T, true>>(p, p2, a, fp8_dtype, x.device().index, stream_for(x), op);
+    } else {
+      run_fp8_cast_kernel<Input<T, false>>(p, p2, a, fp8_dtype, x.device().index, stream_for(x), op);
+    }
+  });
+}
+
+}  // namespace
+
+Fp8Cast gelu_fp8_forward(const Tensor& x, int64_t rows, int64_t cols, GeluApproximation approximation,
+                         const Tensor& scale, const Tensor& amax, DType fp8_dtype, bool rowwise, bool transposed,
+                         int64_t padded_rows) {
+  Fp8Cast out;
+  const CastArgs a =
+      prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, nullptr, out);
+  run_gelu_cast<GeluInput>(x, Tensor(), approximation, a, fp8_dtype, "gelu_fp8_forward");
+  return out;
+}
+
+Fp8CastWithBiasGrad dgelu_fp8_cast_dbias(const Tensor& dact, const Tensor& x, int64_t rows, int64_t cols,
+                                         GeluApproximation approximation, const Tensor& scale, const Tensor& amax,
+                                         DType fp8_dtype, bool rowwise, bool transposed,
+                                         std::optional<DType> dbias_dtype, int64_t padded_rows) {
+  constexpr const char* op = "dgelu_fp8_cast_dbias";
+  // As fp8_cast_dbias allocates and runs it, or as fp8_cast without a bias.
+  const Tensor partials =
+      dbias_dtype ? column_partials_for(x.device(), rows, cols, transposed, padded_rows) : Tensor();
+  Fp8CastWithBiasGrad out;
+  const CastArgs a = prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows,
+                                  dbias_dtype ? ptr<float>(partials) : nullptr, out);
+  run_gelu_cast<DgeluInput>(dact, x, approximation, a, fp8_dtype, op);
+  // dy has x's dtype: its column sums are rounded to it, as fp8_cast_dbias rounds its input's.
+  if (dbias_dtype) out.dbias = dbias_from_column_partials(partials, cols, x.dtype(), *dbias_dtype);
+  return out;
+}
+
+}  // namespace octet::kernels::cuda

@@ -275,6 +275,20 @@ TEST(Fp8Producers, WithoutAScopeTheModulesAreThePlainPairAndPassGradcheck) {
     const auto result = autograd::gradcheck([&](const std::vector<Tensor>& in) { return m(in[0]); }, {x});
     EXPECT_TRUE(result.ok) << result.message;
   }
+  // Mlp::add_norm_forward: {h, mlp(norm(h))}, both outputs differentiated.
+  LayerNorm norm(8);
+  Mlp mlp(8, 16, 8);
+  norm.to(DType::f64);
+  mlp.to(DType::f64);
+  const Tensor x = random_tensor({2, 3, 8}, DType::f64, 6).requires_grad_();
+  const Tensor y = random_tensor({2, 3, 8}, DType::f64, 7).requires_grad_();
+  const auto result = autograd::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        const auto [h, out] = mlp.add_norm_forward(norm, in[0], in[1]);
+        return std::vector<Tensor>{h, out};
+      },
+      {x, y});
+  EXPECT_TRUE(result.ok) << result.message;
 }
 
 }  // namespace

@@ -6,8 +6,9 @@
 #   bash tools/gpu_check.sh train     ~5 min (estimated): train_vit bf16 and fp8 on the GPU against the
 #                                     CPU emulation, DDP and FSDP over NCCL at world size 1 and over MPI
 #                                     with 2 ranks sharing the GPU
-#   bash tools/gpu_check.sh bench     ~7 min (estimated): bench_vit bf16 and fp8 for ViT-H/16 at batch
-#                                     64 beside PyTorch eager and torch.compile (plain and fused SGD)
+#   bash tools/gpu_check.sh bench     ~8 min (estimated): bench_vit bf16 and fp8 for ViT-H/16 at batch
+#                                     64 beside PyTorch eager and torch.compile (plain and fused SGD),
+#                                     then fp8 again with --fp8-fused-producers off
 #
 # (The times are estimates from the work each stage does: no stage has run on a GPU yet. Replace
 # them with measured ones after the first run. On the 2-core development machine, rehearsed with
@@ -270,6 +271,10 @@ stage_bench() {
   grep -h '^{"' "$logs"/bench_vit_bf16.log "$logs"/bench_vit_fp8.log "$logs"/pytorch_reference.log > "$logs/bench.jsonl" 2> /dev/null
   "${report[@]}" table "$logs/bench.jsonl" --device "$(head -n 1 "$logs/gpu_info.txt")" --model "$model" \
     --batch "$batch" | tee "$logs/table.md" | tee -a "$summary"
+  # Last, where the stage's time may run out: fp8 with the separate casts, to time the fused producers.
+  step bench_vit_fp8_unfused 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" \
+    --precision fp8 --fp8-fused-producers off --steps "$steps" --warmup 5
+  { echo "fp8 with --fp8-fused-producers off (the separate casts):"; grep -h '^{"' "$logs/bench_vit_fp8_unfused.log" | tail -n 1; } 2> /dev/null | tee -a "$summary"
   end_stage
 }
 

@@ -65,6 +65,11 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (default: at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--resume", o.resume, "continue from a checkpoint folder (or a --checkpoint-dir: its latest)");
+  app.add_option("--recompute", o.recompute,
+                 "none, or blocks: each transformer block keeps only its input in forward and runs again in "
+                 "backward (activation recompute: about a third more compute for most of the activations' memory). "
+                 "Not yet with --precision fp8 or --parallel ddp/fsdp")
+      ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
   app.add_option("--parallel", o.parallel,
                  "none; ddp (data parallel over the ranks mpirun starts); or fsdp (sharded parameters, gradients "
                  "and optimizer state). --batch-size is per rank")
@@ -103,6 +108,12 @@ void check_run_options(RunOptions& o) {
   OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp8", "--precision ", o.precision,
               ": not a precision Octet trains in; pass fp32, bf16 or fp8");
   check_fp8_options(o.precision, o.fp8);
+  if (o.recompute == "blocks") {
+    OCTET_CHECK(o.precision != "fp8", "--recompute blocks does not support --precision fp8 yet (the rerun would need "
+                "the forward's FP8 scales); pass --recompute none, or train in bf16");
+    OCTET_CHECK(o.parallel == "none", "--recompute blocks does not support --parallel ", o.parallel,
+                " yet (not tested with its hooks); pass --recompute none, or train in one process");
+  }
   const distributed::LaunchInfo launch = distributed::launch_info();
   o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;
   OCTET_CHECK(o.world_size == 1 || o.parallel != "none", "mpirun started ", o.world_size, " ranks but --parallel is "

@@ -42,6 +42,7 @@ struct RunOptions {
   int64_t checkpoint_every = 0;  // 0 = only at the end (when --checkpoint-dir is set)
 
   // Data parallelism (mpirun -np N train_vit --parallel ddp): --batch-size is per rank.
+  std::string recompute = "none";    // or "blocks": activation recompute per transformer block
   std::string parallel = "none";     // "ddp" or "fsdp"
   std::string sharding = "full";     // FSDP: full (ZeRO-3), grad-op (ZeRO-2) or none
   std::string fsdp_prefetch = "pre";  // FSDP backward prefetch: pre or post

@@ -203,6 +203,7 @@ int train(const RunOptions& o) {
   const bool fp8 = o.precision == "fp8";
   model.to(device);
   if (o.lora_rank > 0) add_lora_adapters(model, o);
+  for (const auto& block : model.transformer_blocks()) block->recompute = o.recompute == "blocks";
   // The default generator draws dropout and drop-path masks: each rank its own stream (rank 0's is
   // a single process's), so ranks do not drop the same rows of their shards.
   manual_seed(o.seed + 1 + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);

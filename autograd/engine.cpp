@@ -57,20 +57,29 @@ std::unordered_map<Node*, int> count_dependencies(const std::vector<Edge>& roots
 // inside another's hook, as gradcheck of a double backward would).
 thread_local std::vector<std::vector<std::function<void()>>> pass_callbacks;
 
-// Opens a callback list for one pass and closes it however the pass ends.
+// Opens a callback list for one pass and closes it however the pass ends. A pass that is part of
+// the one under way (backward_within_pass) keeps using that pass's list and runs none of it.
 struct PassScope {
-  PassScope() { pass_callbacks.emplace_back(); }
-  ~PassScope() { pass_callbacks.pop_back(); }
+  explicit PassScope(bool own_callbacks) : own_(own_callbacks) {
+    if (own_) pass_callbacks.emplace_back();
+  }
+  ~PassScope() {
+    if (own_) pass_callbacks.pop_back();
+  }
   PassScope(const PassScope&) = delete;
   PassScope& operator=(const PassScope&) = delete;
 
   // Runs the callbacks queued so far, and any they queue, in order.
-  static void run_callbacks() {
+  void run_callbacks() const {
+    if (!own_) return;
     for (size_t i = 0; i < pass_callbacks.back().size(); ++i) {
       std::function<void()> callback = std::move(pass_callbacks.back()[i]);
       callback();
     }
   }
+
+ private:
+  bool own_;
 };
 
 void check_gradient(const Node& node, size_t j, const Tensor& grad) {
@@ -82,7 +91,10 @@ void check_gradient(const Node& node, size_t j, const Tensor& grad) {
 
 }  // namespace
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+namespace {
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph,
+                  bool own_callbacks) {
   OCTET_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " roots but ", grads.size(),
               " gradients");
   std::vector<Edge> root_edges;
@@ -105,7 +117,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
 
   NoGradGuard no_grad;
-  PassScope pass;
+  PassScope pass(own_callbacks);
   std::unordered_map<Node*, int> deps = count_dependencies(root_edges);
   std::unordered_map<Node*, InputBuffer> buffers;
   auto buffer_of = [&](Node* node) -> InputBuffer& {
@@ -168,7 +180,19 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     owners.erase(node);
   }
-  PassScope::run_callbacks();
+  pass.run_callbacks();
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  run_backward(roots, grads, retain_graph, /*own_callbacks=*/true);
+}
+
+void backward_within_pass(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  OCTET_CHECK(!pass_callbacks.empty(), "backward_within_pass: no backward pass is running on this thread; it is for "
+              "a backward that is part of one under way (a recompute inside a node's backward), call backward()");
+  run_backward(roots, grads, /*retain_graph=*/false, /*own_callbacks=*/false);
 }
 
 void queue_callback(std::function<void()> callback) {

@@ -13,6 +13,11 @@ namespace octet::autograd {
 // Without retain_graph, each node frees what it saved once it has run, and a second backward
 // through it throws.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads = {}, bool retain_graph = false);
+// A backward pass that is part of the one under way, run from inside it: a recompute's backward
+// (autograd/checkpoint.h). Callbacks queued in it join the enclosing pass's and run when that pass
+// ends, once, as they would without the recompute (an FP8 recipe's gradient-scale update, DDP's
+// wait for its last bucket). Frees the graph it runs.
+void backward_within_pass(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
 
 // Queues `callback` to run once the backward pass now running has processed every node, after all
 // gradients are accumulated (PyTorch's queue_callback). For work that must see the whole pass: an FP8

@@ -60,6 +60,8 @@ class VisionTransformer : public nn::Module {
   // Twice the multiply-adds of every GEMM in one image's forward: patch embedding, qkv, q·kᵀ,
   // attention·v, proj, fc1, fc2 and the head. Backward costs about twice this.
   double flops_per_image_forward() const;
+  // The transformer blocks, in order (also registered as blocks.0, blocks.1, ...).
+  const std::vector<std::shared_ptr<nn::TransformerBlock>>& transformer_blocks() const { return block_list_; }
 
   Tensor cls_token;  // [1, 1, D]
   Tensor pos_embed;  // [1, N + 1, D]

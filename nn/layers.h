@@ -157,12 +157,23 @@ class TransformerBlock : public Module {
                    Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
 
+  // Activation recompute (autograd/checkpoint.h): when on and gradients are being recorded, forward
+  // keeps only the block's input, and backward runs the block again to rebuild the rest. Dropout and
+  // DropPath draw the same masks in the rerun (the block's generator and the default one are rewound
+  // for it and put back after), so gradients are bit for bit those without recompute. Not yet with
+  // FP8 (an error says so): the rerun would need the forward's scales and must not record amaxes.
+  bool recompute = false;
+
   std::shared_ptr<LayerNorm> norm1;
   std::shared_ptr<MultiheadAttention> attn;
   std::shared_ptr<DropPath> drop_path1;
   std::shared_ptr<LayerNorm> norm2;
   std::shared_ptr<Mlp> mlp;
   std::shared_ptr<DropPath> drop_path2;
+
+ private:
+  Tensor run(const Tensor& x);  // the block's computation, recorded or recomputed
+  Generator* gen_;
 };
 
 // A Conv2d whose stride equals its kernel, as PatchEmbed uses it: every p×p patch is projected on

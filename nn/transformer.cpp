@@ -1,5 +1,8 @@
 // The transformer's building blocks: timm's Mlp and pre-norm Block, and the patch embedding.
+#include "autograd/checkpoint.h"
 #include "autograd/ops.h"
+#include "core/grad_mode.h"
+#include "core/random.h"
 #include "nn/fp8.h"
 #include "nn/fp8_linear.h"
 #include "nn/init.h"
@@ -53,7 +56,7 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
                                    double proj_drop, double attn_drop, double drop_path, Generator* gen)
-    : Module("TransformerBlock") {
+    : Module("TransformerBlock"), gen_(gen) {
   OCTET_CHECK(mlp_ratio > 0, "TransformerBlock: mlp_ratio must be positive, got ", mlp_ratio);
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(dim));
   attn = register_module(
@@ -83,6 +86,41 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // E5M2 with fc1's bias gradient. A hook on attn or mlp must see their inputs, so then they are called
 // as modules, unfused.
 Tensor TransformerBlock::forward(const Tensor& x) {
+  if (!recompute || !GradMode::is_enabled()) return run(x);
+  OCTET_CHECK(fp8_config() == nullptr, "TransformerBlock: activation recompute does not support FP8 yet (the rerun in "
+              "backward would need the forward's scales); turn recompute off (--recompute none) or run without FP8");
+  // The random streams the block draws from, as they are now: the rerun starts from here, and the
+  // streams are put back where backward found them afterwards.
+  struct Streams {
+    Generator* gens[2];
+    uint64_t seed[2], offset[2], seed_after[2], offset_after[2];
+  };
+  auto streams = std::make_shared<Streams>();
+  streams->gens[0] = &default_generator();
+  streams->gens[1] = gen_ != nullptr && gen_ != &default_generator() ? gen_ : nullptr;
+  for (int i = 0; i < 2; ++i) {
+    if (streams->gens[i] == nullptr) continue;
+    streams->seed[i] = streams->gens[i]->seed();
+    streams->offset[i] = streams->gens[i]->offset();
+  }
+  auto restore = [streams] {
+    for (int i = 0; i < 2; ++i) {
+      if (streams->gens[i] == nullptr) continue;
+      streams->seed_after[i] = streams->gens[i]->seed();
+      streams->offset_after[i] = streams->gens[i]->offset();
+      streams->gens[i]->set_state(streams->seed[i], streams->offset[i]);
+    }
+  };
+  auto release = [streams] {
+    for (int i = 0; i < 2; ++i) {
+      if (streams->gens[i] != nullptr) streams->gens[i]->set_state(streams->seed_after[i], streams->offset_after[i]);
+    }
+  };
+  return autograd::checkpoint([this](const std::vector<Tensor>& in) { return std::vector<Tensor>{run(in[0])}; }, {x},
+                              restore, release)[0];
+}
+
+Tensor TransformerBlock::run(const Tensor& x) {
   const Tensor attended = attn->has_forward_hooks() ? (*attn)((*norm1)(x))
                                                     : attn->after_qkv(norm1->linear_forward(*attn->qkv, x));
   if (mlp->has_forward_hooks()) {

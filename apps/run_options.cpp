@@ -68,7 +68,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--recompute", o.recompute,
                  "none, or blocks: each transformer block keeps only its input in forward and runs again in "
                  "backward (activation recompute: about a third more compute for most of the activations' memory). "
-                 "Not yet with --precision fp8 or --parallel ddp/fsdp")
+                 "Not yet with --precision fp8 or --parallel fsdp")
       ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
   app.add_option("--parallel", o.parallel,
                  "none; ddp (data parallel over the ranks mpirun starts); or fsdp (sharded parameters, gradients "
@@ -111,8 +111,8 @@ void check_run_options(RunOptions& o) {
   if (o.recompute == "blocks") {
     OCTET_CHECK(o.precision != "fp8", "--recompute blocks does not support --precision fp8 yet (the rerun would need "
                 "the forward's FP8 scales); pass --recompute none, or train in bf16");
-    OCTET_CHECK(o.parallel == "none", "--recompute blocks does not support --parallel ", o.parallel,
-                " yet (not tested with its hooks); pass --recompute none, or train in one process");
+    OCTET_CHECK(o.parallel != "fsdp", "--recompute blocks does not support --parallel fsdp yet (the rerun must "
+                "gather each unit again); pass --recompute none, or use --parallel ddp");
   }
   const distributed::LaunchInfo launch = distributed::launch_info();
   o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;

@@ -13,6 +13,10 @@
 //
 // Outputs are in x's dtype, bf16 or f32 (bf16 in FP8 training: the model is bf16); dW is in the
 // weight's dtype and db in the bias's.
+//
+// The fused functions below go further, as Transformer Engine's LayerNormLinear and LayerNormMLP do:
+// the kernel that produces a Linear's input (a LayerNorm, a GELU, GELU's backward) writes its FP8
+// copies itself, and the Linear's GEMMs and backward, shared with fp8_linear, take them as they are.
 #include <memory>
 #include <string>
 #include <utility>

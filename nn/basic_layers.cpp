@@ -71,26 +71,32 @@ std::pair<Tensor, Tensor> LayerNorm::add_forward(const Tensor& x, const Tensor& 
 
 // The fused path only where nothing can tell the difference: neither module has hooks (a hook must see
 // the LayerNorm's output as the Linear's input), and the Linear runs in FP8.
+namespace {
+
+// The FP8 config under which `norm` may write `next`'s FP8 input for x, or null for the two calls.
+std::shared_ptr<const Fp8Config> fused_config(const LayerNorm& norm, const Linear& next, const Tensor& x) {
+  if (norm.has_forward_hooks() || next.has_forward_hooks()) return nullptr;
+  std::shared_ptr<const Fp8Config> config = next.fp8_config_for(x.dtype());
+  if (config != nullptr) {
+    OCTET_CHECK(x.dim() >= 1 && x.size(-1) == norm.dim && norm.dim == next.in_features, "LayerNorm(", norm.dim,
+                ") then Linear(", next.in_features, " -> ", next.out_features, "): input ", x.describe(),
+                " must end in ", norm.dim, " features, and the Linear must take ", norm.dim);
+  }
+  return config;
+}
+
+}  // namespace
+
 Tensor LayerNorm::linear_forward(Linear& next, const Tensor& x) {
-  if (!has_forward_hooks() && !next.has_forward_hooks()) {
-    if (std::shared_ptr<const Fp8Config> config = next.fp8_config_for(x.dtype())) {
-      OCTET_CHECK(x.dim() >= 1 && x.size(-1) == dim && dim == next.in_features, "LayerNorm(", dim, ") then Linear(",
-                  next.in_features, " -> ", next.out_features, "): input ", x.describe(), " must end in ", dim,
-                  " features, and the Linear must take ", dim);
-      return fp8_layernorm_linear(x, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
-    }
+  if (std::shared_ptr<const Fp8Config> config = fused_config(*this, next, x)) {
+    return fp8_layernorm_linear(x, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
   }
   return next((*this)(x));
 }
 
 std::pair<Tensor, Tensor> LayerNorm::add_linear_forward(Linear& next, const Tensor& x, const Tensor& y) {
-  if (!has_forward_hooks() && !next.has_forward_hooks()) {
-    if (std::shared_ptr<const Fp8Config> config = next.fp8_config_for(x.dtype())) {
-      OCTET_CHECK(x.dim() >= 1 && x.size(-1) == dim && dim == next.in_features, "LayerNorm(", dim, ") then Linear(",
-                  next.in_features, " -> ", next.out_features, "): input ", x.describe(), " must end in ", dim,
-                  " features, and the Linear must take ", dim);
-      return fp8_add_layernorm_linear(x, y, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
-    }
+  if (std::shared_ptr<const Fp8Config> config = fused_config(*this, next, x)) {
+    return fp8_add_layernorm_linear(x, y, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
   }
   const auto [h, normed] = add_forward(x, y);
   return {h, next(normed)};

@@ -21,39 +21,24 @@
 #include "kernels/fp8.h"
 #include "kernels/nn_ops.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/fp8_cast_testing.h"
 #include "tests/testing.h"
 
 namespace octet {
 namespace {
 
 using kernels::GeluApproximation;
+using testing::bytes_of;
 using testing::kGpu;
+using testing::misaligned_on_gpu;
 using testing::random_tensor;
 using testing::same_bits;
 
 constexpr double kScale = 37.5;      // GELU outputs of a spread-3 x past 448 / 37.5 ≈ 12 saturate e4m3
 constexpr double kAmaxStart = 0.25;  // a non-zero slot, raised by every case with rows here
 
-// The bytes of t, on the host.
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu());
-  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
-  return std::vector<uint8_t>(p, p + h.nbytes());
-}
-
-// A copy of t on the GPU whose data starts one element past a 16-byte boundary, so the kernels take
-// their scalar (unpacked) paths.
-Tensor misaligned_on_gpu(const Tensor& t) {
-  const Tensor flat = empty({t.numel() + 1}, t.dtype(), kGpu);
-  const Tensor view = flat.narrow(1, t.numel()).reshape(t.shape());
-  view.copy_(t);
-  return view;
-}
-
-struct Copies {
-  bool rowwise, transposed;
-};
-constexpr Copies kCopies[] = {{true, true}, {true, false}, {false, true}};
+using Copies = testing::Fp8Copies;
+constexpr const auto& kCopies = testing::kFp8Copies;
 
 const char* name(GeluApproximation a) { return a == GeluApproximation::Tanh ? "tanh" : "erf"; }
 

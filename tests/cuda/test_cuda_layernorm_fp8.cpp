@@ -19,12 +19,15 @@
 #include "kernels/fp8.h"
 #include "kernels/nn_ops.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/fp8_cast_testing.h"
 #include "tests/testing.h"
 
 namespace octet {
 namespace {
 
+using testing::bytes_of;
 using testing::kGpu;
+using testing::misaligned_on_gpu;
 using testing::random_tensor;
 using testing::relative_error_matching_nans;
 using testing::same_bits;
@@ -33,30 +36,12 @@ constexpr double kEps = 1e-5;
 constexpr double kScale = 37.5;       // some outputs of a spread-2 weight saturate e4m3
 constexpr double kAmaxStart = 0.25;  // a non-zero slot, raised by every case here
 
-// The bytes of t, on the host.
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu());
-  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
-  return std::vector<uint8_t>(p, p + h.nbytes());
-}
-
-// A copy of t on the GPU whose data starts one element past a 16-byte boundary, so the kernels take
-// their scalar (unpacked) paths.
-Tensor misaligned_on_gpu(const Tensor& t) {
-  const Tensor flat = empty({t.numel() + 1}, t.dtype(), kGpu);
-  const Tensor view = flat.narrow(1, t.numel()).reshape(t.shape());
-  view.copy_(t);
-  return view;
-}
-
 struct Inputs {
   Tensor x, y, weight, bias;  // y (the residual branch) undefined for layernorm_fp8_forward
 };
 
-struct Copies {
-  bool rowwise, transposed;
-};
-constexpr Copies kCopies[] = {{true, true}, {true, false}, {false, true}};
+using Copies = testing::Fp8Copies;
+constexpr const auto& kCopies = testing::kFp8Copies;
 
 kernels::LayerNormFp8 fused(const Inputs& in, const Tensor& scale, const Tensor& amax, DType format, Copies copies,
                             int64_t pad_rows_to) {

@@ -1,0 +1,34 @@
+#pragma once
+// Helpers shared by the GPU tests of the kernels that write FP8 casts (test_cuda_layernorm_fp8.cpp,
+// test_cuda_gelu_fp8.cpp).
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "tests/cuda/cuda_testing.h"
+
+namespace octet::testing {
+
+// The bytes of t, on the host.
+inline std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu());
+  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+  return std::vector<uint8_t>(p, p + h.nbytes());
+}
+
+// A copy of t on the GPU whose data starts one element past a 16-byte boundary, so the kernels take
+// their scalar (unpacked) paths.
+inline Tensor misaligned_on_gpu(const Tensor& t) {
+  const Tensor flat = empty({t.numel() + 1}, t.dtype(), kGpu);
+  const Tensor view = flat.narrow(1, t.numel()).reshape(t.shape());
+  view.copy_(t);
+  return view;
+}
+
+// Which copies a cast writes, and the three combinations the tests run.
+struct Fp8Copies {
+  bool rowwise, transposed;
+};
+inline constexpr Fp8Copies kFp8Copies[] = {{true, true}, {true, false}, {false, true}};
+
+}  // namespace octet::testing

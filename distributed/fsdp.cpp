@@ -269,14 +269,7 @@ FullyShardedDataParallel::MemoryLedger FullyShardedDataParallel::memory_ledger(c
   }
   ledger.gathered = state_->bytes.now();
   ledger.peak_gathered = state_->bytes.peak();
-  for (const auto& [name, m] : module_->named_modules()) {
-    const auto* linear = dynamic_cast<const nn::Linear*>(m.get());
-    if (linear == nullptr || linear->fp8_state == nullptr || linear->fp8_state->weight_cache.supplied()) continue;
-    const kernels::Fp8Cast& cast = linear->fp8_state->weight_cache.cast();
-    for (const Tensor& t : {cast.data, cast.transposed}) {
-      if (t.defined() && t.storage()->allocated()) ledger.fp8_weight_casts += static_cast<int64_t>(t.nbytes());
-    }
-  }
+  ledger.fp8_weight_casts = nn::fp8_weight_cast_bytes(*module_);
   return ledger;
 }
 

@@ -113,6 +113,8 @@ Dropout::Dropout(double p, Generator* gen) : Module("Dropout"), p(p), gen_(gen) 
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training(), gen_); }
 
+Generator& Dropout::generator() const { return gen_ != nullptr ? *gen_ : default_generator(); }
+
 DropPath::DropPath(double p, Generator* gen) : Module("DropPath"), p(p), gen_(gen) {
   OCTET_CHECK(p >= 0.0 && p < 1.0, "DropPath: p must be in [0, 1), got ", p);
 }
@@ -123,7 +125,7 @@ Tensor DropPath::forward(const Tensor& x) {
   // One keep/drop decision per sample, broadcast over the rest: mask [B, 1, ..., 1].
   Shape mask_shape(static_cast<size_t>(x.dim()), 1);
   mask_shape[0] = x.size(0);
-  Generator& gen = gen_ != nullptr ? *gen_ : default_generator();
+  Generator& gen = generator();
   const double keep = 1.0 - p;
   // Drawn on x's device from the generator's Philox stream, never read on the host: the (seed, offset)
   // and the draws rand(mask_shape, gen) would take, so the mask is `rand() < keep ? 1 / keep : 0`.
@@ -131,6 +133,8 @@ Tensor DropPath::forward(const Tensor& x) {
   const uint64_t offset = gen.reserve_for(mask_shape.numel());
   return mul(x, kernels::keep_mask(mask_shape, keep, 1.0 / keep, x.dtype(), x.device(), seed, offset));
 }
+
+Generator& DropPath::generator() const { return gen_ != nullptr ? *gen_ : default_generator(); }
 
 GELU::GELU(kernels::GeluApproximation approximation) : Module("GELU"), approximation(approximation) {}
 

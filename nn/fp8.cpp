@@ -1,12 +1,14 @@
 // FP8 recipes, the autocast scope and the bookkeeping of when scales are updated (nn/fp8.h).
 #include "nn/fp8.h"
 
+#include <algorithm>
 #include <exception>
 #include <sstream>
 #include <unordered_set>
 #include <vector>
 
 #include "autograd/engine.h"
+#include "core/log.h"
 #include "kernels/shape_ops.h"
 #include "nn/layers.h"
 #include "nn/module.h"
@@ -201,6 +203,9 @@ class Pending {
 thread_local std::vector<std::shared_ptr<const Fp8Config>> scopes;
 thread_local Pending pending_forward;
 thread_local Pending pending_backward;
+// Activation recompute: the recorders open on this thread, and the replay under way (or null).
+thread_local std::vector<Fp8ForwardRecorder*> recorders;
+thread_local const Fp8ForwardRecord* replaying = nullptr;
 
 // Max-reduces row 0 of every history across ranks in one call, then runs delayed scaling's update.
 void update_scales(std::vector<PendingGroup> groups, bool forward) {
@@ -247,10 +252,78 @@ std::shared_ptr<const Fp8Config> fp8_config() { return scopes.empty() ? nullptr 
 
 bool fp8_enabled() { return fp8_config() != nullptr; }
 
+struct Fp8ForwardRecord {
+  std::shared_ptr<const Fp8Config> config;
+  struct Ran {
+    std::shared_ptr<Fp8LinearState> state;
+    Tensor scale, scale_inv;  // the forward scales it ran with
+  };
+  std::vector<Ran> ran;
+};
+
 void fp8_forward_ran(const std::shared_ptr<Fp8LinearState>& state) {
   const std::shared_ptr<const Fp8Config> config = fp8_config();
   OCTET_CHECK(config != nullptr, "fp8_forward_ran: called outside an enabled Fp8Autocast scope");
+  for (Fp8ForwardRecorder* recorder : recorders) {
+    auto& states = recorder->states_;
+    if (std::find(states.begin(), states.end(), state) == states.end()) states.push_back(state);
+  }
+  if (replaying != nullptr) {
+    const auto& ran = replaying->ran;
+    OCTET_CHECK(std::any_of(ran.begin(), ran.end(), [&](const auto& r) { return r.state == state; }),
+                "activation recompute under FP8: the rerun in backward ran an FP8 Linear that the forward did not; "
+                "the recomputed function must run the same layers both times");
+    return;  // the forward recorded this layer's amaxes and queued its update already
+  }
   pending_forward.add(config, state);
+}
+
+Fp8ForwardRecorder::Fp8ForwardRecorder() : config_(fp8_config()) {
+  OCTET_CHECK(config_ != nullptr, "Fp8ForwardRecorder: open it inside an enabled Fp8Autocast scope");
+  recorders.push_back(this);
+}
+
+Fp8ForwardRecorder::~Fp8ForwardRecorder() {
+  if (open_) recorders.erase(std::find(recorders.begin(), recorders.end(), this));
+}
+
+std::shared_ptr<const Fp8ForwardRecord> Fp8ForwardRecorder::finish() {
+  OCTET_CHECK(open_, "Fp8ForwardRecorder::finish: called twice");
+  recorders.erase(std::find(recorders.begin(), recorders.end(), this));
+  open_ = false;
+  auto record = std::make_shared<Fp8ForwardRecord>();
+  record->config = config_;
+  for (const auto& state : states_) {
+    record->ran.push_back({state, state->forward.scale.clone(), state->forward.scale_inv.clone()});
+  }
+  return record;
+}
+
+Fp8Replay::Fp8Replay(std::shared_ptr<const Fp8ForwardRecord> record) : record_(std::move(record)), outer_(replaying) {
+  OCTET_CHECK(record_ != nullptr, "Fp8Replay: no record; open an Fp8ForwardRecorder around the first run");
+  for (const auto& r : record_->ran) {
+    const kernels::Fp8ScalingTensors& f = r.state->forward;
+    saved_.push_back({f.scale.clone(), f.scale_inv.clone(), f.amax_history.select(0).clone()});
+    f.scale.copy_(r.scale);
+    f.scale_inv.copy_(r.scale_inv);
+  }
+  scopes.push_back(record_->config);
+  replaying = record_.get();
+}
+
+Fp8Replay::~Fp8Replay() {
+  replaying = outer_;
+  scopes.pop_back();
+  try {
+    for (size_t i = 0; i < saved_.size(); ++i) {
+      const kernels::Fp8ScalingTensors& f = record_->ran[i].state->forward;
+      f.scale.copy_(saved_[i].scale);
+      f.scale_inv.copy_(saved_[i].scale_inv);
+      f.amax_history.select(0).copy_(saved_[i].history_row0);
+    }
+  } catch (const std::exception& e) {
+    logging::error("Fp8Replay: could not put the FP8 scales back after a recompute: {}", e.what());
+  }
 }
 
 void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::shared_ptr<const Fp8Config>& config) {
@@ -260,6 +333,31 @@ void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::s
     if (!pending_backward.empty()) update_scales(pending_backward.take(), /*forward=*/false);
   });
   pending_backward.add(config, state);
+}
+
+int64_t fp8_weight_cast_bytes(Module& model) {
+  int64_t bytes = 0;
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* linear = dynamic_cast<const Linear*>(m.get());
+    if (linear == nullptr || linear->fp8_state == nullptr || linear->fp8_state->weight_cache.supplied()) continue;
+    const kernels::Fp8Cast& cast = linear->fp8_state->weight_cache.cast();
+    for (const Tensor& t : {cast.data, cast.transposed}) {
+      if (t.defined() && t.storage()->allocated()) bytes += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  return bytes;
+}
+
+int64_t fp8_scaling_bytes(Module& model) {
+  int64_t bytes = 0;
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* linear = dynamic_cast<const Linear*>(m.get());
+    if (linear == nullptr || linear->fp8_state == nullptr) continue;
+    for (const kernels::Fp8ScalingTensors* g : {&linear->fp8_state->forward, &linear->fp8_state->backward}) {
+      for (const Tensor& t : {g->amax_history, g->scale, g->scale_inv}) bytes += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  return bytes;
 }
 
 // ---- saving -------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/fp8.h"
@@ -203,6 +204,54 @@ bool fp8_enabled();
 void fp8_forward_ran(const std::shared_ptr<Fp8LinearState>& state);
 void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::shared_ptr<const Fp8Config>& config);
 
+// ---- activation recompute -----------------------------------------------------------------------------
+// Recompute (autograd/checkpoint.h, TransformerBlock::recompute) runs a forward a second time inside
+// backward. Under FP8 that rerun must give the first run's bits and leave the FP8 state as one forward
+// would have:
+//   - it casts with the scales the first run used, although the end of that run's scope has updated
+//     them since (delayed scaling);
+//   - it records no amax: the first run recorded them, and history row 0 now belongs to the next step;
+//   - it queues no scale update.
+// Fp8ForwardRecorder, open around the first run, notes every layer state that runs in FP8 and, at
+// finish(), copies the forward scales they ran with. Fp8Replay, open around the rerun, reopens the first
+// run's scope (its config), puts those scales in place, and on leaving puts back each state's scales and
+// history row 0 as they were before it, so whatever the rerun's casts wrote there is gone. A layer
+// that runs in the rerun but did not in the first run is an error: the rerun must be the same
+// computation. (Transformer Engine's activation checkpointing does the same: it keeps the forward's
+// scales for the recompute and skips the amax bookkeeping there.)
+struct Fp8ForwardRecord;
+class Fp8ForwardRecorder {
+ public:
+  Fp8ForwardRecorder();  // inside an enabled Fp8Autocast scope
+  ~Fp8ForwardRecorder();
+  Fp8ForwardRecorder(const Fp8ForwardRecorder&) = delete;
+  Fp8ForwardRecorder& operator=(const Fp8ForwardRecorder&) = delete;
+  // Stops noting; the scope's config and, for each state that ran, copies of its forward scales.
+  std::shared_ptr<const Fp8ForwardRecord> finish();
+
+ private:
+  friend void fp8_forward_ran(const std::shared_ptr<Fp8LinearState>& state);
+  std::shared_ptr<const Fp8Config> config_;
+  std::vector<std::shared_ptr<Fp8LinearState>> states_;
+  bool open_ = true;
+};
+
+class Fp8Replay {
+ public:
+  explicit Fp8Replay(std::shared_ptr<const Fp8ForwardRecord> record);
+  ~Fp8Replay();  // never throws: it also runs when the rerun failed
+  Fp8Replay(const Fp8Replay&) = delete;
+  Fp8Replay& operator=(const Fp8Replay&) = delete;
+
+ private:
+  struct Saved {
+    Tensor scale, scale_inv, history_row0;
+  };
+  std::shared_ptr<const Fp8ForwardRecord> record_;
+  std::vector<Saved> saved_;  // parallel to the record's states: what they held before the replay
+  const Fp8ForwardRecord* outer_;
+};
+
 // The scale a weight is cast with, from `amax`, the amax of the whole weight ([1] f32; over every
 // rank's piece for a sharded weight). What the Linear does before casting its own weight and what
 // FSDP's FP8 all-gather does before casting its shards of it, so that the two agree by construction:
@@ -210,6 +259,14 @@ void fp8_backward_ran(const std::shared_ptr<Fp8LinearState>& state, const std::s
 // what the slot holds; current scaling replaces it) and, under current scaling, sets the weight's
 // scale. Returns the weight's entry, whose scale the cast then uses.
 Fp8LinearState::Entry record_weight_amax(Fp8LinearState& state, const Tensor& amax, const Fp8Recipe& recipe);
+
+// Bytes of the FP8 weight casts the Linears of `model` keep for themselves (the E4M3 data and
+// transpose in each Fp8WeightCache, kept across steps; supplied casts, views of a wrapper's buffers,
+// are not counted).
+int64_t fp8_weight_cast_bytes(Module& model);
+// Bytes of the scaling state (amax histories, scales, scale_invs) of the Linears of `model` that have
+// run in FP8. Made at a Linear's first FP8 forward and kept.
+int64_t fp8_scaling_bytes(Module& model);
 
 // The FP8 state of every Linear of `model` that has run in FP8, as
 // "<module path>.fp8.{forward,backward}.{scale,scale_inv,amax_history}" (for checkpoints), and its

@@ -81,6 +81,7 @@ class Dropout : public Module {
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   const double p;
+  Generator& generator() const;  // the stream its masks come from (default_generator() when none was given)
 
  private:
   Generator* gen_;
@@ -95,6 +96,7 @@ class DropPath : public Module {
   explicit DropPath(double p = 0.0, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   const double p;
+  Generator& generator() const;  // the stream its masks come from (default_generator() when none was given)
 
  private:
   Generator* gen_;
@@ -159,9 +161,10 @@ class TransformerBlock : public Module {
 
   // Activation recompute (autograd/checkpoint.h): when on and gradients are being recorded, forward
   // keeps only the block's input, and backward runs the block again to rebuild the rest. Dropout and
-  // DropPath draw the same masks in the rerun (the block's generator and the default one are rewound
-  // for it and put back after), so gradients are bit for bit those without recompute. Not yet with
-  // FP8 (an error says so): the rerun would need the forward's scales and must not record amaxes.
+  // DropPath draw the same masks in the rerun (every stream the block's Dropout and DropPath modules
+  // draw from, a LoRA adapter's dropout included, and the default one, are rewound for it and put
+  // back after), and under FP8 the rerun casts with the forward's scales and records no
+  // amax (nn/fp8.h, Fp8Replay), so gradients and FP8 state are bit for bit those without recompute.
   bool recompute = false;
 
   std::shared_ptr<LayerNorm> norm1;

@@ -1,4 +1,7 @@
 // The transformer's building blocks: timm's Mlp and pre-norm Block, and the patch embedding.
+#include <algorithm>
+#include <optional>
+
 #include "autograd/checkpoint.h"
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
@@ -87,37 +90,50 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // as modules, unfused.
 Tensor TransformerBlock::forward(const Tensor& x) {
   if (!recompute || !GradMode::is_enabled()) return run(x);
-  OCTET_CHECK(fp8_config() == nullptr, "TransformerBlock: activation recompute does not support FP8 yet (the rerun in "
-              "backward would need the forward's scales); turn recompute off (--recompute none) or run without FP8");
-  // The random streams the block draws from, as they are now: the rerun starts from here, and the
-  // streams are put back where backward found them afterwards.
-  struct Streams {
-    Generator* gens[2];
-    uint64_t seed[2], offset[2], seed_after[2], offset_after[2];
+  // What the rerun in backward must find as the first run found it: the random streams the block
+  // draws from (rewound for the rerun, and put back where backward found them afterwards), and under
+  // FP8 the scales the first run cast with (nn/fp8.h, "activation recompute").
+  struct Rerun {
+    struct Stream {
+      Generator* gen;
+      uint64_t seed, offset, seed_after = 0, offset_after = 0;
+    };
+    std::vector<Stream> streams;
+    std::shared_ptr<const Fp8ForwardRecord> fp8;
+    std::optional<Fp8Replay> replay;
   };
-  auto streams = std::make_shared<Streams>();
-  streams->gens[0] = &default_generator();
-  streams->gens[1] = gen_ != nullptr && gen_ != &default_generator() ? gen_ : nullptr;
-  for (int i = 0; i < 2; ++i) {
-    if (streams->gens[i] == nullptr) continue;
-    streams->seed[i] = streams->gens[i]->seed();
-    streams->offset[i] = streams->gens[i]->offset();
+  auto rerun = std::make_shared<Rerun>();
+  std::vector<Generator*> gens{&default_generator()};
+  if (gen_ != nullptr) gens.push_back(gen_);
+  for (const auto& [name, m] : named_modules()) {
+    if (const auto* d = dynamic_cast<const Dropout*>(m.get())) gens.push_back(&d->generator());
+    if (const auto* d = dynamic_cast<const DropPath*>(m.get())) gens.push_back(&d->generator());
   }
-  auto restore = [streams] {
-    for (int i = 0; i < 2; ++i) {
-      if (streams->gens[i] == nullptr) continue;
-      streams->seed_after[i] = streams->gens[i]->seed();
-      streams->offset_after[i] = streams->gens[i]->offset();
-      streams->gens[i]->set_state(streams->seed[i], streams->offset[i]);
+  for (Generator* g : gens) {
+    const bool seen = std::any_of(rerun->streams.begin(), rerun->streams.end(), [&](const auto& s) { return s.gen == g; });
+    if (!seen) rerun->streams.push_back({g, g->seed(), g->offset()});
+  }
+  const bool fp8 = fp8_enabled();
+  auto restore = [rerun] {
+    for (auto& s : rerun->streams) {
+      s.seed_after = s.gen->seed();
+      s.offset_after = s.gen->offset();
+      s.gen->set_state(s.seed, s.offset);
     }
+    if (rerun->fp8) rerun->replay.emplace(rerun->fp8);
   };
-  auto release = [streams] {
-    for (int i = 0; i < 2; ++i) {
-      if (streams->gens[i] != nullptr) streams->gens[i]->set_state(streams->seed_after[i], streams->offset_after[i]);
-    }
+  auto release = [rerun] {
+    rerun->replay.reset();
+    for (const auto& s : rerun->streams) s.gen->set_state(s.seed_after, s.offset_after);
   };
-  return autograd::checkpoint([this](const std::vector<Tensor>& in) { return std::vector<Tensor>{run(in[0])}; }, {x},
-                              restore, release)[0];
+  auto fn = [this, rerun, fp8](const std::vector<Tensor>& in) {
+    if (!fp8 || rerun->replay.has_value()) return std::vector<Tensor>{run(in[0])};
+    Fp8ForwardRecorder recorder;  // the first run, under FP8
+    std::vector<Tensor> out{run(in[0])};
+    rerun->fp8 = recorder.finish();
+    return out;
+  };
+  return autograd::checkpoint(fn, {x}, restore, release)[0];
 }
 
 Tensor TransformerBlock::run(const Tensor& x) {

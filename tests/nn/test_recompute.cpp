@@ -1,7 +1,8 @@
 // Activation recompute (autograd/checkpoint.h, TransformerBlock::recompute): gradients with and
 // without recompute are bit for bit equal, with dropout and drop-path drawing masks, in f32 and bf16;
-// the random streams end where they would; callbacks queued in the rerun's backward run once, at the
-// end of the whole pass; and what is not supported yet says so.
+// the random streams end where they would; under FP8 (delayed and current scaling) the scales and amax
+// histories too; with LoRA adapters whose dropout has a stream of its own; and callbacks queued in the
+// rerun's backward run once, at the end of the whole pass.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -15,6 +16,7 @@
 #include "core/random.h"
 #include "nn/fp8.h"
 #include "nn/layers.h"
+#include "nn/lora.h"
 #include "tests/testing.h"
 
 namespace octet::nn {
@@ -101,13 +103,114 @@ TEST(Recompute, CallbacksQueuedInTheRerunRunAtTheEndOfTheWholePass) {
   EXPECT_TRUE(same_bits(x.grad(), mul(mul(w.detach(), w.detach()), 2.0)));
 }
 
-TEST(Recompute, FP8IsRefusedWithTheReason) {
-  TransformerBlock block(32, 2);
-  block.to(DType::bf16);
-  block.recompute = true;
-  const Tensor x = random_tensor({2, 5, 32}, DType::bf16, 1).requires_grad_();
-  Fp8Autocast fp8(true, DelayedScaling{});
-  EXPECT_TRUE(testing::throws_with([&] { block(x); }, {"recompute", "FP8", "--recompute none"}));
+// Two FP8 training steps of two blocks with dropout and drop-path on: everything the steps leave (the
+// outputs, the gradients, and every Linear's scales and amax histories after each step) by name.
+std::map<std::string, Tensor> fp8_steps(bool recompute, const Fp8Recipe& recipe) {
+  manual_seed(7);
+  Generator gen(13);
+  std::vector<std::shared_ptr<TransformerBlock>> blocks;
+  uint64_t seed = 300;
+  for (int b = 0; b < 2; ++b) {
+    auto block = std::make_shared<TransformerBlock>(32, 2, 2.0, true, 0.1, 0.0, 0.2, &gen);
+    for (const Tensor& p : block->parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
+    block->to(DType::bf16);
+    block->recompute = recompute;
+    blocks.push_back(block);
+  }
+  std::map<std::string, Tensor> out;
+  for (int step = 0; step < 2; ++step) {
+    const std::string at = "step" + std::to_string(step) + ".";
+    Tensor x = random_tensor({3, 9, 32}, DType::bf16, 400 + step, 1.0).requires_grad_();
+    Tensor y = x;
+    {
+      Fp8Autocast fp8(true, recipe);
+      for (auto& block : blocks) y = (*block)(y);
+    }
+    sum(mul(y, random_tensor({3, 9, 32}, DType::bf16, 500 + step))).backward();
+    out[at + "y"] = y.detach();
+    out[at + "x.grad"] = x.grad();
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const std::string prefix = at + "blocks." + std::to_string(b) + ".";
+      for (const auto& [name, p] : blocks[b]->named_parameters()) {
+        out[prefix + name + ".grad"] = p.grad().clone();
+        // A small SGD step, so the second step casts new weights.
+        p.detach().copy_(sub(p.detach(), mul(p.grad(), 0.05)));
+        Tensor(p).set_grad(Tensor());
+      }
+      for (const auto& [name, t] : fp8_state_dict(*blocks[b])) out[prefix + name] = t.clone();
+    }
+  }
+  return out;
+}
+
+void expect_same(const std::map<std::string, Tensor>& recomputed, const std::map<std::string, Tensor>& plain) {
+  ASSERT_EQ(recomputed.size(), plain.size());
+  for (const auto& [name, t] : plain) {
+    ASSERT_TRUE(t.defined() && recomputed.count(name)) << name;
+    EXPECT_TRUE(same_bits(recomputed.at(name), t)) << name;
+  }
+}
+
+// The rerun casts with the forward's scales (the scope's end has updated them since), records no amax
+// and queues no update: gradients, outputs and the FP8 state are those without recompute.
+TEST(Recompute, FP8DelayedScalingIsBitForBit) {
+  const Fp8Recipe recipe = DelayedScaling{.amax_history_len = 3};
+  const auto plain = fp8_steps(false, recipe);
+  expect_same(fp8_steps(true, recipe), plain);
+  // The scales moved between the steps, so a rerun using the updated ones would have differed.
+  EXPECT_FALSE(same_bits(plain.at("step1.blocks.0.mlp.fc1.fp8.forward.scale"),
+                         plain.at("step0.blocks.0.mlp.fc1.fp8.forward.scale")));
+}
+
+TEST(Recompute, FP8CurrentScalingIsBitForBit) {
+  const Fp8Recipe recipe = CurrentScaling{};
+  expect_same(fp8_steps(true, recipe), fp8_steps(false, recipe));
+}
+
+// A replay that meets an FP8 layer the first run did not run says so.
+TEST(Recompute, AReplayRunningOtherFP8LayersIsAnError) {
+  auto a = std::make_shared<Linear>(32, 32), b = std::make_shared<Linear>(32, 32);
+  a->to(DType::bf16);
+  b->to(DType::bf16);
+  const Tensor x = random_tensor({4, 32}, DType::bf16, 1);
+  std::shared_ptr<const Fp8ForwardRecord> record;
+  {
+    Fp8Autocast fp8(true, DelayedScaling{});
+    Fp8ForwardRecorder recorder;
+    (*a)(x);
+    record = recorder.finish();
+  }
+  Fp8Replay replay(record);
+  (*a)(x);
+  EXPECT_TRUE(testing::throws_with([&] { (*b)(x); }, {"rerun", "did not", "same layers"}));
+}
+
+// LoRA adapters inside the blocks, with their dropout drawing from a generator of their own: the
+// rerun rewinds that stream too.
+TEST(Recompute, LoRAWithItsOwnDropoutStreamIsBitForBit) {
+  auto run = [](bool recompute) {
+    manual_seed(3);
+    Generator lora_gen(17);
+    auto block = std::make_shared<TransformerBlock>(32, 2, 2.0, true, 0.0, 0.0, 0.0);
+    for (const Tensor& p : block->parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, 40, 0.2));
+    apply_lora(*block, {.rank = 4, .alpha = 8, .dropout = 0.3, .generator = &lora_gen},
+               lora_targets({"qkv", "fc1", "fc2"}));
+    for (const auto& [name, p] : block->named_parameters()) {  // a non-zero B, so the adapters matter
+      if (name.find("lora_B") != std::string::npos) p.detach().copy_(random_tensor(p.shape(), DType::f32, 41, 0.2));
+    }
+    block->recompute = recompute;
+    Tensor x = random_tensor({2, 5, 32}, DType::f32, 42).requires_grad_();
+    sum(mul((*block)(x), random_tensor({2, 5, 32}, DType::f32, 43))).backward();
+    std::map<std::string, Tensor> out{{"x.grad", x.grad()}};
+    for (const auto& [name, p] : block->named_parameters()) {
+      if (p.requires_grad()) out[name + ".grad"] = p.grad();
+    }
+    out["lora_gen.offset"] = full({1}, static_cast<double>(lora_gen.offset()), DType::f64);
+    return out;
+  };
+  const auto plain = run(false);
+  EXPECT_EQ(plain.size(), 8u) << "x, the six adapter weights and the stream's offset";
+  expect_same(run(true), plain);
 }
 
 // Without gradients (evaluation) the block simply runs.

@@ -67,8 +67,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--resume", o.resume, "continue from a checkpoint folder (or a --checkpoint-dir: its latest)");
   app.add_option("--recompute", o.recompute,
                  "none, or blocks: each transformer block keeps only its input in forward and runs again in "
-                 "backward (activation recompute: about a third more compute for most of the activations' memory). "
-                 "Not yet with --precision fp8 or --parallel fsdp")
+                 "backward (activation recompute: about a third more compute for most of the activations' memory); "
+                 "the same bits as none, with every --precision and --parallel")
       ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
   app.add_option("--parallel", o.parallel,
                  "none; ddp (data parallel over the ranks mpirun starts); or fsdp (sharded parameters, gradients "
@@ -108,12 +108,6 @@ void check_run_options(RunOptions& o) {
   OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp8", "--precision ", o.precision,
               ": not a precision Octet trains in; pass fp32, bf16 or fp8");
   check_fp8_options(o.precision, o.fp8);
-  if (o.recompute == "blocks") {
-    OCTET_CHECK(o.precision != "fp8", "--recompute blocks does not support --precision fp8 yet (the rerun would need "
-                "the forward's FP8 scales); pass --recompute none, or train in bf16");
-    OCTET_CHECK(o.parallel != "fsdp", "--recompute blocks does not support --parallel fsdp yet (the rerun must "
-                "gather each unit again); pass --recompute none, or use --parallel ddp");
-  }
   const distributed::LaunchInfo launch = distributed::launch_info();
   o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;
   OCTET_CHECK(o.world_size == 1 || o.parallel != "none", "mpirun started ", o.world_size, " ranks but --parallel is "

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "models/vit.h"
@@ -28,7 +29,10 @@ inline models::ViTConfig tiny_vit_config(std::string name, int64_t embed_dim, in
 }
 
 // A model of `config` initialised from `seed`: the same seed gives the same weights, on every rank.
+// Without dropout only: the model's Dropout and DropPath modules would keep the generator, which dies here.
 inline std::shared_ptr<models::VisionTransformer> make_vit(const models::ViTConfig& config, uint64_t seed) {
+  OCTET_CHECK(config.drop_rate == 0 && config.drop_path_rate == 0, "make_vit: ", config.name, " has dropout; "
+              "build it with a generator that outlives the model");
   Generator gen(seed);
   return std::make_shared<models::VisionTransformer>(config, true, &gen);
 }

@@ -4,6 +4,7 @@
 //   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --precision fp8
 //   build/bin/bench_vit --device cpu                       the Fashion-MNIST model, batch 128
 //   build/bin/bench_vit --device cpu --model vit_tiny_patch16_224 --batch-size 8
+//   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --recompute blocks
 //
 // One step is train_vit's (apps/train_step.h) in one process: forward, cross-entropy, backward and
 // the optimizer (SGD with momentum 0.9 by default, as the PyTorch comparator
@@ -11,7 +12,8 @@
 // once on the device. Under --precision fp8 the forward runs inside an Fp8Autocast scope with the
 // --fp8-* recipe (the FLOP count is the same; only the GEMMs' precision changes). It prints the
 // median step time, images/s, achieved TFLOP/s, MFU and peak memory, then the same figures as one
-// JSON line (tools/gpu_check.sh builds its table from it).
+// JSON line (tools/gpu_check.sh builds its table from it), with the bytes of activations the forward
+// saved for backward (StepResult::saved_activation_bytes; --recompute blocks keeps each block's input).
 //
 // FLOPs come from the config: flops_per_image_forward() counts the model's GEMM and
 // attention-matmul FLOPs; a training image costs three times that (backward's two GEMMs per forward
@@ -153,18 +155,20 @@ struct RunSpec {
   std::string precision, optimizer_name;
   int64_t batch_size;
   Device device;
+  bool recompute = false;  // --recompute blocks
 };
 struct Run {
+  Generator gen{0};  // the model's Dropout and DropPath modules keep it: it must outlive them
   std::unique_ptr<models::VisionTransformer> model;
   std::unique_ptr<optim::Optimizer> optimizer;
   data::Batch batch;
 
   explicit Run(const RunSpec& spec) {
-    Generator gen(0);
     const models::ViTConfig& config = spec.config;
     model = std::make_unique<models::VisionTransformer>(config, /*initialize=*/true, &gen);
     if (spec.precision == "bf16" || spec.precision == "fp8") model->to(DType::bf16);
     model->to(spec.device);
+    for (const auto& block : model->transformer_blocks()) block->recompute = spec.recompute;
     if (spec.optimizer_name == "sgd") {
       optimizer = std::make_unique<optim::SGD>(model->parameters(), 1e-3, 0.9);
     } else {
@@ -255,6 +259,9 @@ int main(int argc, char** argv) {
                  "the device's peak for MFU (default: NVIDIA's datasheet figure for an H100/H200, dense bf16 989 "
                  "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)");
   app.add_option("--threads", threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
+  std::string recompute = "none";
+  app.add_option("--recompute", recompute, "none, or blocks: activation recompute (each block reruns in backward)")
+      ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
   bool ledger = false;
   app.add_flag("--ledger", ledger,
                "count what a step moves instead of timing it: the op ledger per block and per step, per image");
@@ -281,7 +288,7 @@ int main(int argc, char** argv) {
     const models::ViTConfig config = models::vit_config(model_name);
     const bool fp8 = precision == "fp8";
     const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(fp8_options);
-    const RunSpec spec{config, precision, optimizer_name, batch_size, device};
+    const RunSpec spec{config, precision, optimizer_name, batch_size, device, recompute == "blocks"};
     if (ledger) return print_ledger(spec, fp8_recipe);
     Run run(spec);
     models::VisionTransformer& model = *run.model;
@@ -299,11 +306,16 @@ int main(int argc, char** argv) {
                                .fp8 = fp8,
                                .fp8_recipe = fp8_recipe,
                                .hooks = {.after_forward = [&] { marks.mark(1); },
-                                         .after_backward = [&] { marks.mark(2); }}};
+                                         .after_backward = [&] { marks.mark(2); }},
+                               .held_bytes = [&] {
+                                 return nn::fp8_weight_cast_bytes(model) + nn::fp8_scaling_bytes(model);
+                               }};
     Tensor loss;
+    int64_t saved_activations = 0;  // the last step's
     for (int s = 0; s < warmup + steps; ++s) {
       marks.mark(0);
-      loss = train_step([&] { return batch; }).loss;
+      const StepResult result = train_step([&] { return batch; });
+      loss = result.loss, saved_activations = result.saved_activation_bytes;
       marks.mark(3);
       const std::array<double, 3> t = marks.intervals();
       if (s < warmup) continue;
@@ -343,6 +355,12 @@ int main(int argc, char** argv) {
     } else {
       std::printf(" (no MFU: unknown peak, pass --peak-tflops)\n");
     }
+    const int64_t block_input = batch_size * (model.num_patches() + 1) * config.embed_dim *
+                                static_cast<int64_t>(dtype_size(precision == "fp32" ? DType::f32 : DType::bf16));
+    std::printf("activations saved for backward: %.1f MB, %.2f block inputs per block (--recompute %s)\n",
+                static_cast<double>(saved_activations) / 1e6,
+                static_cast<double>(saved_activations) / static_cast<double>(block_input * config.depth),
+                recompute.c_str());
     if (device.is_cuda()) {
       std::printf("memory: peak %.2f GiB in use, %.2f GiB reserved at peak\n", memory.peak / gib,
                   memory.reserved_peak / gib);
@@ -374,6 +392,8 @@ int main(int argc, char** argv) {
         {"peak_tflops", peak_tflops > 0 ? nlohmann::json(peak_tflops) : nlohmann::json(nullptr)},
         {"peak_memory_gib", device.is_cuda() ? nlohmann::json(memory.peak / gib) : nlohmann::json(nullptr)},
         {"gflop_per_image", flops_per_image / 1e9},
+        {"recompute", recompute},
+        {"saved_activations_bytes", saved_activations},
         {"loss", last_loss},
     };
     std::printf("%s\n", summary.dump().c_str());

@@ -176,7 +176,6 @@ class TransformerBlock : public Module {
 
  private:
   Tensor run(const Tensor& x);  // the block's computation, recorded or recomputed
-  Generator* gen_;
 };
 
 // A Conv2d whose stride equals its kernel, as PatchEmbed uses it: every p×p patch is projected on

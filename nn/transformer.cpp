@@ -59,7 +59,7 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
                                    double proj_drop, double attn_drop, double drop_path, Generator* gen)
-    : Module("TransformerBlock"), gen_(gen) {
+    : Module("TransformerBlock") {
   OCTET_CHECK(mlp_ratio > 0, "TransformerBlock: mlp_ratio must be positive, got ", mlp_ratio);
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(dim));
   attn = register_module(
@@ -103,11 +103,11 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     std::optional<Fp8Replay> replay;
   };
   auto rerun = std::make_shared<Rerun>();
+  // The streams the block's random modules draw from (those with p > 0: the others draw nothing).
   std::vector<Generator*> gens{&default_generator()};
-  if (gen_ != nullptr) gens.push_back(gen_);
   for (const auto& [name, m] : named_modules()) {
-    if (const auto* d = dynamic_cast<const Dropout*>(m.get())) gens.push_back(&d->generator());
-    if (const auto* d = dynamic_cast<const DropPath*>(m.get())) gens.push_back(&d->generator());
+    if (const auto* d = dynamic_cast<const Dropout*>(m.get()); d != nullptr && d->p > 0) gens.push_back(&d->generator());
+    if (const auto* d = dynamic_cast<const DropPath*>(m.get()); d != nullptr && d->p > 0) gens.push_back(&d->generator());
   }
   for (Generator* g : gens) {
     const bool seen = std::any_of(rerun->streams.begin(), rerun->streams.end(), [&](const auto& s) { return s.gen == g; });

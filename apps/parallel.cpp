@@ -1,5 +1,7 @@
 #include "apps/parallel.h"
 
+#include "nn/fp8.h"
+
 #include <fmt/format.h>
 
 #include "optim/optim.h"
@@ -85,6 +87,13 @@ std::string ParallelModel::describe() const {
                        o_.reduce_dtype);
   }
   return "one process";
+}
+
+int64_t ParallelModel::held_bytes() const {
+  const int64_t fp8_state = nn::fp8_scaling_bytes(*model_);
+  if (fsdp_ == nullptr) return fp8_state + nn::fp8_weight_cast_bytes(*model_);
+  const auto l = fsdp_->memory_ledger();
+  return fp8_state + l.gathered + l.fp8_weight_casts;
 }
 
 nlohmann::json ParallelModel::ledger(const optim::Optimizer& optimizer) const {

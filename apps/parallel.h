@@ -36,6 +36,10 @@ class ParallelModel {
   // (a collective there: every rank calls it).
   std::vector<std::pair<std::string, Tensor>> full_parameters();
 
+  // Bytes a forward may allocate that are not activations: FSDP's gathered units, the FP8 Linears'
+  // weight casts and scaling state (TrainStep::held_bytes, for the saved-activation figure).
+  int64_t held_bytes() const;
+
   std::string describe() const;  // one log line
   // Under FSDP: this rank's memory ledger, logged and written to the metrics.
   bool has_ledger() const { return fsdp_ != nullptr; }

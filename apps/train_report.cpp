@@ -222,12 +222,14 @@ void TrainReport::begin_step(int64_t step) {
   step_start_ = Clock::now();
   step_start_us_ = trace::now_us();
   log_now_ = (step + 1) % o_.log_every == 0 || step + 1 == total_steps_;
-  ledger_now_ = parallel_.has_ledger() && (step == first_step_ || log_now_);
+  ledger_now_ = step == first_step_ || log_now_;
   if (fp8_monitor_ && log_now_) fp8_monitor_->measure_next_forward();
   step_clock_->start(queued_.size());
 }
 
-void TrainReport::read_ledger() { ledger_ = ledger_now_ ? parallel_.ledger(optimizer_) : json(); }
+void TrainReport::read_ledger() {
+  ledger_ = !ledger_now_ ? json() : parallel_.has_ledger() ? parallel_.ledger(optimizer_) : json::object();
+}
 
 void TrainReport::end_step(int64_t step, double lr, const StepResult& result) {
   const size_t slot = queued_.size();
@@ -264,6 +266,7 @@ void TrainReport::end_step(int64_t step, double lr, const StepResult& result) {
   json fp8_numbers;
   if (fp8_monitor_ && log_now_) event["fp8"] = fp8_numbers = fp8_monitor_->numbers();  // a host read: log steps only
   if (ledger_now_) {
+    ledger_["saved_activations_bytes"] = result.saved_activation_bytes;
     event["memory_ledger"] = ledger_;
     if (step == first_step_ + 1) log_first_ledger(ledger_);
   }
@@ -311,6 +314,16 @@ void TrainReport::read_losses() {
 }
 
 void TrainReport::log_first_ledger(const json& l) const {
+  // Activations: the first step's forward, on rank 0; the blocks' inputs alone under --recompute blocks.
+  const int64_t block_input = o_.batch_size * (model_.num_patches() + 1) * model_.config().embed_dim *
+                              static_cast<int64_t>(dtype_size(o_.precision == "fp32" ? DType::f32 : DType::bf16));
+  logging::info("activations saved for backward (rank 0): {} bytes, {:.1f} block inputs per block ({} bytes each; "
+                "--recompute {})",
+                l["saved_activations_bytes"].get<int64_t>(),
+                static_cast<double>(l["saved_activations_bytes"].get<int64_t>()) /
+                    static_cast<double>(block_input * model_.config().depth),
+                block_input, o_.recompute);
+  if (!parallel_.has_ledger()) return;
   logging::info("memory ledger (rank 0, bytes): parameters {} + gradients {} + optimizer {} = {} sharded; "
                 "gathered units and gradients in flight peaked at {} ({} units at once){}",
                 l["parameters_bytes"].get<int64_t>(), l["gradients_bytes"].get<int64_t>(),

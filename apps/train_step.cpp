@@ -26,6 +26,7 @@
 #include "apps/train_step.h"
 
 #include "autograd/ops.h"
+#include "core/storage.h"
 
 namespace octet {
 
@@ -43,12 +44,18 @@ StepResult TrainStep::operator()(const std::function<data::Batch()>& next_batch)
   StepResult result;
   for (int64_t micro = 0; micro < grad_accum; ++micro) {
     result.batch = next_batch();
+    const Device device = result.batch.images.device();
+    const int64_t in_use = static_cast<int64_t>(memory_in_use(device)), held = held_bytes ? held_bytes() : 0;
     Tensor loss;
     {
       // FP8 covers the forward only. Leaving the scope updates the forward scales; the backward,
       // which runs after it, updates the gradient scales at its end.
       nn::Fp8Autocast fp8_scope(fp8, fp8_recipe, amax_reducer);
       loss = criterion(model(result.batch.images), result.batch.labels);
+    }
+    if (micro == 0) {
+      result.saved_activation_bytes = static_cast<int64_t>(memory_in_use(device)) - in_use -
+                                      ((held_bytes ? held_bytes() : 0) - held);
     }
     call(hooks.after_forward);
     const Tensor scaled = grad_accum > 1 ? loss * (1.0 / static_cast<double>(grad_accum)) : loss;

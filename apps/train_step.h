@@ -23,6 +23,11 @@ namespace octet {
 struct StepResult {
   Tensor loss;        // the mean over the micro-batches, on the model's device: reading it waits for the step
   data::Batch batch;  // the last micro-batch (train_vit logs its epoch)
+  // What the first micro-batch's forward left alive for its backward: the device's bytes in use
+  // (core/storage.h, memory_in_use) after the forward less before it, less what `held_bytes` says the
+  // forward allocated that is not activations. --recompute blocks shrinks it to about one block input
+  // per block. Reading it costs nothing (two counter reads).
+  int64_t saved_activation_bytes = 0;
 };
 
 // Called at the step's boundaries, for whoever watches it: after each micro-batch's forward (the FP8
@@ -48,6 +53,9 @@ struct TrainStep {
   nn::Fp8Recipe fp8_recipe{};
   nn::AmaxReducer amax_reducer = nullptr;  // reduces the FP8 amaxes over the ranks; null in one process
   StepHooks hooks{};
+  // Bytes held now that a forward may allocate and that are not activations: FSDP's gathered units,
+  // the FP8 Linears' weight casts. Subtracted from the saved-activation figure; none when null.
+  std::function<int64_t()> held_bytes{};
 
   // One step on grad_accum batches drawn from next_batch.
   StepResult operator()(const std::function<data::Batch()>& next_batch) const;

@@ -258,7 +258,8 @@ int train(const RunOptions& o) {
       .fp8 = fp8,
       .fp8_recipe = fp8_recipe_from(o.fp8),
       .amax_reducer = group ? distributed::fp8_amax_reducer(group) : nullptr,
-      .hooks = {.before_zero_grad = [&] { report.read_ledger(); }}};
+      .hooks = {.before_zero_grad = [&] { report.read_ledger(); }},
+      .held_bytes = [&] { return parallel.held_bytes(); }};
 
   model.train();
   while (step < total_steps) {

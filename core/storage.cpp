@@ -1,5 +1,6 @@
 #include "core/storage.h"
 
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +81,8 @@ HostCache& host_cache() {
   return *cache;
 }
 
+std::atomic<size_t> host_in_use{0};  // bytes of the live host storages Octet allocated
+
 void* host_allocate(size_t bytes) {
   void* p = std::aligned_alloc(Storage::kHostAlignment, bytes);
   if (p == nullptr && kUseHostCache) {
@@ -107,11 +110,18 @@ void Storage::allocate() {
       const size_t bytes = HostCache::size_class(rounded);
       data_ = host_cache().take(bytes);
       if (data_ == nullptr) data_ = host_allocate(bytes);
-      deleter_ = [bytes](void* p) { host_cache().give(p, bytes); };
+      deleter_ = [bytes, nbytes](void* p) {
+        host_in_use.fetch_sub(nbytes, std::memory_order_relaxed);
+        host_cache().give(p, bytes);
+      };
     } else {
       data_ = host_allocate(rounded == 0 ? kHostAlignment : rounded);
-      deleter_ = [](void* p) { std::free(p); };
+      deleter_ = [nbytes](void* p) {
+        host_in_use.fetch_sub(nbytes, std::memory_order_relaxed);
+        std::free(p);
+      };
     }
+    host_in_use.fetch_add(nbytes, std::memory_order_relaxed);
   } else {
     data_ = cuda_memory::allocate(nbytes, device.index);
     const int index = device.index;
@@ -143,6 +153,10 @@ void Storage::reallocate() {
   if (data_ != nullptr) return;
   allocate();
   bump_version();
+}
+
+size_t memory_in_use(Device device) {
+  return device.is_cpu() ? host_in_use.load(std::memory_order_relaxed) : cuda_memory::memory_stats(device.index).in_use;
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {

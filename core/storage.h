@@ -76,6 +76,12 @@ void release_host_cache();
 // Bytes of host memory waiting in the cache.
 size_t host_cache_bytes();
 
+// Bytes held by live storages on `device` now: on the host those Octet allocated (not the cache's
+// free blocks, not memory it wraps or pinned buffers), on a GPU the allocator's in_use
+// (core/cuda_memory.h). The difference around a forward is what that forward keeps alive for its
+// backward (train_vit's saved-activation figure).
+size_t memory_in_use(Device device);
+
 // Copies bytes between any two devices (host<->host, host<->cuda, cuda<->cuda).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 

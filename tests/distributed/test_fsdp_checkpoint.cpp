@@ -5,11 +5,10 @@
 // file, each caught by its size or its checksum in index.json) or mismatched models must give errors
 // that name the problem, on every rank.
 //
-// N = 2 inside a 4-rank job: ranks {0, 1} and {2, 3} each form a 2-rank group over a split MPI
-// communicator (SplitMpiGroup below, blocking and simple: enough for a tiny model). N = 1: every rank
-// loads the checkpoint alone, through a LocalProcessGroup, and trains on the whole batch.
+// N = 2 inside a 4-rank job: ranks {0, 1} and {2, 3} each form a 2-rank group (ProcessGroup::split).
+// N = 1: every rank loads the checkpoint alone, through a LocalProcessGroup, and trains on the whole
+// batch.
 #include <gtest/gtest.h>
-#include <mpi.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -47,74 +46,6 @@ using testing::Batch;
 using testing::make_vit;
 using testing::throws_with;
 using testing::world;
-
-// A process group over a part of MPI_COMM_WORLD: the ranks that pass the same color. Collectives run
-// blocking on the caller's thread (MPI_THREAD_MULTIPLE is on, so this is safe beside the world group's
-// communication thread); there is no overlap, which these tests do not need.
-class SplitMpiGroup : public ProcessGroup {
- public:
-  // A collective over MPI_COMM_WORLD: every rank calls it.
-  static std::shared_ptr<SplitMpiGroup> split(int color) {
-    MPI_Comm comm;
-    MPI_Comm_split(MPI_COMM_WORLD, color, world().rank(), &comm);
-    int rank = 0, size = 0;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    return std::shared_ptr<SplitMpiGroup>(new SplitMpiGroup(comm, rank, size));
-  }
-  ~SplitMpiGroup() override { MPI_Comm_free(&comm_); }
-  std::string backend() const override { return "mpi-split"; }
-  Device device() const override { return Device::cpu(); }
-
- protected:
-  distributed::WorkHandle do_all_reduce(const Tensor& t, distributed::ReduceOp op) override {
-    MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), count(t), type(t), op == distributed::ReduceOp::Max ? MPI_MAX : MPI_SUM,
-                  comm_);
-    if (op == distributed::ReduceOp::Avg) average(t);
-    return done("all_reduce");
-  }
-  distributed::WorkHandle do_reduce_scatter(const Tensor& out, const Tensor& in, distributed::ReduceOp op) override {
-    MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), type(out),
-                             op == distributed::ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_);
-    if (op == distributed::ReduceOp::Avg) average(out);
-    return done("reduce_scatter");
-  }
-  distributed::WorkHandle do_all_gather(const Tensor& out, const Tensor& in) override {
-    MPI_Allgather(in.data_ptr(), count(in), type(in), out.data_ptr(), count(in), type(out), comm_);
-    return done("all_gather");
-  }
-  distributed::WorkHandle do_broadcast(const Tensor& t, int root) override {
-    MPI_Bcast(t.data_ptr(), count(t), type(t), root, comm_);
-    return done("broadcast");
-  }
-  distributed::WorkHandle do_barrier() override {
-    MPI_Barrier(comm_);
-    return done("barrier");
-  }
-
- private:
-  SplitMpiGroup(MPI_Comm comm, int rank, int size) : ProcessGroup(rank, size, {}), comm_(comm) {}
-  static int count(const Tensor& t) { return static_cast<int>(t.numel()); }
-  static MPI_Datatype type(const Tensor& t) {
-    switch (t.dtype()) {
-      case DType::f32: return MPI_FLOAT;
-      case DType::f64: return MPI_DOUBLE;
-      case DType::i64: return MPI_INT64_T;
-      case DType::u8: return MPI_UINT8_T;
-      default: OCTET_FAIL("SplitMpiGroup: ", t.describe(), " is not f32, f64, i64 or u8");
-    }
-  }
-  void average(const Tensor& t) const {
-    OCTET_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "SplitMpiGroup: Avg of ", t.describe());
-    for (int64_t k = 0; k < t.numel(); ++k) {
-      if (t.dtype() == DType::f32) t.data<float>()[k] /= static_cast<float>(size());
-      else t.data<double>()[k] /= size();
-    }
-  }
-  static distributed::WorkHandle done(const char* what) { return std::make_shared<distributed::CompletedWork>(what); }
-
-  MPI_Comm comm_;
-};
 
 // 12-wide, 3 blocks: flat parameters that 4 and 2 do not all divide, so padding moves on re-sharding.
 const models::ViTConfig kTinyVit = testing::tiny_vit_config("tiny_fsdp", /*embed_dim=*/12, /*depth=*/3);
@@ -224,7 +155,7 @@ TEST(FsdpCheckpoint, ResumesBitForBitAtTheSameWorldSize) {
 
 TEST(FsdpCheckpoint, ResumesAtTwoRanks) {
   const Reference& ref = reference();
-  const auto pair = SplitMpiGroup::split(world().rank() / 2);
+  const auto pair = world().split(world().rank() / 2, world().rank());
   ASSERT_EQ(pair->size(), 2);
   FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), pair);
   auto optimizer = adamw(fsdp, 5e-3);

@@ -26,8 +26,8 @@ GradientReducer::GradientReducer(std::vector<Flat>& flats, const std::vector<Uni
                                  bool sharded, DType reduce_dtype, int limit, GatheredBytes& bytes,
                                  std::function<void(int unit)> unit_reduced)
     : flats_(flats), units_(units), reduce_order_(std::move(reduce_order)), group_(group), replicate_(replicate),
-      sharded_(sharded),
-      reduce_dtype_(reduce_dtype), limit_(limit), bytes_(bytes), unit_reduced_(std::move(unit_reduced)),
+      sharded_(sharded), reduce_dtype_(reduce_dtype), limit_(limit), bytes_(bytes),
+      unit_reduced_(std::move(unit_reduced)),
       order_(slot_names(flats, reduce_order_), "FullyShardedDataParallel"), bucket_of_(flats.size(), -1),
       in_flight_(flats.size()), launched_(flats.size(), true) {
   for (size_t b = 0; b < reduce_order_.size(); ++b) bucket_of_[reduce_order_[b]] = static_cast<int>(b);

@@ -1,6 +1,9 @@
 // HYBRID_SHARD's process groups (distributed/fsdp_hybrid.h).
 #include "distributed/fsdp_hybrid.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "distributed/launch.h"
 
@@ -29,28 +32,25 @@ namespace {
 
 // "{0,1} {2,3}"; past four groups of a large job, the first three, "…" and the last.
 std::string groups_text(const std::vector<std::vector<int>>& groups) {
-  const auto text = [](const std::vector<int>& group) {
-    std::string t = "{";
-    for (size_t i = 0; i < group.size(); ++i) t += (i ? "," : "") + std::to_string(group[i]);
-    return t + "}";
-  };
-  std::string out;
+  const auto text = [](const std::vector<int>& group) { return fmt::format("{{{}}}", fmt::join(group, ",")); };
+  std::vector<std::string> shown;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups.size() > 4 && g == 3) {
-      out += " … " + text(groups.back());
+      shown.push_back("…");
+      shown.push_back(text(groups.back()));
       break;
     }
-    out += (g ? " " : "") + text(groups[g]);
+    shown.push_back(text(groups[g]));
   }
-  return out;
+  return fmt::format("{}", fmt::join(shown, " "));
 }
 
 }  // namespace
 
 std::string describe(const HybridLayout& layout) {
-  return std::to_string(layout.shard_groups.size()) + " shard groups of " + std::to_string(layout.shard_group_size) +
-         " ranks: " + groups_text(layout.shard_groups) + "; " + std::to_string(layout.replicate_groups.size()) +
-         " replicate groups of " + std::to_string(layout.replicas) + " ranks: " + groups_text(layout.replicate_groups);
+  return fmt::format("{} shard groups of {} ranks: {}; {} replicate groups of {} ranks: {}", layout.shard_groups.size(),
+                     layout.shard_group_size, groups_text(layout.shard_groups), layout.replicate_groups.size(),
+                     layout.replicas, groups_text(layout.replicate_groups));
 }
 
 FsdpGroups make_fsdp_groups(const std::shared_ptr<ProcessGroup>& world, ShardingStrategy sharding,

@@ -1,9 +1,9 @@
 #include "apps/parallel.h"
 
-#include "nn/fp8.h"
-
 #include <fmt/format.h>
 
+#include "distributed/fsdp_hybrid.h"
+#include "nn/fp8.h"
 #include "optim/optim.h"
 
 namespace octet {
@@ -19,6 +19,7 @@ ParallelModel::ParallelModel(const RunOptions& o, std::shared_ptr<models::Vision
         model_, group_,
         distributed::FsdpOptions{
             .sharding = distributed::parse_sharding(o.sharding),
+            .shard_group_size = o.shard_group_size,
             .flat_param_key = [](const std::string& name, const Tensor& p) { return optim::is_weight_decayed(name, p) ? 1 : 0; },
             .compute_dtype = low_precision ? DType::bf16 : DType::f32,
             .reduce_dtype = reduce_dtype,
@@ -79,9 +80,15 @@ std::string ParallelModel::describe() const {
     int64_t padded = 0, fp8 = 0;
     for (const auto& f : flats) padded += f.padded_numel, fp8 += f.fp8 ? f.padded_numel : 0;
     const std::string gathered_in = o_.precision == "fp32" ? "f32" : "bf16";
-    return fmt::format("fully sharded over {} ranks ({} backend, sharding {}, prefetch {}): {} flat parameters "
+    // Under hybrid sharding, which ranks shard together and which hold the same shards.
+    const std::string groups =
+        fsdp_->replicate_group() ? fmt::format(": {}, gradient shards all-reduced across each replicate group",
+                                               distributed::fsdp::describe(distributed::fsdp::plan_hybrid_groups(
+                                                   group_->size(), group_->rank(), fsdp_->shard_group()->size())))
+                                 : "";
+    return fmt::format("fully sharded over {} ranks ({} backend, sharding {}{}, prefetch {}): {} flat parameters "
                        "({} elements with padding), gathered in {}, gradients reduce-scattered in {}",
-                       group_->size(), group_->backend(), o_.sharding, o_.fsdp_prefetch, flats.size(), padded,
+                       group_->size(), group_->backend(), o_.sharding, groups, o_.fsdp_prefetch, flats.size(), padded,
                        fp8 > 0 ? fmt::format("e4m3 ({} elements: the FP8 Linears' weights) and {}", fp8, gathered_in)
                                : gathered_in,
                        o_.reduce_dtype);
@@ -96,12 +103,24 @@ int64_t ParallelModel::held_bytes() const {
   return fp8_state + l.gathered + l.fp8_weight_casts;
 }
 
+namespace {
+
+int shards_per_flat(const distributed::FullyShardedDataParallel& fsdp) {
+  const auto flats = fsdp.flat_parameters();
+  return flats.empty() ? 1 : static_cast<int>(flats.front().padded_numel / flats.front().shard_numel);
+}
+
+}  // namespace
+
 nlohmann::json ParallelModel::ledger(const optim::Optimizer& optimizer) const {
   const auto l = fsdp_->memory_ledger(&optimizer);
   return {{"parameters_bytes", l.parameters}, {"gradients_bytes", l.gradients}, {"optimizer_bytes", l.optimizer},
           {"sharded_total_bytes", l.sharded_total()}, {"gathered_bytes", l.gathered},
           {"peak_gathered_bytes", l.peak_gathered}, {"max_units_gathered", fsdp_->max_units_gathered()},
-          {"fp8_weight_casts_bytes", l.fp8_weight_casts}};
+          {"fp8_weight_casts_bytes", l.fp8_weight_casts},
+          // The ranks each flat parameter is sharded over: the world, under hybrid sharding G, under
+          // --sharding none 1.
+          {"shard_group_size", shards_per_flat(*fsdp_)}};
 }
 
 }  // namespace octet

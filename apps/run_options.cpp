@@ -74,8 +74,13 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "none; ddp (data parallel over the ranks mpirun starts); or fsdp (sharded parameters, gradients "
                  "and optimizer state). --batch-size is per rank")
       ->check(CLI::IsMember({"none", "ddp", "fsdp"}))->capture_default_str();
-  app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2) or none (DDP)")
-      ->check(CLI::IsMember({"full", "grad-op", "none"}))->capture_default_str();
+  app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2), none (DDP), or "
+                 "hybrid (full sharding within each group of --shard-group-size ranks, replicas across groups: "
+                 "for jobs over several nodes)")
+      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid"}))->capture_default_str();
+  app.add_option("--shard-group-size", o.shard_group_size, "with --sharding hybrid: the consecutive ranks that shard "
+                 "the model among themselves (default: the ranks of one node); the world size must be a multiple")
+      ->check(CLI::PositiveNumber);
   app.add_option("--fsdp-prefetch", o.fsdp_prefetch, "with --parallel fsdp: gather the next unit of backward "
                  "when a unit's backward starts (pre) or after its gradients are reduced (post)")
       ->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
@@ -103,6 +108,29 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--trace-steps", o.trace_steps, "steps the trace records, after one untraced warm-up step")
       ->check(CLI::PositiveNumber)->capture_default_str();
 }
+
+namespace {
+
+// --sharding hybrid and --shard-group-size: the group size defaults to the ranks of one node, and
+// must divide the world size.
+void check_hybrid_sharding(RunOptions& o, const distributed::LaunchInfo& launch) {
+  if (o.sharding != "hybrid") {
+    OCTET_CHECK(o.shard_group_size == 0, "--shard-group-size ", o.shard_group_size, " sets the shard groups of "
+                "--sharding hybrid, but --sharding is ", o.sharding, "; pass --sharding hybrid, or drop the flag");
+    return;
+  }
+  OCTET_CHECK(o.parallel == "fsdp", "--sharding hybrid shards FSDP's units within groups of ranks, so it needs "
+              "--parallel fsdp (got --parallel ", o.parallel, ")");
+  const bool given = o.shard_group_size > 0;
+  if (!given) o.shard_group_size = launch.local_world_size;
+  OCTET_CHECK(o.world_size % o.shard_group_size == 0, "--sharding hybrid: the world size ", o.world_size,
+              " is not a multiple of the shard group size ", o.shard_group_size,
+              given ? " (--shard-group-size)" : " (the ranks on this node; set it with --shard-group-size)",
+              "; pass a --shard-group-size that divides ", o.world_size, ", or start a multiple of ",
+              o.shard_group_size, " ranks");
+}
+
+}  // namespace
 
 void check_run_options(RunOptions& o) {
   OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp8", "--precision ", o.precision,
@@ -132,6 +160,7 @@ void check_run_options(RunOptions& o) {
   OCTET_CHECK(!o.fp8_all_gather || (o.parallel == "fsdp" && o.precision == "fp8"), "--fp8-all-gather gathers "
               "FSDP's units in FP8, so it needs --parallel fsdp and --precision fp8 (got --parallel ", o.parallel,
               ", --precision ", o.precision, ")");
+  check_hybrid_sharding(o, launch);
   OCTET_CHECK(o.lora_rank > 0 || o.lora_save.empty(), "--lora-save needs --lora-rank R: there are no adapters "
               "to save without it");
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
@@ -166,6 +195,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"threads", std::to_string(o.threads)},
           {"parallel", o.parallel},
           {"sharding", o.parallel == "fsdp" ? o.sharding : "-"},
+          {"shard_group_size", o.sharding == "hybrid" ? std::to_string(o.shard_group_size) : "-"},
           {"world_size", std::to_string(o.world_size)},
           {"reduce_dtype", o.reduce_dtype},
           {"lora_rank", std::to_string(o.lora_rank)}};

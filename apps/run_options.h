@@ -44,7 +44,8 @@ struct RunOptions {
   // Data parallelism (mpirun -np N train_vit --parallel ddp): --batch-size is per rank.
   std::string recompute = "none";    // or "blocks": activation recompute per transformer block
   std::string parallel = "none";     // "ddp" or "fsdp"
-  std::string sharding = "full";     // FSDP: full (ZeRO-3), grad-op (ZeRO-2) or none
+  std::string sharding = "full";     // FSDP: full (ZeRO-3), grad-op (ZeRO-2), none or hybrid
+  int shard_group_size = 0;          // --sharding hybrid: ranks per shard group (0: check_run_options sets one node's)
   std::string fsdp_prefetch = "pre";  // FSDP backward prefetch: pre or post
   bool fp8_all_gather = false;        // FSDP under --precision fp8: gather the FP8 Linears' weights as E4M3
   std::string dist_backend = "auto";  // nccl on a GPU, mpi on the CPU

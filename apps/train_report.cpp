@@ -324,10 +324,11 @@ void TrainReport::log_first_ledger(const json& l) const {
                     static_cast<double>(block_input * model_.config().depth),
                 block_input, o_.recompute);
   if (!parallel_.has_ledger()) return;
-  logging::info("memory ledger (rank 0, bytes): parameters {} + gradients {} + optimizer {} = {} sharded; "
-                "gathered units and gradients in flight peaked at {} ({} units at once){}",
+  logging::info("memory ledger (rank 0, bytes): parameters {} + gradients {} + optimizer {} = {} sharded (1/{} of "
+                "every flat); gathered units and gradients in flight peaked at {} ({} units at once){}",
                 l["parameters_bytes"].get<int64_t>(), l["gradients_bytes"].get<int64_t>(),
                 l["optimizer_bytes"].get<int64_t>(), l["sharded_total_bytes"].get<int64_t>(),
+                l["shard_group_size"].get<int>(),
                 l["peak_gathered_bytes"].get<int64_t>(), l["max_units_gathered"].get<int>(),
                 o_.precision == "fp8"
                     ? fmt::format("; the FP8 Linears' own weight casts hold {}{}",

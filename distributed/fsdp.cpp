@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "distributed/fsdp_fp8.h"
 #include "distributed/fsdp_gather.h"
+#include "distributed/fsdp_hybrid.h"
 #include "distributed/fsdp_layout.h"
 #include "distributed/fsdp_reduce.h"
 #include "distributed/fsdp_units.h"
@@ -25,7 +26,8 @@ ShardingStrategy parse_sharding(const std::string& name) {
   if (name == "full") return ShardingStrategy::FullShard;
   if (name == "grad-op") return ShardingStrategy::ShardGradOp;
   if (name == "none") return ShardingStrategy::NoShard;
-  OCTET_FAIL("unknown sharding strategy '", name, "'; use full, grad-op or none");
+  if (name == "hybrid") return ShardingStrategy::HybridShard;
+  OCTET_FAIL("unknown sharding strategy '", name, "'; use full, grad-op, none or hybrid");
 }
 
 // The orchestration: the module hooks call in here, and this decides the order of events (docs/fsdp.md
@@ -34,6 +36,9 @@ ShardingStrategy parse_sharding(const std::string& name) {
 struct FullyShardedDataParallel::State {
   FsdpOptions options;
   bool sharded = true;
+  // The group the units are sharded over; under HYBRID_SHARD the ranks of this one's shard group,
+  // and the replicate group across which the reducer all-reduces the gradient shards (fsdp_hybrid.h).
+  std::shared_ptr<ProcessGroup> shard_group, replicate_group;
   std::vector<fsdp::Flat> flats;
   std::vector<fsdp::Unit> units;  // units[0] is the root
   fsdp::GatheredBytes bytes;
@@ -166,7 +171,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   s.self = state_;
   s.options = options;
   s.sharded = options.sharding != ShardingStrategy::NoShard;
-  const int world = s.sharded ? group_->size() : 1, rank = s.sharded ? group_->rank() : 0;
+  const fsdp::FsdpGroups groups = fsdp::make_fsdp_groups(group_, options.sharding, options.shard_group_size);
+  s.shard_group = groups.shard;
+  s.replicate_group = groups.replicate;
+  // Within its shard group HYBRID_SHARD is FULL_SHARD: the orchestration below sees no difference,
+  // only the groups the roles are given do.
+  if (options.sharding == ShardingStrategy::HybridShard) s.options.sharding = ShardingStrategy::FullShard;
+  const int world = s.sharded ? s.shard_group->size() : 1, rank = s.sharded ? s.shard_group->rank() : 0;
 
   // The layout, from names and sizes.
   std::vector<std::string> wrapped;
@@ -200,17 +211,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
       });
     }
   }
-  s.gatherer = std::make_unique<fsdp::UnitGatherer>(s.flats, s.units, *group_, s.sharded, options.compute_dtype,
-                                                    options.limit_all_gathers, s.bytes);
+  s.gatherer = std::make_unique<fsdp::UnitGatherer>(s.flats, s.units, *s.shard_group, s.sharded,
+                                                    options.compute_dtype, options.limit_all_gathers, s.bytes);
   s.reducer = std::make_unique<fsdp::GradientReducer>(
-      s.flats, s.units, layout.reduce_order, *group_, s.sharded, options.reduce_dtype, options.limit_all_gathers,
-      s.bytes, [weak = s.self](int) {
+      s.flats, s.units, layout.reduce_order, *s.shard_group, s.replicate_group.get(), s.sharded, options.reduce_dtype,
+      options.limit_all_gathers, s.bytes, [weak = s.self](int) {
         auto st = weak.lock();
         if (st && !st->prefetch_in_backward_pre()) st->prefetch_next_in_backward();
       });
 
   // Forward hooks: the root's open and close the step; each other unit gathers before it runs.
-  module_->register_forward_pre_hook([weak = s.self, group = group_.get()](nn::Module&, const Tensor&) {
+  module_->register_forward_pre_hook([weak = s.self, group = s.shard_group.get()](nn::Module&, const Tensor&) {
     if (auto st = weak.lock()) st->on_root_forward_start(*group);
     return Tensor();
   });
@@ -230,10 +241,15 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     });
   }
   logging::debug("FullyShardedDataParallel: {} units, {} flat parameters over {} ranks", s.units.size(),
-                 s.flats.size(), group_->size());
+                 s.flats.size(), world);
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() = default;  // the roles wait for their collectives
+
+const std::shared_ptr<ProcessGroup>& FullyShardedDataParallel::shard_group() const { return state_->shard_group; }
+const std::shared_ptr<ProcessGroup>& FullyShardedDataParallel::replicate_group() const {
+  return state_->replicate_group;
+}
 
 std::vector<Tensor> FullyShardedDataParallel::parameters() const {
   std::vector<Tensor> out;
@@ -294,15 +310,16 @@ optim::GradNorm FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
   for (const auto& flat : state_->flats) {
     if (flat.trainable && flat.shard.grad().defined()) grads.push_back(flat.shard.grad());
   }
-  // This rank's sum of squares, then every rank's summed by an all-reduce of that one f64. The shards
-  // and an NCCL group share the GPU: nothing is read on the host there (NCCL's wait() orders the
-  // compute stream after the all-reduce). A group on another device gets a copy (to() is a no-op
-  // otherwise).
-  const Device device = state_->flats.empty() ? group_->device() : state_->flats[0].shard.device();
+  // This rank's sum of squares, then the shard group's summed by an all-reduce of that one f64 (the
+  // replicas of a shard would count it again). The shards and an NCCL group share the GPU: nothing is
+  // read on the host there (NCCL's wait() orders the compute stream after the all-reduce). A group on
+  // another device gets a copy (to() is a no-op otherwise).
+  ProcessGroup& group = *state_->shard_group;
+  const Device device = state_->flats.empty() ? group.device() : state_->flats[0].shard.device();
   Tensor total = kernels::sum_of_squares_multi_tensor(grads, device);
   if (state_->sharded) {
-    const Tensor reduced = total.to(group_->device());
-    group_->all_reduce(reduced, ReduceOp::Sum)->wait();
+    const Tensor reduced = total.to(group.device());
+    group.all_reduce(reduced, ReduceOp::Sum)->wait();
     total = reduced.to(device);
   }
   return optim::clip_grads_by_total_(grads, total, max_norm, /*error_if_nonfinite=*/false, op);
@@ -313,7 +330,7 @@ std::vector<std::pair<std::string, Tensor>> FullyShardedDataParallel::full_param
   for (const auto& flat : state_->flats) {
     const Tensor full = empty({flat.padded}, DType::f32, flat.shard.device());
     if (state_->sharded) {
-      group_->all_gather(full, flat.shard.detach())->wait();
+      state_->shard_group->all_gather(full, flat.shard.detach())->wait();
     } else {
       full.copy_(flat.shard.detach());
     }

@@ -26,10 +26,14 @@
 //             When the gradient of the unit's input is complete, every node of its backward has run:
 //             free the gathered buffer.
 // SHARD_GRAD_OP keeps the gathered buffer from forward to backward; NO_SHARD keeps everything on
-// every rank and all-reduces gradients, which is DDP. The root unit stays gathered from the start of
-// forward to the end of backward, as in PyTorch; at most limit_all_gathers other units are gathered
-// at once. Freeing releases the storage in place (Storage::release), so views the autograd graph
-// saved stay valid handles and see the data again once it is re-gathered.
+// every rank and all-reduces gradients, which is DDP. HYBRID_SHARD (for jobs over several nodes) is
+// FULL_SHARD within each shard group of G consecutive ranks (one node; shard_group_size), with N
+// above meaning G; each reduce-scattered gradient shard is then all-reduced (average) across the
+// N / G ranks holding the same shard, one per node (distributed/fsdp_hybrid.h has the groups).
+// The root unit stays gathered from the start of forward to the end of backward, as in PyTorch; at
+// most limit_all_gathers other units are gathered at once. Freeing releases the storage in place
+// (Storage::release), so views the autograd graph saved stay valid handles and see the data again
+// once it is re-gathered.
 //
 // FP8 all-gather (fp8_all_gather). Under FP8 training a Linear's GEMMs read its weight as E4M3 bytes
 // with a per-tensor scale, so gathering it in bf16 moves twice the bytes the GEMM needs. Instead:
@@ -71,7 +75,7 @@
 
 namespace octet::distributed {
 
-enum class ShardingStrategy { FullShard, ShardGradOp, NoShard };
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 // Which modules become units, by dotted name and module.
 using WrapPolicy = std::function<bool(const std::string& name, const nn::Module& module)>;
 // Every module of type M becomes a unit (PyTorch's ModuleWrapPolicy).
@@ -80,10 +84,13 @@ WrapPolicy wrap_modules_of_type() {
   return [](const std::string&, const nn::Module& module) { return dynamic_cast<const M*>(&module) != nullptr; };
 }
 enum class BackwardPrefetch { BackwardPre, BackwardPost };
-ShardingStrategy parse_sharding(const std::string& name);  // "full", "grad-op", "none"
+ShardingStrategy parse_sharding(const std::string& name);  // "full", "grad-op", "none", "hybrid"
 
 struct FsdpOptions {
   ShardingStrategy sharding = ShardingStrategy::FullShard;
+  // HybridShard: the ranks that shard among themselves, G (consecutive ranks: one node). The group's
+  // size must be a multiple of G. 0: the ranks of one node (launch_info().local_world_size).
+  int shard_group_size = 0;
   WrapPolicy wrap_policy = wrap_modules_of_type<nn::TransformerBlock>();
   // Parameters with different keys go to different flat parameters of their unit, so an optimizer
   // can treat them differently (weight decay or not). Default: one flat parameter per unit.
@@ -109,6 +116,11 @@ class FullyShardedDataParallel {
   Tensor operator()(const Tensor& input) { return (*module_)(input); }
   nn::Module& module() { return *module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
+  // The ranks this one shards with: process_group() itself, but under HybridShard its shard group.
+  const std::shared_ptr<ProcessGroup>& shard_group() const;
+  // Under HybridShard, the ranks that hold the same shards as this one (one per shard group); null
+  // under the other strategies.
+  const std::shared_ptr<ProcessGroup>& replicate_group() const;
 
   // This rank's fp32 shards of the trainable flat parameters, in flat_parameters() order: give
   // these to the optimizer.
@@ -128,13 +140,14 @@ class FullyShardedDataParallel {
   std::vector<FlatParameterInfo> flat_parameters() const;
 
   // torch.nn.utils.clip_grad_norm_ over the whole model: the squared norms of every rank's shards
-  // are summed over the ranks, so the result equals the unsharded model's clip. The norm, the
+  // are summed over the ranks (over the shard group: replicas hold the same shards), so the result
+  // equals the unsharded model's clip. The norm, the
   // all-reduce of the squares and the scaling stay on the shards' device (optim/clip_grad.h): the
   // returned norm is read on the host only when it is converted to double.
   optim::GradNorm clip_grad_norm_(double max_norm);
 
   // Every parameter at full size in f32, by dotted name in the module's registration order,
-  // gathered from all ranks' shards (a collective: every rank must call it).
+  // gathered from all ranks' shards (from the shard group's; a collective: every rank must call it).
   std::vector<std::pair<std::string, Tensor>> full_parameters();
 
   int units_gathered() const;      // non-root units gathered now

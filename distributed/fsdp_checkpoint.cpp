@@ -33,7 +33,7 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
   ProcessGroup& group = *fsdp.process_group();
   const auto flats = fsdp.flat_parameters();
   const std::vector<Tensor> shards = fsdp.all_shards();
-  const Layout layout = layout_of(flats, group);
+  const Layout layout = layout_of(fsdp);
   const int num_flats = static_cast<int>(flats.size());
 
   // This rank's optimizer state per shard. The state dict's tensors share the optimizer's storage,
@@ -100,7 +100,7 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
   // Each rank digests the shard it writes; rank 0 gathers the digests into index.json.
   FileDigest shard_digest;
   const auto write_shard = [&] {
-    if (layout.world > 1 || group.rank() == 0) {  // NO_SHARD: the replicas are equal, one copy will do
+    if (layout.writes) {  // one copy of each shard (checkpoint::Layout says which rank writes it)
       nn::StateDict tensors;
       for (int f = 0; f < num_flats; ++f) {
         const std::string prefix = "flat." + std::to_string(f) + ".";
@@ -117,7 +117,7 @@ void save_fsdp_checkpoint(const std::string& dir, FullyShardedDataParallel& fsdp
   FileDigests digests;
   const auto gather_shard_digests = [&] {
     std::vector<double> slots(2 * static_cast<size_t>(layout.world), 0.0);
-    if (layout.world > 1 || group.rank() == 0) {
+    if (layout.writes) {
       slots[2 * layout.rank] = static_cast<double>(shard_digest.bytes);
       slots[2 * layout.rank + 1] = static_cast<double>(shard_digest.crc32);
     }
@@ -238,7 +238,7 @@ FsdpCheckpointInfo load_fsdp_checkpoint(const std::string& dir, FullyShardedData
   const fs::path path = normalized(dir);
   const auto flats = fsdp.flat_parameters();
   const std::vector<Tensor> shards = fsdp.all_shards();
-  const Layout layout = layout_of(flats, group);
+  const Layout layout = layout_of(fsdp);
   const int num_flats = static_cast<int>(flats.size());
 
   // Everything is read and checked on every rank before anything changes, so a damaged file on one

@@ -25,6 +25,9 @@
 //   shard-<r>-of-<N>.safetensors rank r's shards: "flat.<f>.param" (f32 [S]) and, once stepped,
 //                                "flat.<f>.<state>" for each per-element state (AdamW: exp_avg,
 //                                exp_avg_sq; SGD with momentum: momentum_buffer), f32 [S].
+//                                Under HYBRID_SHARD, N is the shard group size G, and the first
+//                                shard group (ranks 0 … G−1) writes them: the other replicas hold
+//                                the same bytes (fsdp_checkpoint_index.h, Layout).
 //   optimizer_groups.safetensors written by rank 0: the optimizer's group-level entries
 //                                ("param_groups.<g>.lr", ".weight_decay", ".num_params"), the same
 //                                on every rank.

@@ -29,10 +29,13 @@ std::string error_text(const std::exception_ptr& error) {
   }
 }
 
-Layout layout_of(const std::vector<FullyShardedDataParallel::FlatParameterInfo>& flats, const ProcessGroup& group) {
+Layout layout_of(const FullyShardedDataParallel& fsdp) {
+  const auto flats = fsdp.flat_parameters();
   Layout layout;
   if (!flats.empty()) layout.world = static_cast<int>(flats.front().padded_numel / flats.front().shard_numel);
-  layout.rank = layout.world == 1 ? 0 : group.rank();
+  layout.rank = layout.world == 1 ? 0 : fsdp.shard_group()->rank();
+  const ProcessGroup* replicate = fsdp.replicate_group().get();
+  layout.writes = layout.world == 1 ? fsdp.process_group()->rank() == 0 : replicate == nullptr || replicate->rank() == 0;
   return layout;
 }
 

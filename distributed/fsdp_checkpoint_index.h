@@ -62,13 +62,22 @@ void on_every_rank(ProcessGroup& group, const std::string& op, Body&& body) {
   OCTET_FAIL(op, " failed on rank ", failing, ": ", std::string(received.begin(), received.end()));
 }
 
-// How the flat parameters are laid out over the ranks: NO_SHARD keeps a full replica on every rank,
+// How the flat parameters are laid out over the ranks: `world` shards, of which this rank holds
+// shard `rank`. FULL_SHARD and SHARD_GRAD_OP: one per rank of the group. HYBRID_SHARD: one per rank
+// of a shard group (G), each held by every replica. NO_SHARD keeps a full replica on every rank,
 // which is one shard of a world of one, held by "rank 0" everywhere.
+// `writes`: whether this rank writes its shard's file. One copy of each shard is written, by the
+// lowest rank that holds it: under NO_SHARD rank 0, under HYBRID_SHARD the first shard group
+// (ranks 0 … G−1). The replicas hold the same bytes (the replicate all-reduce gives each the same
+// average, and the optimizer then steps them alike), so more copies would only multiply the writes,
+// and would race, writing one file name from several ranks into a shared directory. The checkpoint
+// is then one of `world` shards, which every layout loads.
 struct Layout {
   int world = 1, rank = 0;
+  bool writes = true;
 };
 
-Layout layout_of(const std::vector<FullyShardedDataParallel::FlatParameterInfo>& flats, const ProcessGroup& group);
+Layout layout_of(const FullyShardedDataParallel& fsdp);
 
 // Where the optimizer keeps a shard: its group and index, found by tensor identity (the optimizer
 // may group the shards any way it likes).

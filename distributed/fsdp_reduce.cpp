@@ -22,10 +22,12 @@ std::vector<std::vector<std::string>> slot_names(const std::vector<Flat>& flats,
 }  // namespace
 
 GradientReducer::GradientReducer(std::vector<Flat>& flats, const std::vector<Unit>& units,
-                                 std::vector<int> reduce_order, ProcessGroup& group, bool sharded, DType reduce_dtype,
-                                 int limit, GatheredBytes& bytes, std::function<void(int unit)> unit_reduced)
-    : flats_(flats), units_(units), reduce_order_(std::move(reduce_order)), group_(group), sharded_(sharded),
-      reduce_dtype_(reduce_dtype), limit_(limit), bytes_(bytes), unit_reduced_(std::move(unit_reduced)),
+                                 std::vector<int> reduce_order, ProcessGroup& group, ProcessGroup* replicate,
+                                 bool sharded, DType reduce_dtype, int limit, GatheredBytes& bytes,
+                                 std::function<void(int unit)> unit_reduced)
+    : flats_(flats), units_(units), reduce_order_(std::move(reduce_order)), group_(group), replicate_(replicate),
+      sharded_(sharded), reduce_dtype_(reduce_dtype), limit_(limit), bytes_(bytes),
+      unit_reduced_(std::move(unit_reduced)),
       order_(slot_names(flats, reduce_order_), "FullyShardedDataParallel"), bucket_of_(flats.size(), -1),
       in_flight_(flats.size()), launched_(flats.size(), true) {
   for (size_t b = 0; b < reduce_order_.size(); ++b) bucket_of_[reduce_order_[b]] = static_cast<int>(b);
@@ -66,6 +68,7 @@ void GradientReducer::launch(int f) {
   }
   r.grad_shard = empty({flat.shard_numel}, reduce_dtype_, flat.shard.device());
   r.start_us = Trace::now();
+  r.replicating = false;
   bytes_.add(static_cast<int64_t>(r.grad_full.nbytes()));
   if (sharded_) {
     r.work = group_.reduce_scatter(r.grad_shard, r.grad_full, ReduceOp::Avg);
@@ -78,32 +81,58 @@ void GradientReducer::launch(int f) {
   if (std::all_of(unit.begin(), unit.end(), [&](int g) { return launched_[g]; })) unit_reduced_(flat.unit);
 }
 
-void GradientReducer::finish(int f) {
-  Flat& flat = flats_[f];
+void GradientReducer::wait(int f) {
   InFlight& r = in_flight_[f];
   const bool waiting = !r.work->is_completed();
   const int64_t wait_start = Trace::now();
   r.work->wait();
   r.work.reset();
-  const std::string label = units_[flat.unit].label();
-  if (waiting && Trace::on()) Trace::span("wait reduce_scatter " + label, true, wait_start, Trace::now());
-  if (Trace::on()) Trace::span("reduce_scatter " + label, false, r.start_us, Trace::now());
+  if (waiting && Trace::on()) {
+    Trace::span("wait reduce_scatter " + units_[flats_[f].unit].label(), true, wait_start, Trace::now());
+  }
+}
+
+void GradientReducer::replicate(int f) {
+  InFlight& r = in_flight_[f];
+  wait(f);
+  bytes_.add(-static_cast<int64_t>(r.grad_full.nbytes()));
+  r.grad_full = Tensor();
+  r.work = replicate_->all_reduce(r.grad_shard, ReduceOp::Avg);
+  r.replicating = true;
+}
+
+void GradientReducer::finish(int f) {
+  Flat& flat = flats_[f];
+  InFlight& r = in_flight_[f];
+  if (awaits_replication(f)) replicate(f);
+  wait(f);
+  // From launch to collected; under HYBRID_SHARD that spans both collectives.
+  if (Trace::on()) Trace::span("reduce_scatter " + units_[flat.unit].label(), false, r.start_us, Trace::now());
   const Tensor grad = r.grad_shard.to(DType::f32);
   if (flat.shard.grad().defined()) {
     kernels::add_(flat.shard.grad(), grad);
   } else {
     flat.shard.set_grad(grad.clone());
   }
-  bytes_.add(-static_cast<int64_t>(r.grad_full.nbytes()));
+  if (r.grad_full.defined()) bytes_.add(-static_cast<int64_t>(r.grad_full.nbytes()));
   r.grad_full = Tensor();
   r.grad_shard = Tensor();
 }
 
 void GradientReducer::collect() {
   int in_flight = 0;
+  bool in_order = true;  // every flat launched before this one has started its all-reduce (or finished)
   for (int b = 0; b < order_.launched(); ++b) {
     const int f = reduce_order_[b];
     if (!in_flight_[f].work) continue;
+    if (awaits_replication(f)) {
+      if (!in_order || !in_flight_[f].work->is_completed()) {
+        in_order = false;
+        ++in_flight;
+        continue;
+      }
+      replicate(f);
+    }
     if (in_flight_[f].work->is_completed()) {
       finish(f);
     } else {

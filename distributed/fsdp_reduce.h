@@ -5,6 +5,12 @@
 // reduce order on every rank (OrderedReducer), and at most `limit` stay in flight: otherwise every
 // unit's full gradient would stay until the end of backward, and gradient memory would grow with
 // the model instead of with one unit.
+//
+// HYBRID_SHARD adds a second collective per flat: once its reduce-scatter within the shard group has
+// finished, the gradient shard is all-reduced (average) across the replicate group, and only then
+// added to .grad. Those all-reduces start in the reduce order on every rank too: a flat goes on to
+// its all-reduce only after every flat launched before it has. The full gradient is freed as soon as
+// its reduce-scatter is done, so the all-reduce holds only the shard.
 #include <functional>
 #include <vector>
 
@@ -16,11 +22,12 @@ namespace octet::distributed::fsdp {
 
 class GradientReducer {
  public:
-  // `sharded` false (NO_SHARD): an all-reduce of the whole gradient instead. `unit_reduced(u)` runs
+  // `sharded` false (NO_SHARD): an all-reduce of the whole gradient instead. `replicate` (HYBRID_SHARD,
+  // else null): the group the gradient shards are then all-reduced across. `unit_reduced(u)` runs
   // when the last flat of unit u has been launched (BackwardPost prefetches there).
   GradientReducer(std::vector<Flat>& flats, const std::vector<Unit>& units, std::vector<int> reduce_order,
-                  ProcessGroup& group, bool sharded, DType reduce_dtype, int limit, GatheredBytes& bytes,
-                  std::function<void(int unit)> unit_reduced);
+                  ProcessGroup& group, ProcessGroup* replicate, bool sharded, DType reduce_dtype, int limit,
+                  GatheredBytes& bytes, std::function<void(int unit)> unit_reduced);
   ~GradientReducer();  // lets reduce-scatters in flight finish before their buffers go
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -37,17 +44,22 @@ class GradientReducer {
   struct InFlight {
     Tensor grad_full, grad_shard;  // the collective's input and output
     WorkHandle work;
+    bool replicating = false;  // HYBRID_SHARD: `work` is the all-reduce across the replicate group
     int64_t start_us = 0;
   };
   void launch_ready();
   void launch(int f);
-  void finish(int f);  // waits, adds to the shard's .grad, frees the full gradient
+  bool awaits_replication(int f) const { return replicate_ != nullptr && !in_flight_[f].replicating; }
+  void replicate(int f);  // its reduce-scatter has finished: frees the full gradient, starts the all-reduce
+  void wait(int f);
+  void finish(int f);  // waits (for both collectives), adds to the shard's .grad, frees the full gradient
   void collect();      // finishes what is done, and the oldest while more than `limit` are in flight
 
   std::vector<Flat>& flats_;
   const std::vector<Unit>& units_;
   std::vector<int> reduce_order_;  // OrderedReducer bucket b is flat reduce_order_[b]
   ProcessGroup& group_;
+  ProcessGroup* replicate_;
   bool sharded_;
   DType reduce_dtype_;
   int limit_;

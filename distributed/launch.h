@@ -53,7 +53,7 @@ bool mpi_initialized();
 // Returns body's exit code.
 int run_rank_main(const std::function<int()>& body);
 
-// Called by the process group constructors (and by nothing else).
+// Called by init_process_group and ProcessGroup::split (and by nothing else).
 void register_group(const std::shared_ptr<ProcessGroup>& group);
 
 }  // namespace octet::distributed

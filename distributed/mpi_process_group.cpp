@@ -218,27 +218,35 @@ struct MpiProcessGroup::State {
 
 namespace {
 
-int world_rank() {
-  OCTET_CHECK(mpi_initialized(), "MpiProcessGroup: MPI is not initialised; make the group with "
-              "distributed::init_process_group under mpirun");
+int comm_rank(MPI_Comm comm) {
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_rank(comm, &rank);
   return rank;
 }
 
-int world_size() {
+int comm_size(MPI_Comm comm) {
   int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_size(comm, &size);
   return size;
+}
+
+// A communicator of its own for the job's group, so its messages never match another group's.
+std::unique_ptr<MpiProcessGroup::State> world_state() {
+  OCTET_CHECK(mpi_initialized(), "MpiProcessGroup: MPI is not initialised; make the group with "
+              "distributed::init_process_group under mpirun");
+  auto state = std::make_unique<MpiProcessGroup::State>();
+  MPI_Comm_dup(MPI_COMM_WORLD, &state->comm);
+  return state;
 }
 
 }  // namespace
 
 MpiProcessGroup::MpiProcessGroup(Device device, ProcessGroupOptions options)
-    : ProcessGroup(world_rank(), world_size(), options), device_(device), state_(std::make_unique<State>()) {
+    : MpiProcessGroup(device, options, world_state()) {}
+
+MpiProcessGroup::MpiProcessGroup(Device device, ProcessGroupOptions options, std::unique_ptr<State> state)
+    : ProcessGroup(comm_rank(state->comm), comm_size(state->comm), options), device_(device), state_(std::move(state)) {
   half_ops();
-  // A communicator of its own, so this group's messages never match another group's.
-  MPI_Comm_dup(MPI_COMM_WORLD, &state_->comm);
   state_->thread = std::thread([s = state_.get()] { s->loop(); });
 }
 
@@ -348,6 +356,25 @@ WorkHandle MpiProcessGroup::do_broadcast(const Tensor& tensor, int root) {
   return enqueue(*state_, run,
                  fmt::format("broadcast from rank {} of {}", root, format_bytes(double(tensor.nbytes()))),
                  options().timeout, rank(), tensor, host);
+}
+
+// MPI_Comm_split is a collective on this group's communicator, so it runs on the communication
+// thread, in order with the collectives issued before it: two threads must not run collectives on
+// one communicator at once. A rank that never joins it ends the job at the timeout, as for any
+// collective (the wait below).
+std::shared_ptr<ProcessGroup> MpiProcessGroup::do_split(int color, int key) {
+  auto made = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+  auto run = [made, color, key, comm = state_->comm] {
+    OCTET_CHECK(MPI_Comm_split(comm, color == kNoColor ? MPI_UNDEFINED : color, key, made.get()) == MPI_SUCCESS,
+                "MPI_Comm_split failed");
+  };
+  enqueue(*state_, run, fmt::format("split(color {}, key {})", color, key), options().timeout, rank(), Tensor(),
+          Tensor())
+      ->wait();
+  if (*made == MPI_COMM_NULL) return nullptr;
+  auto state = std::make_unique<State>();
+  state->comm = *made;
+  return std::shared_ptr<MpiProcessGroup>(new MpiProcessGroup(device_, options(), std::move(state)));
 }
 
 WorkHandle MpiProcessGroup::do_barrier() {

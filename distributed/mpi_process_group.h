@@ -5,7 +5,8 @@
 // into it on wait(): simple and correct, not fast; NCCL is the GPU path for speed.
 //
 // Like PyTorch's MPI backend, one communication thread per group runs the collectives, in the
-// order they were issued, with blocking MPI calls on a duplicate of MPI_COMM_WORLD. So a
+// order they were issued, on a duplicate of MPI_COMM_WORLD (a subgroup: the communicator
+// MPI_Comm_split made, split on the parent's thread in order with its collectives). So a
 // collective issued during backward runs while the training thread keeps computing: that is the
 // overlap DDP relies on. Work::wait() blocks the host until the thread has finished it (then, for
 // a CUDA tensor, the caller's stream waits for the copy back).
@@ -35,8 +36,12 @@ class MpiProcessGroup : public ProcessGroup {
   WorkHandle do_all_gather(const Tensor& output, const Tensor& input) override;
   WorkHandle do_broadcast(const Tensor& tensor, int root) override;
   WorkHandle do_barrier() override;
+  std::shared_ptr<ProcessGroup> do_split(int color, int key) override;
 
  private:
+  // Over the communicator in `state` (which it then owns), starting the communication thread.
+  MpiProcessGroup(Device device, ProcessGroupOptions options, std::unique_ptr<State> state);
+
   Device device_;
   std::unique_ptr<State> state_;
 };

@@ -311,6 +311,35 @@ class Watchdog {
   std::thread thread_;  // last: started once the members above exist
 };
 
+// Ends the job (abort_job) with `message` unless destroyed within `timeout`: for a host call that
+// blocks until every rank has joined it (ncclCommSplit), where no watchdog sees a missing rank.
+class Deadline {
+ public:
+  Deadline(std::chrono::seconds timeout, std::string message)
+      : thread_([this, timeout, message = std::move(message)] {
+          std::unique_lock lock(mutex_);
+          if (wake_.wait_for(lock, timeout, [this] { return done_; })) return;
+          lock.unlock();
+          abort_job(message);
+        }) {}
+  ~Deadline() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Deadline(const Deadline&) = delete;
+  Deadline& operator=(const Deadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
+
 // A GPU timestamp (an event) and trace::now_us() at the same moment, so that the times of CUDA
 // events can be drawn on the trace's host clock.
 struct ClockAnchor {
@@ -444,9 +473,22 @@ NcclProcessGroup::NcclProcessGroup(Device device, ProcessGroupOptions options)
     OCTET_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) == MPI_SUCCESS, "NcclProcessGroup (rank ",
                 rank(), "): MPI_Bcast of the ncclUniqueId failed");
   }
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, size(), id, rank()), "ncclCommInitRank", nullptr, rank());
+  start(comm);
+}
 
-  auto comm = std::make_shared<Communicator>(device.index, rank(), options.timeout);
-  check_nccl(ncclCommInitRank(&comm->comm, size(), id, rank()), "ncclCommInitRank", nullptr, rank());
+NcclProcessGroup::NcclProcessGroup(Device device, ProcessGroupOptions options, ncclComm* comm, int rank, int size)
+    : ProcessGroup(rank, size, options), device_(device), state_(std::make_unique<State>()) {
+  start(comm);
+}
+
+void NcclProcessGroup::start(ncclComm* nccl_comm) {
+  // Owned from here on (destroyed with the last holder). Messages name the rank in the job, as the
+  // log prefix does, also for a subgroup.
+  auto comm = std::make_shared<Communicator>(device_.index, world_rank(), options().timeout);
+  comm->comm = nccl_comm;
+  cuda::DeviceGuard guard(device_.index);
   // The highest priority the device offers (the numerically lowest value): communication kernels
   // are then scheduled ahead of compute kernels that are ready at the same time, so a bucket's
   // all-reduce starts as soon as its gradients are, instead of queueing behind the backward pass.
@@ -458,8 +500,35 @@ NcclProcessGroup::NcclProcessGroup(Device device, ProcessGroupOptions options)
 
   state_->comm = comm;
   state_->inputs_ready = std::make_unique<cuda::Event>();
-  state_->barrier_buffer = zeros({1}, DType::f32, device);
+  state_->barrier_buffer = zeros({1}, DType::f32, device_);
   state_->watchdog = std::make_unique<Watchdog>(comm);
+}
+
+// ncclCommSplit returns once every rank of this group has called it. Issued under the issue mutex,
+// like a collective, so no other NCCL call on the communicator runs beside it.
+std::shared_ptr<ProcessGroup> NcclProcessGroup::do_split(int color, int key) {
+  Communicator& parent = *state_->comm;
+  const std::string what = fmt::format("split(color {}, key {}) of an NCCL group of {} ranks", color, key, size());
+  ncclComm_t child = nullptr;
+  {
+    std::lock_guard lock(state_->issue_mutex);
+    OCTET_CHECK(!parent.is_aborted(), what, " on rank ", parent.rank, ": this NCCL process group was aborted (abort(), "
+                "an NCCL error or a timeout) and runs no more collectives; make a new process group");
+    cuda::DeviceGuard device(device_.index);
+    const Deadline deadline(options().timeout, fmt::format("{} has not finished on rank {} after {} s: a rank died, "
+                                                           "hangs, or issued its collectives in a different order",
+                                                           what, parent.rank, options().timeout.count()));
+    // A null config: the subgroup inherits this communicator's (blocking, as ncclCommInitRank made it).
+    check_nccl(ncclCommSplit(parent.comm, nccl_split_color(color), key, &child, nullptr), "ncclCommSplit", parent.comm,
+               parent.rank);
+  }
+  if (child == nullptr) return nullptr;  // NCCL_SPLIT_NOCOLOR
+  int rank = 0, size = 0;
+  const ncclResult_t ranked = ncclCommUserRank(child, &rank);
+  const ncclResult_t counted = ranked == ncclSuccess ? ncclCommCount(child, &size) : ranked;
+  if (counted != ncclSuccess) ncclCommDestroy(child);
+  check_nccl(counted, "ncclCommUserRank/ncclCommCount", nullptr, parent.rank);
+  return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(device_, options(), child, rank, size));
 }
 
 NcclProcessGroup::~NcclProcessGroup() = default;

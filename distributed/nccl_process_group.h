@@ -18,9 +18,16 @@
 //
 // Errors: a failed NCCL call throws naming the call and ncclGetErrorString; abort() runs
 // ncclCommAbort so that no rank stays blocked in a collective when the job ends.
+//
+// Subgroups (split): ncclCommSplit of this group's communicator, issued like a collective (one NCCL
+// call at a time on it). It blocks the host until every rank of this group has called it, so a
+// deadline thread ends the job (abort_job) if that takes longer than the group's timeout. The
+// subgroup has a communication stream, events and a watchdog of its own.
 #include <memory>
 
 #include "distributed/process_group.h"
+
+struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*
 
 namespace octet::distributed {
 
@@ -41,8 +48,14 @@ class NcclProcessGroup : public ProcessGroup {
   WorkHandle do_all_gather(const Tensor& output, const Tensor& input) override;
   WorkHandle do_broadcast(const Tensor& tensor, int root) override;
   WorkHandle do_barrier() override;
+  std::shared_ptr<ProcessGroup> do_split(int color, int key) override;
 
  private:
+  // Over `comm`, made by ncclCommSplit: rank `rank` of `size`.
+  NcclProcessGroup(Device device, ProcessGroupOptions options, ncclComm* comm, int rank, int size);
+  // The communicator's stream, events and watchdog, once `comm` is initialised.
+  void start(ncclComm* comm);
+
   Device device_;
   std::unique_ptr<State> state_;
 };

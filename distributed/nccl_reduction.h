@@ -1,6 +1,7 @@
 #pragma once
 // What NcclProcessGroup asks NCCL for when it reduces: the NCCL operation and element type for a
-// ReduceOp and a dtype, and whether the group divides the result by the world size afterwards.
+// ReduceOp and a dtype, and whether the group divides the result by the world size afterwards; and
+// the color it gives ncclCommSplit for ProcessGroup::split's.
 // A pure function in a header, so a test checks every pair without a GPU: at world size 1 every
 // reduction leaves its input as it was, so a wrong operation or type passes any value test there.
 // CUDA builds only (it includes nccl.h).
@@ -21,9 +22,9 @@
 #include "core/error.h"
 #include "distributed/process_group.h"
 
-// ncclAvg and ncclBfloat16 arrived in NCCL 2.10.
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
-#error "Octet needs NCCL 2.10 or newer (ncclAvg, ncclBfloat16); install a newer libnccl-dev"
+// ncclAvg and ncclBfloat16 arrived in NCCL 2.10, ncclCommSplit (ProcessGroup::split) in 2.18.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "Octet needs NCCL 2.18 or newer (ncclAvg, ncclBfloat16, ncclCommSplit); install a newer libnccl-dev"
 #endif
 
 namespace octet::distributed {
@@ -64,5 +65,10 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, const char* call) 
   }
   OCTET_FAIL(call, ": unknown reduce op ", static_cast<int>(op));
 }
+
+// ncclCommSplit's color for split(color, key): NCCL_SPLIT_NOCOLOR (the rank gets no communicator)
+// for ProcessGroup::kNoColor, the color itself otherwise (ProcessGroup::split has refused the
+// other negative ones).
+inline int nccl_split_color(int color) { return color == ProcessGroup::kNoColor ? NCCL_SPLIT_NOCOLOR : color; }
 
 }  // namespace octet::distributed

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "distributed/launch.h"
 
 namespace octet::distributed {
 
@@ -193,6 +194,16 @@ WorkHandle ProcessGroup::barrier() {
   return do_barrier();
 }
 
+// The color differs from rank to rank, so a bad one fails on its rank alone: the others wait in the
+// split until the group's timeout ends the job, as for a collective a rank never joined.
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
+  OCTET_CHECK(color >= 0 || color == kNoColor, "split: color ", color, " on rank ", rank_, " of ", size_,
+              " is negative; pass a color >= 0, or ProcessGroup::kNoColor for a rank that joins no group");
+  std::shared_ptr<ProcessGroup> group = do_split(color, key);
+  if (group != nullptr) register_group(group);
+  return group;
+}
+
 // ---- LocalProcessGroup ---------------------------------------------------------------------------
 
 LocalProcessGroup::LocalProcessGroup(Device device, ProcessGroupOptions options)
@@ -221,5 +232,10 @@ WorkHandle LocalProcessGroup::do_broadcast(const Tensor& tensor, int root) {
 }
 
 WorkHandle LocalProcessGroup::do_barrier() { return std::make_shared<CompletedWork>("barrier"); }
+
+std::shared_ptr<ProcessGroup> LocalProcessGroup::do_split(int color, int) {
+  if (color == kNoColor) return nullptr;
+  return std::make_shared<LocalProcessGroup>(device_, options());
+}
 
 }  // namespace octet::distributed

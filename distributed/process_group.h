@@ -16,6 +16,21 @@
 //
 // Each group counts the bytes its collectives move, per collective type, so that tests and
 // benchmarks compare communication volume with theory.
+//
+// Groups over subsets of the ranks, as MPI_Comm_split (what FSDP's hybrid sharding runs on):
+//
+//   auto node = world->split(world->rank() / 8, world->rank());   // the 8 ranks of each node
+//   auto peers = world->split(world->rank() % 8, world->rank());  // one rank of every node
+//
+// split(color, key) is a collective over the group it is called on: every rank calls it, in the
+// same order as that group's other collectives. The ranks that pass the same color form one new
+// group, ranked by key (ties by their rank in the parent); a rank that passes kNoColor joins none
+// and gets nullptr. A subgroup has its parent's backend, device and options (the timeout), a
+// communicator of its own (NCCL: ncclCommSplit; MPI: MPI_Comm_split, with a communication thread of
+// its own; local: another LocalProcessGroup), counters of its own (counters().world_size is the
+// subgroup's size), and is registered with abort_job like the job's group, so a failing rank still
+// ends the whole job. Its collectives are independent of the parent's: issue each group's in the
+// same order on its ranks, with no order needed between groups. split itself is not counted.
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -104,6 +119,11 @@ class ProcessGroup {
   CommCounters counters() const { return counters_; }
   void reset_counters();
 
+  // A group over the ranks that pass the same `color` (>= 0), ranked by `key`; nullptr for a rank
+  // that passes kNoColor. A collective: see the top of this file.
+  static constexpr int kNoColor = -1;
+  std::shared_ptr<ProcessGroup> split(int color, int key);
+
   // Ends a job that cannot go on: aborts this group's communicator (ncclCommAbort for NCCL) so no
   // rank stays blocked in it. abort_job (launch.h) calls it on every live group.
   virtual void abort() {}
@@ -115,6 +135,8 @@ class ProcessGroup {
   virtual WorkHandle do_all_gather(const Tensor& output, const Tensor& input) = 0;
   virtual WorkHandle do_broadcast(const Tensor& tensor, int root) = 0;
   virtual WorkHandle do_barrier() = 0;
+  // The new group (unregistered), or nullptr for kNoColor; `color` is checked.
+  virtual std::shared_ptr<ProcessGroup> do_split(int color, int key) = 0;
 
  private:
   void count(Collective c, int64_t payload_bytes);
@@ -152,6 +174,7 @@ class LocalProcessGroup : public ProcessGroup {
   WorkHandle do_all_gather(const Tensor& output, const Tensor& input) override;
   WorkHandle do_broadcast(const Tensor& tensor, int root) override;
   WorkHandle do_barrier() override;
+  std::shared_ptr<ProcessGroup> do_split(int color, int key) override;
 
  private:
   Device device_;

@@ -468,7 +468,8 @@ def ledger_figure(ledger, step_no, start, log, world):
     out.append("")
     psi = (log or {}).get("parameters") or start.get("parameters")
     padded = (log or {}).get("padded")
-    n = 1 if start.get("flags", {}).get("sharding") == "none" else world  # NO_SHARD: every rank holds it all
+    # The shards per flat: the ledger says (G under hybrid sharding); older metrics do not.
+    n = ledger.get("shard_group_size") or (1 if start.get("flags", {}).get("sharding") == "none" else world)
     lines = [f"- Shard elements per rank: parameters_bytes / 4 = {shard_elements:,}; × N = {n} shard(s): "
              f"{shard_elements * n:,} elements"
              + (f" (the log: {padded:,} elements with padding, {'equal' if padded == shard_elements * n else 'DIFFERENT'})"

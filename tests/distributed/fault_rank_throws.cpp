@@ -2,12 +2,14 @@
 // never finish without it. run_rank_main must end the whole job (MPI_Abort), naming the rank and the
 // exception, long before the group's collective timeout (300 s by default) would.
 //
-//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast|in_flight
+//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup
 //
 // broadcast uses the failing rank as its root, so the others wait on the rank that died.
 // in_flight: the failing rank throws with an all_reduce issued but not waited on (a DDP bucket in
 // flight during backward), which the others join only 2 s later; its group is destroyed while the
 // exception unwinds, and that must not keep the job from ending.
+// subgroup: the ranks split into pairs (ProcessGroup::split); the failing rank's partner waits in an
+// all_reduce of their pair, the other ranks in a world barrier.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,7 +27,7 @@ using namespace octet;
 using namespace octet::distributed;
 
 int usage(const char* program) {
-  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast|in_flight\n", program);
+  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup\n", program);
   return 2;
 }
 
@@ -50,7 +52,16 @@ int run(int failing_rank, const std::string& stuck_in) {
   }
 
   const Tensor t = full({1001}, rank + 1.0);
-  if (stuck_in == "in_flight") {
+  if (stuck_in == "subgroup") {
+    const std::shared_ptr<ProcessGroup> pair = group->split(rank / 2, rank);
+    pair->all_reduce(t)->wait();  // a healthy one first
+    if (rank == failing_rank) throw std::runtime_error("injected failure");
+    if (rank / 2 == failing_rank / 2) {
+      pair->all_reduce(t)->wait();
+    } else {
+      group->barrier()->wait();
+    }
+  } else if (stuck_in == "in_flight") {
     if (rank == failing_rank) {
       const WorkHandle in_flight = group->all_reduce(t);
       throw std::runtime_error("injected failure");
@@ -77,7 +88,8 @@ int run(int failing_rank, const std::string& stuck_in) {
 int main(int argc, char** argv) {
   if (argc != 3) return usage(argv[0]);
   const std::string stuck_in = argv[2];
-  if (stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast" && stuck_in != "in_flight") {
+  if (stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast" && stuck_in != "in_flight" &&
+      stuck_in != "subgroup") {
     return usage(argv[0]);
   }
   const int failing_rank = std::atoi(argv[1]);

@@ -2,13 +2,13 @@
 # A rank that throws must end the whole mpirun job: non-zero exit, in under 60 s, with a message that
 # names the failing rank and the exception (issue 6, Faults).
 #
-#   fault_test.sh MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight
+#   fault_test.sh MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup
 #
 # FAULT_PROGRAM is fault_rank_throws: every rank runs a few all_reduces, then FAILING_RANK throws
 # std::runtime_error("injected failure") while the others wait in the named collective.
 set -u
 if [ $# -ne 5 ]; then
-  echo "usage: $0 MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight" >&2
+  echo "usage: $0 MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup" >&2
   exit 2
 fi
 mpirun=$1 program=$2 np=$3 failing_rank=$4 collective=$5

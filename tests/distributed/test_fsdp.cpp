@@ -11,6 +11,7 @@
 #include "distributed/fsdp.h"
 #include "models/vit.h"
 #include "optim/optim.h"
+#include "tests/distributed/fsdp_testing.h"
 #include "tests/distributed/model_testing.h"
 #include "tests/distributed/mpi_main.h"
 #include "tests/testing.h"
@@ -27,44 +28,22 @@ using testing::max_relative_difference;
 using testing::world;
 using testing::world_group;
 
-// 12-wide, 3 blocks: parameter counts that 2, 3 and 4 do not all divide.
-const models::ViTConfig kTinyVit = testing::tiny_vit_config("tiny_fsdp", /*embed_dim=*/12, /*depth=*/3);
-// Step s's global batch: images from seed 2000 + s, labels (3i + s) mod 5.
-const testing::SeededBatches kBatches{.image_seed = 2000, .label_stride = 3, .label_step = 1};
+const models::ViTConfig& kTinyVit = testing::kTinyFsdpVit;
+const testing::SeededBatches& kBatches = testing::kFsdpBatches;
 
-// Trains 5 AdamW steps with clipping under `sharding` and checks losses and parameters against one
-// process on the whole batch.
+// Trains 5 AdamW steps with clipping under `sharding` and checks losses, clip norms and parameters
+// against one process on the whole batch.
 void expect_matches_one_process(ShardingStrategy sharding, int micro_batches) {
-  const int n = world().size(), rank = world().rank();
-  const int64_t per_rank = 2, global = per_rank * n;
+  const int rank = world().rank();
   auto reference = make_vit(kTinyVit, 9);
   // Ranks other than 0 start elsewhere: wrapping must broadcast rank 0's weights.
   FullyShardedDataParallel fsdp(make_vit(kTinyVit, rank == 0 ? 9 : 50 + rank), world_group(),
                                 FsdpOptions{.sharding = sharding});
-  // lr 1e-3: Adam turns last-bit differences of near-zero gradients into ~lr·ε moves (test_ddp.cpp).
-  optim::AdamW ref_opt(reference->parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
-  optim::AdamW opt(fsdp.parameters(), 1e-3, 0.9, 0.999, 1e-8, 0.05);
-  for (int step = 0; step < 5; ++step) {
-    double ref_loss = 0, loss = 0;
-    for (int m = 0; m < micro_batches; ++m) {
-      const Batch all = kBatches.global_batch(global, 10 * step + m);
-      const Tensor r = cross_entropy((*reference)(all.images), all.labels) * (1.0 / micro_batches);
-      r.backward();
-      ref_loss += r.item();
-      const Tensor l = cross_entropy(fsdp(all.images.narrow(rank * per_rank, per_rank)),
-                                     all.labels.narrow(rank * per_rank, per_rank)) * (1.0 / micro_batches);
-      l.backward();
-      const Tensor mean = l.detach().clone();
-      world().all_reduce(mean, distributed::ReduceOp::Avg)->wait();
-      loss += mean.item();
-    }
-    const double ref_norm = optim::clip_grad_norm_(reference->parameters(), 0.5);
-    const double norm = fsdp.clip_grad_norm_(0.5);
-    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm) << "step " << step;
-    ref_opt.step(), ref_opt.zero_grad();
-    opt.step(), opt.zero_grad();
-    EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << "step " << step;
-  }
+  const testing::Trajectory expected = testing::train_one_process(*reference, micro_batches);
+  const testing::Trajectory got = testing::train_adamw(
+      [&](const Tensor& x) { return fsdp(x); }, fsdp.parameters(), [&](double max_norm) { return static_cast<double>(fsdp.clip_grad_norm_(max_norm)); },
+      micro_batches, &world());
+  testing::expect_same_trajectory(got, expected, 1e-5, "FSDP against one process");
   EXPECT_LE(max_relative_difference(fsdp.full_parameters(), *reference), 1e-5);
   // SHARD_GRAD_OP keeps every unit from forward to backward, and NO_SHARD keeps them all.
   if (sharding == ShardingStrategy::FullShard) {

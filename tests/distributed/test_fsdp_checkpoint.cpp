@@ -3,15 +3,16 @@
 // that never stopped (bit for bit at the same N, within 1e-5 at another), a consolidated export must
 // load into a single-process model, and damaged checkpoints (a truncated, altered, swapped or missing
 // file, each caught by its size or its checksum in index.json) or mismatched models must give errors
-// that name the problem, on every rank.
+// that name the problem, on every rank. Under hybrid sharding (2 shard groups of 2) one replica
+// writes a checkpoint of 2 shards, which FULL_SHARD at 3 ranks resumes, and the other way round.
 //
-// N = 2 inside a 4-rank job: ranks {0, 1} and {2, 3} each form a 2-rank group over a split MPI
-// communicator (SplitMpiGroup below, blocking and simple: enough for a tiny model). N = 1: every rank
-// loads the checkpoint alone, through a LocalProcessGroup, and trains on the whole batch.
+// N = 2 inside a 4-rank job: ranks {0, 1} and {2, 3} each form a 2-rank group (ProcessGroup::split).
+// N = 1: every rank loads the checkpoint alone, through a LocalProcessGroup, and trains on the whole
+// batch.
 #include <gtest/gtest.h>
-#include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -48,74 +49,6 @@ using testing::make_vit;
 using testing::throws_with;
 using testing::world;
 
-// A process group over a part of MPI_COMM_WORLD: the ranks that pass the same color. Collectives run
-// blocking on the caller's thread (MPI_THREAD_MULTIPLE is on, so this is safe beside the world group's
-// communication thread); there is no overlap, which these tests do not need.
-class SplitMpiGroup : public ProcessGroup {
- public:
-  // A collective over MPI_COMM_WORLD: every rank calls it.
-  static std::shared_ptr<SplitMpiGroup> split(int color) {
-    MPI_Comm comm;
-    MPI_Comm_split(MPI_COMM_WORLD, color, world().rank(), &comm);
-    int rank = 0, size = 0;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    return std::shared_ptr<SplitMpiGroup>(new SplitMpiGroup(comm, rank, size));
-  }
-  ~SplitMpiGroup() override { MPI_Comm_free(&comm_); }
-  std::string backend() const override { return "mpi-split"; }
-  Device device() const override { return Device::cpu(); }
-
- protected:
-  distributed::WorkHandle do_all_reduce(const Tensor& t, distributed::ReduceOp op) override {
-    MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), count(t), type(t), op == distributed::ReduceOp::Max ? MPI_MAX : MPI_SUM,
-                  comm_);
-    if (op == distributed::ReduceOp::Avg) average(t);
-    return done("all_reduce");
-  }
-  distributed::WorkHandle do_reduce_scatter(const Tensor& out, const Tensor& in, distributed::ReduceOp op) override {
-    MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), type(out),
-                             op == distributed::ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_);
-    if (op == distributed::ReduceOp::Avg) average(out);
-    return done("reduce_scatter");
-  }
-  distributed::WorkHandle do_all_gather(const Tensor& out, const Tensor& in) override {
-    MPI_Allgather(in.data_ptr(), count(in), type(in), out.data_ptr(), count(in), type(out), comm_);
-    return done("all_gather");
-  }
-  distributed::WorkHandle do_broadcast(const Tensor& t, int root) override {
-    MPI_Bcast(t.data_ptr(), count(t), type(t), root, comm_);
-    return done("broadcast");
-  }
-  distributed::WorkHandle do_barrier() override {
-    MPI_Barrier(comm_);
-    return done("barrier");
-  }
-
- private:
-  SplitMpiGroup(MPI_Comm comm, int rank, int size) : ProcessGroup(rank, size, {}), comm_(comm) {}
-  static int count(const Tensor& t) { return static_cast<int>(t.numel()); }
-  static MPI_Datatype type(const Tensor& t) {
-    switch (t.dtype()) {
-      case DType::f32: return MPI_FLOAT;
-      case DType::f64: return MPI_DOUBLE;
-      case DType::i64: return MPI_INT64_T;
-      case DType::u8: return MPI_UINT8_T;
-      default: OCTET_FAIL("SplitMpiGroup: ", t.describe(), " is not f32, f64, i64 or u8");
-    }
-  }
-  void average(const Tensor& t) const {
-    OCTET_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "SplitMpiGroup: Avg of ", t.describe());
-    for (int64_t k = 0; k < t.numel(); ++k) {
-      if (t.dtype() == DType::f32) t.data<float>()[k] /= static_cast<float>(size());
-      else t.data<double>()[k] /= size();
-    }
-  }
-  static distributed::WorkHandle done(const char* what) { return std::make_shared<distributed::CompletedWork>(what); }
-
-  MPI_Comm comm_;
-};
-
 // 12-wide, 3 blocks: flat parameters that 4 and 2 do not all divide, so padding moves on re-sharding.
 const models::ViTConfig kTinyVit = testing::tiny_vit_config("tiny_fsdp", /*embed_dim=*/12, /*depth=*/3);
 
@@ -128,20 +61,20 @@ std::shared_ptr<ProcessGroup> world_group() {
 constexpr int64_t kGlobalBatch = 8;
 constexpr int kSaveAfter = 3, kContinueFor = 3;
 
-// Step s's global batch of kGlobalBatch: images from seed 3000 + s, labels (3i + s) mod 5.
+// Step s's global batch of kGlobalBatch (or `global`): images from seed 3000 + s, labels (3i + s) mod 5.
 const testing::SeededBatches kBatches{.image_seed = 3000, .label_stride = 3, .label_step = 1};
 
 // Step `step`'s global batch; rank r of an n-rank group trains on its n-th of it.
-Batch batch_of(const ProcessGroup& group, int step) {
-  return kBatches.global_batch(kGlobalBatch, step).shard(group.rank(), kGlobalBatch / group.size());
+Batch batch_of(const ProcessGroup& group, int step, int64_t global = kGlobalBatch) {
+  return kBatches.global_batch(global, step).shard(group.rank(), global / group.size());
 }
 
 // AdamW steps [first, first + count); the mean loss over the group's ranks at each.
 std::vector<double> train(FullyShardedDataParallel& fsdp, optim::Optimizer& optimizer, ProcessGroup& group,
-                          int first, int count) {
+                          int first, int count, int64_t global = kGlobalBatch) {
   std::vector<double> losses;
   for (int step = first; step < first + count; ++step) {
-    const auto [images, labels] = batch_of(group, step);
+    const auto [images, labels] = batch_of(group, step, global);
     const Tensor loss = cross_entropy(fsdp(images), labels);
     loss.backward();
     optimizer.step();
@@ -224,7 +157,7 @@ TEST(FsdpCheckpoint, ResumesBitForBitAtTheSameWorldSize) {
 
 TEST(FsdpCheckpoint, ResumesAtTwoRanks) {
   const Reference& ref = reference();
-  const auto pair = SplitMpiGroup::split(world().rank() / 2);
+  const auto pair = world().split(world().rank() / 2, world().rank());
   ASSERT_EQ(pair->size(), 2);
   FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), pair);
   auto optimizer = adamw(fsdp, 5e-3);
@@ -484,6 +417,73 @@ TEST(FsdpCheckpoint, ACheckpointWithoutChecksumsLoadsUnchecked) {
                           {"index.json", "has no \"checksums\""}));
   distributed::load_fsdp_checkpoint(old.string(), fsdp, optimizer.get());
   EXPECT_EQ(train(fsdp, *optimizer, world(), kSaveAfter, kContinueFor), reference().continued);
+}
+
+// ---- hybrid sharding ---------------------------------------------------------------------------------
+// Shard groups {0, 1} and {2, 3}, replicas across them. Global batches of 12: 3 images on each of 4
+// ranks, 4 on each of 3.
+
+FsdpOptions hybrid_2x2() {
+  return FsdpOptions{.sharding = distributed::ShardingStrategy::HybridShard, .shard_group_size = 2};
+}
+
+// A FULL_SHARD checkpoint of 4 shards loads into the 2 × 2 hybrid layout and continues as the
+// uninterrupted 4-rank run.
+TEST(FsdpCheckpoint, HybridLoadsAFullShardCheckpoint) {
+  const Reference& ref = reference();
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 77), world_group(), hybrid_2x2());
+  auto optimizer = adamw(fsdp, 5e-3);
+  const auto info = distributed::load_fsdp_checkpoint(ref.checkpoint, fsdp, optimizer.get());
+  EXPECT_EQ(info.saved_world_size, 4);
+  expect_close(train(fsdp, *optimizer, world(), kSaveAfter, kContinueFor), ref.continued, 1e-5);
+}
+
+// Saved under 2 × 2 hybrid sharding: one copy of each of the 2 shards, from the first shard group,
+// with their checksums in index.json. FULL_SHARD at 3 ranks resumes it as the hybrid run continues;
+// its own checkpoint, of 3 shards, resumes under hybrid sharding as it continues in turn.
+TEST(FsdpCheckpoint, HybridAndFullShardAtAnotherWorldSizeResumeEachOther) {
+  const int rank = world().rank();
+  const fs::path hybrid_dir = shared_directory() / "hybrid", full3_dir = shared_directory() / "full3";
+  FullyShardedDataParallel hybrid(make_vit(kTinyVit, rank == 0 ? 9 : 50 + rank), world_group(), hybrid_2x2());
+  auto hybrid_optimizer = adamw(hybrid);
+  train(hybrid, *hybrid_optimizer, world(), 0, kSaveAfter, 12);
+  distributed::save_fsdp_checkpoint(hybrid_dir.string(), hybrid, hybrid_optimizer.get());
+  const std::vector<double> hybrid_continued = train(hybrid, *hybrid_optimizer, world(), kSaveAfter, kContinueFor, 12);
+
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(hybrid_dir)) files.push_back(entry.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"index.json", "optimizer_groups.safetensors", "shard-0-of-2.safetensors",
+                                             "shard-1-of-2.safetensors"}));
+  const nlohmann::json index = nlohmann::json::parse(slurp(hybrid_dir / "index.json"));
+  EXPECT_EQ(index["world_size"], 2);
+  FileDigests on_disk;
+  for (const std::string& name : files) {
+    if (name != "index.json") on_disk[name] = digest_of(slurp(hybrid_dir / name));
+  }
+  EXPECT_EQ(digests_from_json(index["checksums"], "index.json"), on_disk);
+
+  // Ranks 0-2 as a world of 3; rank 3 sits out until the hybrid run below.
+  const auto trio = world().split(rank < 3 ? 0 : ProcessGroup::kNoColor, rank);
+  std::vector<double> full3_continued;
+  if (trio) {
+    FullyShardedDataParallel full3(make_vit(kTinyVit, 78), trio);
+    auto optimizer = adamw(full3, 5e-3);
+    EXPECT_EQ(distributed::load_fsdp_checkpoint(hybrid_dir.string(), full3, optimizer.get()).saved_world_size, 2);
+    expect_close(train(full3, *optimizer, *trio, kSaveAfter, kContinueFor, 12), hybrid_continued, 1e-5);
+    distributed::save_fsdp_checkpoint(full3_dir.string(), full3, optimizer.get());
+    full3_continued = train(full3, *optimizer, *trio, kSaveAfter + kContinueFor, kContinueFor, 12);
+  }
+  world().barrier()->wait();
+  EXPECT_TRUE(fs::exists(full3_dir / "shard-2-of-3.safetensors"));
+  FullyShardedDataParallel back(make_vit(kTinyVit, 79), world_group(), hybrid_2x2());
+  auto optimizer = adamw(back, 5e-3);
+  EXPECT_EQ(distributed::load_fsdp_checkpoint(full3_dir.string(), back, optimizer.get()).saved_world_size, 3);
+  EXPECT_EQ(optimizer->step_count(0, 0), kSaveAfter + kContinueFor);
+  const std::vector<double> resumed = train(back, *optimizer, world(), kSaveAfter + kContinueFor, kContinueFor, 12);
+  if (trio) {
+    for (size_t k = 0; k < resumed.size(); ++k) EXPECT_NEAR(resumed[k], full3_continued[k], 1e-5 * full3_continued[k]);
+  }
 }
 
 }  // namespace

@@ -47,8 +47,10 @@ Batch local_batch(int step) {
 
 // bf16 compute, decayed weights in flats of their own (what train_vit does): a block's decayed flat
 // is exactly its four Linear weights, so the layout is the same with and without the FP8 gather.
+// HYBRID_SHARD in shard groups of 2 where 2 divides N, else of 1.
 FsdpOptions options(ShardingStrategy sharding, bool fp8_all_gather) {
   return {.sharding = sharding,
+          .shard_group_size = world().size() % 2 == 0 ? 2 : 1,
           .flat_param_key = [](const std::string& name, const Tensor& p) { return optim::is_weight_decayed(name, p) ? 1 : 0; },
           .compute_dtype = DType::bf16,
           .fp8_all_gather = fp8_all_gather};
@@ -140,6 +142,11 @@ TEST(FsdpFp8, ShardGradOpIsBitForBitTheBf16GatherRun) {
 }
 TEST(FsdpFp8, NoShardIsBitForBitTheBf16GatherRun) {
   expect_bit_for_bit_like_bf16_gathers(ShardingStrategy::NoShard, nn::CurrentScaling{});
+}
+// Each rank casts its piece of its shard group's flats (the piece its shard rank names) with the
+// amaxes max-reduced over that group.
+TEST(FsdpFp8, HybridShardIsBitForBitTheBf16GatherRun) {
+  expect_bit_for_bit_like_bf16_gathers(ShardingStrategy::HybridShard, nn::DelayedScaling{});
 }
 
 // One FULL_SHARD step: the root is gathered once, each block twice (forward, backward). The FP8 flats

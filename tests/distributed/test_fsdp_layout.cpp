@@ -1,5 +1,6 @@
-// The pure parts of data parallelism, without ranks: FSDP's layout planner (distributed/fsdp_layout.h)
-// and the ordered release of gradient buckets that DDP and FSDP share (distributed/ordered_reducer.h).
+// The pure parts of data parallelism, without ranks: FSDP's layout planner (distributed/fsdp_layout.h),
+// hybrid sharding's groups (distributed/fsdp_hybrid.h) and the ordered release of gradient buckets
+// that DDP and FSDP share (distributed/ordered_reducer.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/fsdp_hybrid.h"
 #include "distributed/fsdp_layout.h"
 #include "distributed/ordered_reducer.h"
 #include "tests/testing.h"
@@ -162,6 +164,47 @@ TEST(OrderedReducer, FillsWhatNeverArrivedAndNamesAGradientThatArrivesTwice) {
   reducer.arrive(0, 0);
   reducer.arrive(0, 1);
   EXPECT_EQ(reducer.take_ready(), (std::vector<int>{0, 1}));
+}
+
+// 8 ranks on 2 nodes of 4: shard groups are the nodes, replicate groups one rank of each node.
+TEST(HybridGroups, ShardGroupsAreConsecutiveRanksAndReplicateGroupsStrideAcrossThem) {
+  const distributed::fsdp::HybridLayout layout = distributed::fsdp::plan_hybrid_groups(8, 6, 4);
+  EXPECT_EQ(layout.shard_group_size, 4);
+  EXPECT_EQ(layout.replicas, 2);
+  EXPECT_EQ(layout.shard_color, 1);
+  EXPECT_EQ(layout.replicate_color, 2);
+  EXPECT_EQ(layout.shard_groups, (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(layout.replicate_groups, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(distributed::fsdp::describe(layout),
+            "2 shard groups of 4 ranks: {0,1,2,3} {4,5,6,7}; 4 replicate groups of 2 ranks: {0,4} {1,5} {2,6} {3,7}");
+  // Every rank is in exactly one group of each kind, and its colors name them.
+  for (int n : {1, 6, 12}) {
+    for (int g = 1; g <= n; ++g) {
+      if (n % g != 0) continue;
+      for (int r = 0; r < n; ++r) {
+        const auto l = distributed::fsdp::plan_hybrid_groups(n, r, g);
+        const auto& shard = l.shard_groups.at(static_cast<size_t>(l.shard_color));
+        const auto& replicate = l.replicate_groups.at(static_cast<size_t>(l.replicate_color));
+        EXPECT_EQ(std::count(shard.begin(), shard.end(), r), 1);
+        EXPECT_EQ(std::count(replicate.begin(), replicate.end(), r), 1);
+        EXPECT_EQ(static_cast<int>(shard.size()), g);
+        EXPECT_EQ(static_cast<int>(replicate.size()), n / g);
+      }
+    }
+  }
+}
+
+// A large job's log line names the first groups and the last.
+TEST(HybridGroups, ManyGroupsAreElidedInTheDescription) {
+  const std::string text = distributed::fsdp::describe(distributed::fsdp::plan_hybrid_groups(12, 0, 2));
+  EXPECT_EQ(text, "6 shard groups of 2 ranks: {0,1} {2,3} {4,5} … {10,11}; 2 replicate groups of 6 ranks: "
+                  "{0,2,4,6,8,10} {1,3,5,7,9,11}");
+}
+
+TEST(HybridGroups, ASizeThatDoesNotDivideTheWorldNamesBothAndTheFix) {
+  EXPECT_TRUE(throws_with([] { distributed::fsdp::plan_hybrid_groups(6, 0, 4); },
+                          {"world size 6", "shard group size 4", "divides 6", "multiple of 4"}));
+  EXPECT_TRUE(throws_with([] { distributed::fsdp::plan_hybrid_groups(4, 0, 0); }, {"shard group size 0"}));
 }
 
 }  // namespace

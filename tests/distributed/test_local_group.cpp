@@ -157,6 +157,24 @@ TEST(Launch, ParseBackendNamesTheValidValues) {
   EXPECT_TRUE(throws_with([] { distributed::parse_backend("gloo"); }, {"gloo", "auto", "nccl", "mpi"}));
 }
 
+// A rank alone splits into a group of itself, with counters of its own, or into none.
+TEST(LocalGroup, SplitGivesAGroupOfOneOrNone) {
+  LocalProcessGroup group;
+  EXPECT_EQ(group.split(distributed::ProcessGroup::kNoColor, 0), nullptr);
+  const auto sub = group.split(3, 0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_NE(sub.get(), &group);
+  EXPECT_EQ(sub->backend(), "local");
+  EXPECT_EQ(sub->size(), 1);
+  EXPECT_EQ(sub->rank(), 0);
+  const Tensor input = rank_input(0, {7}, DType::f32, 9), gathered = sentinel({7}, DType::f32);
+  sub->all_gather(gathered, input)->wait();
+  EXPECT_TRUE(equals_exactly(gathered, input));
+  EXPECT_EQ(sub->counters().calls_of(Collective::AllGather), 1);
+  EXPECT_EQ(group.counters().calls_of(Collective::AllGather), 0) << "the parent counted its subgroup's collective";
+  EXPECT_TRUE(throws_with([&] { group.split(-5, 0); }, {"split", "color -5"}));
+}
+
 TEST(FormatBytes, SmallCountsInBytes) { EXPECT_EQ(distributed::format_bytes(512), "512 B"); }
 
 }  // namespace

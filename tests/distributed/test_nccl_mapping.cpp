@@ -2,7 +2,8 @@
 // ReduceOp and dtype: at world size 1 each reduction returns its input, so the GPU tests there cannot
 // tell a wrong operation or element type. And the rule behind the bf16/f16 average: sum, then divide
 // by N in f32 and round once, which gives the correctly rounded quotient, where NCCL's own average
-// (inputs scaled by 1/N rounded to the dtype) is biased.
+// (inputs scaled by 1/N rounded to the dtype) is biased. And ProcessGroup::split's color for
+// ncclCommSplit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,6 +61,13 @@ TEST(NcclMapping, DtypesNcclDoesNotReduceAreRefusedForEveryOp) {
   }
   EXPECT_TRUE(testing::throws_with([] { nccl_reduction(ReduceOp::Avg, DType::i64, "all_reduce"); },
                                    {"all_reduce", "cannot average", "i64"}));
+}
+
+// ProcessGroup::split's colors as ncclCommSplit takes them: kNoColor must reach NCCL as
+// NCCL_SPLIT_NOCOLOR, or the rank would join a group instead of getting none.
+TEST(NcclMapping, SplitColorsReachNcclCommSplitAsTheyAre) {
+  EXPECT_EQ(nccl_split_color(ProcessGroup::kNoColor), NCCL_SPLIT_NOCOLOR);
+  for (int color : {0, 1, 7, 1 << 20}) EXPECT_EQ(nccl_split_color(color), color);
 }
 
 // The division the group runs after NCCL's sum (kernels::cuda::div_scalar_): x / float(N) in f32,

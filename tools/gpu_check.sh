@@ -8,7 +8,8 @@
 #                                     with 2 ranks sharing the GPU
 #   bash tools/gpu_check.sh bench     ~8 min (estimated): bench_vit bf16 and fp8 for ViT-H/16 at batch
 #                                     64 beside PyTorch eager and torch.compile (plain and fused SGD),
-#                                     then fp8 again with --fp8-fused-producers off
+#                                     then fp8 again with --fp8-fused-producers off, and bf16 with
+#                                     --recompute blocks
 #
 # (The times are estimates from the work each stage does: no stage has run on a GPU yet. Replace
 # them with measured ones after the first run. On the 2-core development machine, rehearsed with
@@ -275,6 +276,10 @@ stage_bench() {
   step bench_vit_fp8_unfused 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" \
     --precision fp8 --fp8-fused-producers off --steps "$steps" --warmup 5
   { echo "fp8 with --fp8-fused-producers off (the separate casts):"; grep -h '^{"' "$logs/bench_vit_fp8_unfused.log" | tail -n 1; } 2> /dev/null | tee -a "$summary"
+  # And bf16 with activation recompute: its step time against bench_vit_bf16's, and the saved bytes.
+  step bench_vit_bf16_recompute 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" \
+    --precision bf16 --recompute blocks --steps "$steps" --warmup 5
+  { echo "bf16 with --recompute blocks:"; grep -h '^{"' "$logs/bench_vit_bf16_recompute.log" | tail -n 1; } 2> /dev/null | tee -a "$summary"
   end_stage
 }
 

@@ -7,7 +7,6 @@
 // (tests/distributed/CMakeLists.txt).
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,12 +49,6 @@ struct Setting {
   bool fp8_all_gather = false;
   int micro_batches = 1;
 };
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.numel() != b.numel()) return false;
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
 
 struct Run {
   std::vector<float> losses;
@@ -107,11 +100,13 @@ void expect_bit_for_bit(const Setting& s) {
   EXPECT_EQ(recomputed.losses, plain.losses);
   ASSERT_EQ(recomputed.parameters.size(), plain.parameters.size());
   for (size_t i = 0; i < plain.parameters.size(); ++i) {
-    EXPECT_TRUE(bitwise_equal(recomputed.parameters[i].second, plain.parameters[i].second)) << plain.parameters[i].first;
+    EXPECT_TRUE(testing::same_bits(recomputed.parameters[i].second, plain.parameters[i].second))
+        << plain.parameters[i].first;
   }
   EXPECT_EQ(recomputed.fp8_state.size(), plain.fp8_state.size());
   for (const auto& [key, t] : plain.fp8_state) {
-    EXPECT_TRUE(recomputed.fp8_state.count(key) && bitwise_equal(recomputed.fp8_state.at(key), t)) << key;
+    ASSERT_TRUE(recomputed.fp8_state.count(key)) << key;
+    EXPECT_TRUE(testing::same_bits(recomputed.fp8_state.at(key), t)) << key;
   }
   if (s.fp8) EXPECT_EQ(plain.fp8_state.size(), 3u * 4u * 8u) << "every block Linear ran in FP8";
   EXPECT_EQ(recomputed.all_gathers, plain.all_gathers) << "the rerun uses the unit backward gathers anyway";

@@ -103,15 +103,18 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     std::optional<Fp8Replay> replay;
   };
   auto rerun = std::make_shared<Rerun>();
-  // The streams the block's random modules draw from (those with p > 0: the others draw nothing).
-  std::vector<Generator*> gens{&default_generator()};
+  // The default stream, and those the block's random modules draw from (with p > 0: the others draw
+  // nothing), each once.
+  auto keep = [&](Generator& g) {
+    const auto& s = rerun->streams;
+    if (std::none_of(s.begin(), s.end(), [&](const auto& k) { return k.gen == &g; })) {
+      rerun->streams.push_back({&g, g.seed(), g.offset()});
+    }
+  };
+  keep(default_generator());
   for (const auto& [name, m] : named_modules()) {
-    if (const auto* d = dynamic_cast<const Dropout*>(m.get()); d != nullptr && d->p > 0) gens.push_back(&d->generator());
-    if (const auto* d = dynamic_cast<const DropPath*>(m.get()); d != nullptr && d->p > 0) gens.push_back(&d->generator());
-  }
-  for (Generator* g : gens) {
-    const bool seen = std::any_of(rerun->streams.begin(), rerun->streams.end(), [&](const auto& s) { return s.gen == g; });
-    if (!seen) rerun->streams.push_back({g, g->seed(), g->offset()});
+    if (const auto* d = dynamic_cast<const Dropout*>(m.get()); d != nullptr && d->p > 0) keep(d->generator());
+    if (const auto* d = dynamic_cast<const DropPath*>(m.get()); d != nullptr && d->p > 0) keep(d->generator());
   }
   const bool fp8 = fp8_enabled();
   auto restore = [rerun] {

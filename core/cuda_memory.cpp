@@ -233,6 +233,11 @@ MemoryStats memory_stats(int device_index) {
   return s;
 }
 
+size_t memory_in_use(int device_index) {
+  check_device(device_index);
+  return counters[device_index].in_use.load();
+}
+
 void reset_peak_memory_stats(int device_index) {
   check_device(device_index);
   counters[device_index].peak.store(counters[device_index].in_use.load());
@@ -266,6 +271,7 @@ void copy(void*, Device, const void*, Device, size_t) { no_cuda("copy to or from
 void* allocate_pinned(size_t) { no_cuda("allocate pinned host memory"); }
 void release_pinned(void*) noexcept {}
 MemoryStats memory_stats(int) { return {}; }
+size_t memory_in_use(int) { return 0; }
 void reset_peak_memory_stats(int) {}
 }  // namespace cuda_memory
 

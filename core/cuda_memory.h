@@ -36,6 +36,8 @@ struct MemoryStats {
   size_t reserved_peak = 0;
 };
 MemoryStats memory_stats(int device_index);
+// memory_stats(device_index).in_use alone: a counter read, no CUDA call (what a step may read twice).
+size_t memory_in_use(int device_index);
 void reset_peak_memory_stats(int device_index);
 
 }  // namespace octet::cuda_memory

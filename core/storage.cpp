@@ -156,7 +156,7 @@ void Storage::reallocate() {
 }
 
 size_t memory_in_use(Device device) {
-  return device.is_cpu() ? host_in_use.load(std::memory_order_relaxed) : cuda_memory::memory_stats(device.index).in_use;
+  return device.is_cpu() ? host_in_use.load(std::memory_order_relaxed) : cuda_memory::memory_in_use(device.index);
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {

@@ -6,7 +6,9 @@
 #include <limits>
 #include <vector>
 
+#include "core/cuda_memory.h"
 #include "core/cuda_stream.h"
+#include "core/storage.h"
 #include "core/tensor.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
@@ -48,6 +50,22 @@ TEST(Cuda, TensorsRoundTripThroughTheDevice) {
   EXPECT_TRUE(dev.is_cuda());
   EXPECT_EQ(dev.to(Device::cpu()).to_vector<float>(), host.to_vector<float>());
   EXPECT_EQ(dev.to(DType::bf16).to_vector<float>(), host.to(DType::bf16).to_vector<float>());
+}
+
+// The saved-activation figure reads this around a forward (core/storage.h, memory_in_use).
+TEST(Cuda, MemoryInUseCountsTheDevicesLiveStorages) {
+  SKIP_WITHOUT_GPU();
+  const size_t before = memory_in_use(kGpu);
+  EXPECT_EQ(before, cuda_memory::memory_stats(0).in_use);
+  {
+    const Tensor t = empty({1000, 3}, DType::bf16, kGpu);
+    EXPECT_EQ(memory_in_use(kGpu) - before, 6000u);
+    t.storage()->release();
+    EXPECT_EQ(memory_in_use(kGpu), before);
+    t.storage()->reallocate();
+    EXPECT_EQ(memory_in_use(kGpu) - before, 6000u);
+  }
+  EXPECT_EQ(memory_in_use(kGpu), before);
 }
 
 TEST(Cuda, DeviceConversionsGiveTheHostsBitsForEveryPair) {

@@ -119,15 +119,20 @@ void GradientReducer::finish(int f) {
   r.grad_shard = Tensor();
 }
 
+// Under HYBRID_SHARD each rank issues collectives on two groups, and the points where it issues the
+// replicas' all-reduces must not depend on timing: a rank whose reduce-scatter of flat 1 finished
+// early would issue all-reduce 1 before reduce-scatter 2, a slower one after, and two communicators
+// whose collectives ranks order differently may wait on each other (NCCL kernels spin until their
+// peers arrive). So flat b's all-reduce is issued when flat b + limit is launched (or at the end of
+// the pass), a point every rank reaches in the same order; by then its reduce-scatter has had
+// `limit` launches' time to finish, so the wait for it is short.
 void GradientReducer::collect() {
   int in_flight = 0;
-  bool in_order = true;  // every flat launched before this one has started its all-reduce (or finished)
   for (int b = 0; b < order_.launched(); ++b) {
     const int f = reduce_order_[b];
     if (!in_flight_[f].work) continue;
     if (awaits_replication(f)) {
-      if (!in_order || !in_flight_[f].work->is_completed()) {
-        in_order = false;
+      if (b + limit_ >= order_.launched()) {
         ++in_flight;
         continue;
       }
@@ -139,9 +144,11 @@ void GradientReducer::collect() {
       ++in_flight;
     }
   }
+  // The oldest collectives while more than `limit` are in flight; never one still awaiting its
+  // replicas' all-reduce, whose issue point is fixed above (at most `limit` of those are waiting).
   for (int b = 0; b < order_.launched() && in_flight > limit_; ++b) {
     const int f = reduce_order_[b];
-    if (in_flight_[f].work) finish(f), --in_flight;
+    if (in_flight_[f].work && !awaits_replication(f)) finish(f), --in_flight;
   }
 }
 

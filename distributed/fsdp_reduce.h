@@ -8,9 +8,9 @@
 //
 // HYBRID_SHARD adds a second collective per flat: once its reduce-scatter within the shard group has
 // finished, the gradient shard is all-reduced (average) across the replicate group, and only then
-// added to .grad. Those all-reduces start in the reduce order on every rank too: a flat goes on to
-// its all-reduce only after every flat launched before it has. The full gradient is freed as soon as
-// its reduce-scatter is done, so the all-reduce holds only the shard.
+// added to .grad. Each rank issues those all-reduces at the same points of its sequence of
+// collectives, whatever the timing: flat b's when flat b + limit is launched (or at the end of the
+// pass). The full gradient is freed when the all-reduce starts, so the all-reduce holds only the shard.
 #include <functional>
 #include <vector>
 

@@ -91,6 +91,27 @@ TEST(CudaNccl, AllReduceAtOneRankLeavesTheInput) {
   }
 }
 
+// ncclCommSplit at one rank: a group of its own (its own communicator, stream and counters), or none.
+TEST(CudaNccl, SplitAtOneRankGivesAGroupOfItsOwn) {
+  SKIP_WITHOUT_GPU();
+  NcclProcessGroup group(kGpu);
+  EXPECT_EQ(group.split(distributed::ProcessGroup::kNoColor, 0), nullptr);
+  const auto sub = group.split(0, 0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->backend(), "nccl");
+  EXPECT_EQ(sub->size(), 1);
+  EXPECT_EQ(sub->rank(), 0);
+  const Tensor host = testing::random_tensor({1000}, DType::f32, 77);
+  const Tensor a = host.to(kGpu), b = host.to(kGpu);
+  // Both communicators in flight at once.
+  const auto wa = group.all_reduce(a, ReduceOp::Avg), wb = sub->all_reduce(b, ReduceOp::Sum);
+  wa->wait(), wb->wait();
+  EXPECT_TRUE(same_bits(a, host));
+  EXPECT_TRUE(same_bits(b, host));
+  EXPECT_EQ(sub->counters().calls_of(Collective::AllReduce), 1);
+  EXPECT_EQ(group.counters().calls_of(Collective::AllReduce), 1);
+}
+
 TEST(CudaNccl, AllGatherFlatAndIntoAList) {
   SKIP_WITHOUT_GPU();
   NcclProcessGroup group(kGpu);

@@ -100,7 +100,7 @@ int64_t ParallelModel::held_bytes() const {
   const int64_t fp8_state = nn::fp8_scaling_bytes(*model_);
   if (fsdp_ == nullptr) return fp8_state + nn::fp8_weight_cast_bytes(*model_);
   const auto l = fsdp_->memory_ledger();
-  return fp8_state + l.gathered + l.fp8_weight_casts;
+  return fp8_state + l.gathered + l.fp8_weight_casts + l.fp8_shard_casts;
 }
 
 namespace {
@@ -117,7 +117,7 @@ nlohmann::json ParallelModel::ledger(const optim::Optimizer& optimizer) const {
   return {{"parameters_bytes", l.parameters}, {"gradients_bytes", l.gradients}, {"optimizer_bytes", l.optimizer},
           {"sharded_total_bytes", l.sharded_total()}, {"gathered_bytes", l.gathered},
           {"peak_gathered_bytes", l.peak_gathered}, {"max_units_gathered", fsdp_->max_units_gathered()},
-          {"fp8_weight_casts_bytes", l.fp8_weight_casts},
+          {"fp8_weight_casts_bytes", l.fp8_weight_casts}, {"fp8_shard_casts_bytes", l.fp8_shard_casts},
           // The ranks each flat parameter is sharded over: the world, under hybrid sharding G, under
           // --sharding none 1.
           {"shard_group_size", shards_per_flat(*fsdp_)}};

@@ -286,6 +286,9 @@ FullyShardedDataParallel::MemoryLedger FullyShardedDataParallel::memory_ledger(c
   ledger.gathered = state_->bytes.now();
   ledger.peak_gathered = state_->bytes.peak();
   ledger.fp8_weight_casts = nn::fp8_weight_cast_bytes(*module_);
+  for (const auto& flat : state_->flats) {
+    if (flat.fp8 && flat.fp8->shard().defined()) ledger.fp8_shard_casts += static_cast<int64_t>(flat.fp8->shard().nbytes());
+  }
   return ledger;
 }
 

@@ -161,8 +161,12 @@ class FullyShardedDataParallel {
   // cast: E4M3 data and transpose, about 2 bytes per weight element of the whole model, kept across
   // the step because backward and later micro-batches reuse them) when the units are gathered in bf16
   // under FP8 training; 0 with fp8_all_gather, where those casts are views of the gathered buffers.
+  // fp8_shard_casts: with fp8_all_gather, this rank's E4M3 casts of its shards of the FP8 weights (1
+  // byte per shard element), made at the first FP8 forward after the shards change and kept until
+  // the next change.
   struct MemoryLedger {
-    int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, peak_gathered = 0, fp8_weight_casts = 0;
+    int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, peak_gathered = 0, fp8_weight_casts = 0,
+            fp8_shard_casts = 0;
     int64_t sharded_total() const { return parameters + gradients + optimizer; }
   };
   MemoryLedger memory_ledger(const optim::Optimizer* optimizer = nullptr) const;

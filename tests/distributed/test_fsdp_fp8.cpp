@@ -155,8 +155,8 @@ TEST(FsdpFp8, HybridShardIsBitForBitTheBf16GatherRun) {
 // the memory the FP8 gather saves besides the bytes on the wire (MemoryLedger::fp8_weight_casts).
 TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
   const Batch b = local_batch(0);
-  int64_t gather[2] = {0, 0}, reduce[2] = {0, 0}, casts[2] = {0, 0};
-  int64_t expected_fp8 = 0, expected_bf16 = 0, fp8_weights = 0;
+  int64_t gather[2] = {0, 0}, reduce[2] = {0, 0}, casts[2] = {0, 0}, shard_casts[2] = {0, 0};
+  int64_t expected_fp8 = 0, expected_bf16 = 0, fp8_weights = 0, fp8_shard_elements = 0;
   for (int use_fp8 = 0; use_fp8 < 2; ++use_fp8) {
     FullyShardedDataParallel fsdp(make_vit(kFp8Vit, 22), world_group(),
                                   options(ShardingStrategy::FullShard, use_fp8 == 1));
@@ -171,9 +171,11 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
     gather[use_fp8] = c.payload_of(Collective::AllGather);
     reduce[use_fp8] = c.payload_of(Collective::AllReduce);
     casts[use_fp8] = fsdp.memory_ledger().fp8_weight_casts;
+    shard_casts[use_fp8] = fsdp.memory_ledger().fp8_shard_casts;
     if (use_fp8 == 1) {
       for (const auto& f : fsdp.flat_parameters()) {
         fp8_weights += f.fp8 ? f.numel : 0;
+        fp8_shard_elements += f.fp8 ? f.shard_numel : 0;
         const int64_t passes = f.unit.empty() ? 1 : 2;
         expected_fp8 += passes * (f.fp8 ? 1 : 2) * f.padded_numel;
         expected_bf16 += passes * 2 * f.padded_numel;
@@ -189,6 +191,10 @@ TEST(FsdpFp8, TheGatherMovesOneByteForEachFp8WeightElement) {
   EXPECT_EQ(fp8_weights, 3 * 2048);
   EXPECT_EQ(casts[0], 2 * fp8_weights);
   EXPECT_EQ(casts[1], 0);
+  // Instead each rank keeps the E4M3 cast of its shards of those weights: 1 byte per shard element.
+  EXPECT_EQ(shard_casts[0], 0);
+  EXPECT_EQ(shard_casts[1], fp8_shard_elements);
+  EXPECT_GT(fp8_shard_elements, 0);
 }
 
 // While an FP8 forward runs, an FP8 Linear's weight parameter holds no bytes: the bf16 weight is never

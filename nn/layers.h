@@ -159,7 +159,7 @@ class TransformerBlock : public Module {
                    Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
 
-  // Activation recompute (autograd/checkpoint.h): when on and gradients are being recorded, forward
+  // Activation recompute (nn/recompute.h): when on and gradients are being recorded, forward
   // keeps only the block's input, and backward runs the block again to rebuild the rest. Dropout and
   // DropPath draw the same masks in the rerun (every stream the block's Dropout and DropPath modules
   // draw from, a LoRA adapter's dropout included, and the default one, are rewound for it and put

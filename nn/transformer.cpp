@@ -1,15 +1,11 @@
 // The transformer's building blocks: timm's Mlp and pre-norm Block, and the patch embedding.
-#include <algorithm>
-#include <optional>
-
-#include "autograd/checkpoint.h"
 #include "autograd/ops.h"
-#include "core/grad_mode.h"
 #include "core/random.h"
 #include "nn/fp8.h"
 #include "nn/fp8_linear.h"
 #include "nn/init.h"
 #include "nn/layers.h"
+#include "nn/recompute.h"
 
 namespace octet::nn {
 
@@ -89,54 +85,8 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // E5M2 with fc1's bias gradient. A hook on attn or mlp must see their inputs, so then they are called
 // as modules, unfused.
 Tensor TransformerBlock::forward(const Tensor& x) {
-  if (!recompute || !GradMode::is_enabled()) return run(x);
-  // What the rerun in backward must find as the first run found it: the random streams the block
-  // draws from (rewound for the rerun, and put back where backward found them afterwards), and under
-  // FP8 the scales the first run cast with (nn/fp8.h, "activation recompute").
-  struct Rerun {
-    struct Stream {
-      Generator* gen;
-      uint64_t seed, offset, seed_after = 0, offset_after = 0;
-    };
-    std::vector<Stream> streams;
-    std::shared_ptr<const Fp8ForwardRecord> fp8;
-    std::optional<Fp8Replay> replay;
-  };
-  auto rerun = std::make_shared<Rerun>();
-  // The default stream, and those the block's random modules draw from (with p > 0: the others draw
-  // nothing), each once.
-  auto keep = [&](Generator& g) {
-    const auto& s = rerun->streams;
-    if (std::none_of(s.begin(), s.end(), [&](const auto& k) { return k.gen == &g; })) {
-      rerun->streams.push_back({&g, g.seed(), g.offset()});
-    }
-  };
-  keep(default_generator());
-  for (const auto& [name, m] : named_modules()) {
-    if (const auto* d = dynamic_cast<const Dropout*>(m.get()); d != nullptr && d->p > 0) keep(d->generator());
-    if (const auto* d = dynamic_cast<const DropPath*>(m.get()); d != nullptr && d->p > 0) keep(d->generator());
-  }
-  const bool fp8 = fp8_enabled();
-  auto restore = [rerun] {
-    for (auto& s : rerun->streams) {
-      s.seed_after = s.gen->seed();
-      s.offset_after = s.gen->offset();
-      s.gen->set_state(s.seed, s.offset);
-    }
-    if (rerun->fp8) rerun->replay.emplace(rerun->fp8);
-  };
-  auto release = [rerun] {
-    rerun->replay.reset();
-    for (const auto& s : rerun->streams) s.gen->set_state(s.seed_after, s.offset_after);
-  };
-  auto fn = [this, rerun, fp8](const std::vector<Tensor>& in) {
-    if (!fp8 || rerun->replay.has_value()) return std::vector<Tensor>{run(in[0])};
-    Fp8ForwardRecorder recorder;  // the first run, under FP8
-    std::vector<Tensor> out{run(in[0])};
-    rerun->fp8 = recorder.finish();
-    return out;
-  };
-  return autograd::checkpoint(fn, {x}, restore, release)[0];
+  if (!recompute) return run(x);
+  return nn::recompute(*this, [this](const Tensor& t) { return run(t); }, x);
 }
 
 Tensor TransformerBlock::run(const Tensor& x) {

@@ -17,6 +17,7 @@
 #include "nn/fp8.h"
 #include "nn/layers.h"
 #include "nn/lora.h"
+#include "nn/recompute.h"
 #include "tests/testing.h"
 
 namespace octet::nn {
@@ -211,6 +212,36 @@ TEST(Recompute, LoRAWithItsOwnDropoutStreamIsBitForBit) {
   const auto plain = run(false);
   EXPECT_EQ(plain.size(), 8u) << "x, the six adapter weights and the stream's offset";
   expect_same(run(true), plain);
+}
+
+// nn::recompute on a module of the user's: an Mlp whose dropout draws from its own generator, in f32
+// and under FP8, gives the plain run's gradients and leaves the stream where the plain run does.
+TEST(Recompute, AnyModuleThroughNnRecomputeIsBitForBit) {
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "f32");
+    auto run = [fp8](bool with_recompute) {
+      Generator gen(21);
+      auto mlp = std::make_shared<Mlp>(32, 64, 32, 0.2, &gen);
+      for (const Tensor& p : mlp->parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, 50, 0.2));
+      const DType dtype = fp8 ? DType::bf16 : DType::f32;
+      mlp->to(dtype);
+      Tensor x = random_tensor({3, 7, 32}, dtype, 51).requires_grad_();
+      Tensor y;
+      {
+        Fp8Autocast scope(fp8, DelayedScaling{.amax_history_len = 2});
+        y = with_recompute ? recompute(*mlp, [&](const Tensor& t) { return mlp->forward(t); }, x) : (*mlp)(x);
+      }
+      sum(mul(y, random_tensor({3, 7, 32}, dtype, 52))).backward();
+      std::map<std::string, Tensor> out{{"y", y.detach()}, {"x.grad", x.grad()}};
+      for (const auto& [name, p] : mlp->named_parameters()) out[name + ".grad"] = p.grad();
+      for (const auto& [name, t] : fp8_state_dict(*mlp)) out[name] = t.clone();
+      out["gen.offset"] = full({1}, static_cast<double>(gen.offset()), DType::f64);
+      return out;
+    };
+    const auto plain = run(false);
+    EXPECT_EQ(plain.size(), fp8 ? 7u + 16u : 7u) << "y, x.grad, 4 parameter gradients, the offset (and 2 Linears' FP8 state)";
+    expect_same(run(true), plain);
+  }
 }
 
 // Without gradients (evaluation) the block simply runs.

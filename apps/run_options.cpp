@@ -74,11 +74,12 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "none; ddp (data parallel over the ranks mpirun starts); or fsdp (sharded parameters, gradients "
                  "and optimizer state). --batch-size is per rank")
       ->check(CLI::IsMember({"none", "ddp", "fsdp"}))->capture_default_str();
-  app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2), none (DDP), or "
+  app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2), none (DDP), "
                  "hybrid (full sharding within each group of --shard-group-size ranks, replicas across groups: "
-                 "for jobs over several nodes)")
-      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid"}))->capture_default_str();
-  app.add_option("--shard-group-size", o.shard_group_size, "with --sharding hybrid: the consecutive ranks that shard "
+                 "for jobs over several nodes) or hybrid-grad-op (the same with grad-op within each group)")
+      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-grad-op"}))->capture_default_str();
+  app.add_option("--shard-group-size", o.shard_group_size, "with --sharding hybrid or hybrid-grad-op: the consecutive "
+                 "ranks that shard "
                  "the model among themselves (default: the ranks of one node); the world size must be a multiple")
       ->check(CLI::PositiveNumber);
   app.add_option("--fsdp-prefetch", o.fsdp_prefetch, "with --parallel fsdp: gather the next unit of backward "
@@ -111,19 +112,20 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
 
 namespace {
 
-// --sharding hybrid and --shard-group-size: the group size defaults to the ranks of one node, and
-// must divide the world size.
+// --sharding hybrid (or hybrid-grad-op) and --shard-group-size: the group size defaults to the ranks
+// of one node, and must divide the world size.
 void check_hybrid_sharding(RunOptions& o, const distributed::LaunchInfo& launch) {
-  if (o.sharding != "hybrid") {
+  if (!o.sharding.starts_with("hybrid")) {
     OCTET_CHECK(o.shard_group_size == 0, "--shard-group-size ", o.shard_group_size, " sets the shard groups of "
-                "--sharding hybrid, but --sharding is ", o.sharding, "; pass --sharding hybrid, or drop the flag");
+                "--sharding hybrid and hybrid-grad-op, but --sharding is ", o.sharding, "; pass --sharding hybrid, or drop "
+                "the flag");
     return;
   }
-  OCTET_CHECK(o.parallel == "fsdp", "--sharding hybrid shards FSDP's units within groups of ranks, so it needs "
-              "--parallel fsdp (got --parallel ", o.parallel, ")");
+  OCTET_CHECK(o.parallel == "fsdp", "--sharding ", o.sharding, " shards FSDP's units within groups of ranks, so it "
+              "needs --parallel fsdp (got --parallel ", o.parallel, ")");
   const bool given = o.shard_group_size > 0;
   if (!given) o.shard_group_size = launch.local_world_size;
-  OCTET_CHECK(o.world_size % o.shard_group_size == 0, "--sharding hybrid: the world size ", o.world_size,
+  OCTET_CHECK(o.world_size % o.shard_group_size == 0, "--sharding ", o.sharding, ": the world size ", o.world_size,
               " is not a multiple of the shard group size ", o.shard_group_size,
               given ? " (--shard-group-size)" : " (the ranks on this node; set it with --shard-group-size)",
               "; pass a --shard-group-size that divides ", o.world_size, ", or start a multiple of ",
@@ -195,7 +197,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"threads", std::to_string(o.threads)},
           {"parallel", o.parallel},
           {"sharding", o.parallel == "fsdp" ? o.sharding : "-"},
-          {"shard_group_size", o.sharding == "hybrid" ? std::to_string(o.shard_group_size) : "-"},
+          {"shard_group_size", o.sharding.starts_with("hybrid") ? std::to_string(o.shard_group_size) : "-"},
           {"world_size", std::to_string(o.world_size)},
           {"reduce_dtype", o.reduce_dtype},
           {"lora_rank", std::to_string(o.lora_rank)}};

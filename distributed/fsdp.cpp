@@ -27,7 +27,8 @@ ShardingStrategy parse_sharding(const std::string& name) {
   if (name == "grad-op") return ShardingStrategy::ShardGradOp;
   if (name == "none") return ShardingStrategy::NoShard;
   if (name == "hybrid") return ShardingStrategy::HybridShard;
-  OCTET_FAIL("unknown sharding strategy '", name, "'; use full, grad-op, none or hybrid");
+  if (name == "hybrid-grad-op") return ShardingStrategy::HybridShardGradOp;
+  OCTET_FAIL("unknown sharding strategy '", name, "'; use full, grad-op, none, hybrid or hybrid-grad-op");
 }
 
 // The orchestration: the module hooks call in here, and this decides the order of events (docs/fsdp.md
@@ -174,9 +175,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   const fsdp::FsdpGroups groups = fsdp::make_fsdp_groups(group_, options.sharding, options.shard_group_size);
   s.shard_group = groups.shard;
   s.replicate_group = groups.replicate;
-  // Within its shard group HYBRID_SHARD is FULL_SHARD: the orchestration below sees no difference,
-  // only the groups the roles are given do.
+  // Within its shard group HYBRID_SHARD is FULL_SHARD (and HYBRID_SHARD_GRAD_OP SHARD_GRAD_OP): the
+  // orchestration below sees no difference, only the groups the roles are given do.
   if (options.sharding == ShardingStrategy::HybridShard) s.options.sharding = ShardingStrategy::FullShard;
+  if (options.sharding == ShardingStrategy::HybridShardGradOp) s.options.sharding = ShardingStrategy::ShardGradOp;
   const int world = s.sharded ? s.shard_group->size() : 1, rank = s.sharded ? s.shard_group->rank() : 0;
 
   // The layout, from names and sizes.

@@ -30,6 +30,8 @@
 // FULL_SHARD within each shard group of G consecutive ranks (one node; shard_group_size), with N
 // above meaning G; each reduce-scattered gradient shard is then all-reduced (average) across the
 // N / G ranks holding the same shard, one per node (distributed/fsdp_hybrid.h has the groups).
+// HYBRID_SHARD_GRAD_OP (PyTorch's _HYBRID_SHARD_ZERO2) is SHARD_GRAD_OP within the shard group, with
+// the same replicas: a unit stays gathered from its forward to its backward, one gather per step.
 // The root unit stays gathered from the start of forward to the end of backward, as in PyTorch; at
 // most limit_all_gathers other units are gathered at once. Freeing releases the storage in place
 // (Storage::release), so views the autograd graph saved stay valid handles and see the data again
@@ -75,7 +77,11 @@
 
 namespace octet::distributed {
 
-enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard, HybridShardGradOp };
+// HybridShard or HybridShardGradOp: sharded within shard groups, replicated across them.
+inline bool is_hybrid(ShardingStrategy s) {
+  return s == ShardingStrategy::HybridShard || s == ShardingStrategy::HybridShardGradOp;
+}
 // Which modules become units, by dotted name and module.
 using WrapPolicy = std::function<bool(const std::string& name, const nn::Module& module)>;
 // Every module of type M becomes a unit (PyTorch's ModuleWrapPolicy).
@@ -84,11 +90,12 @@ WrapPolicy wrap_modules_of_type() {
   return [](const std::string&, const nn::Module& module) { return dynamic_cast<const M*>(&module) != nullptr; };
 }
 enum class BackwardPrefetch { BackwardPre, BackwardPost };
-ShardingStrategy parse_sharding(const std::string& name);  // "full", "grad-op", "none", "hybrid"
+// "full", "grad-op", "none", "hybrid", "hybrid-grad-op"
+ShardingStrategy parse_sharding(const std::string& name);
 
 struct FsdpOptions {
   ShardingStrategy sharding = ShardingStrategy::FullShard;
-  // HybridShard: the ranks that shard among themselves, G (consecutive ranks: one node). The group's
+  // HybridShard(GradOp): the ranks that shard among themselves, G (consecutive ranks: one node). The group's
   // size must be a multiple of G. 0: the ranks of one node (launch_info().local_world_size).
   int shard_group_size = 0;
   WrapPolicy wrap_policy = wrap_modules_of_type<nn::TransformerBlock>();

@@ -55,7 +55,7 @@ std::string describe(const HybridLayout& layout) {
 
 FsdpGroups make_fsdp_groups(const std::shared_ptr<ProcessGroup>& world, ShardingStrategy sharding,
                             int shard_group_size) {
-  if (sharding != ShardingStrategy::HybridShard) return {world, nullptr};
+  if (!is_hybrid(sharding)) return {world, nullptr};
   OCTET_CHECK(shard_group_size >= 0, "FullyShardedDataParallel: shard_group_size ", shard_group_size,
               " is negative; pass the ranks per shard group, or 0 for the ranks of one node");
   const int g = shard_group_size > 0 ? shard_group_size : launch_info().local_world_size;

@@ -32,8 +32,8 @@ using testing::world_group;
 
 const models::ViTConfig& kTinyVit = testing::kTinyFsdpVit;
 
-FsdpOptions hybrid(int shard_group_size) {
-  return FsdpOptions{.sharding = ShardingStrategy::HybridShard, .shard_group_size = shard_group_size};
+FsdpOptions hybrid(int shard_group_size, ShardingStrategy sharding = ShardingStrategy::HybridShard) {
+  return FsdpOptions{.sharding = sharding, .shard_group_size = shard_group_size};
 }
 
 // Every G that divides the world, the degenerate ones included: G = 1 (every rank a replica, as DDP)
@@ -81,6 +81,30 @@ TEST(HybridShard, TrainsAsFullShardDdpAndOneProcessAtTheSameGlobalBatch) {
     EXPECT_LE(testing::max_relative_difference(fsdp.full_parameters(), *reference), 1e-5);
     EXPECT_LE(fsdp.max_units_gathered(), 2) << "FULL_SHARD's gathering within the shard group";
     EXPECT_EQ(fsdp.units_gathered(), 0);
+    // HYBRID_SHARD_GRAD_OP: SHARD_GRAD_OP within the group, the same replicas, the same training.
+    FullyShardedDataParallel grad_op(make_vit(kTinyVit, 9), world_group(), hybrid(g, ShardingStrategy::HybridShardGradOp));
+    testing::expect_same_trajectory(train_fsdp(grad_op), full_shard, 1e-5, "hybrid-grad-op against FULL_SHARD");
+    EXPECT_EQ(grad_op.units_gathered(), 0);
+  }
+}
+
+// HYBRID_SHARD_GRAD_OP keeps a unit gathered from its forward to its backward: one gather of each
+// block per step in the shard group, where HYBRID_SHARD gathers it again for backward; the replicas'
+// all-reduce is the same.
+TEST(HybridShard, GradOpGathersEachBlockOncePerStep) {
+  for (int g : shard_group_sizes()) {
+    SCOPED_TRACE("G = " + std::to_string(g));
+    FullyShardedDataParallel fsdp(make_vit(kTinyVit, 4), world_group(), hybrid(g, ShardingStrategy::HybridShardGradOp));
+    int64_t root = 0, blocks = 0, shards = 0;
+    for (const auto& f : fsdp.flat_parameters()) (f.unit.empty() ? root : blocks) += f.padded_numel, shards += f.shard_numel;
+    const testing::Batch batch = testing::kFsdpBatches.global_batch(2 * world().size(), 0).shard(world().rank(), 2);
+    fsdp.shard_group()->reset_counters();
+    fsdp.replicate_group()->reset_counters();
+    cross_entropy(fsdp(batch.images), batch.labels).backward();
+    EXPECT_EQ(fsdp.shard_group()->counters().payload_of(Collective::AllGather), 4 * (root + blocks));
+    EXPECT_EQ(fsdp.shard_group()->counters().payload_of(Collective::ReduceScatter), 4 * (root + blocks));
+    EXPECT_EQ(fsdp.replicate_group()->counters().payload_of(Collective::AllReduce), 4 * shards);
+    EXPECT_EQ(fsdp.replicate_group()->size(), world().size() / g);
   }
 }
 
@@ -191,6 +215,7 @@ TEST(HybridShard, AShardGroupSizeThatDoesNotDivideTheWorldIsAClearError) {
   EXPECT_TRUE(testing::throws_with([&] { FullyShardedDataParallel(make_vit(kTinyVit, 1), world_group(), hybrid(-1)); },
                                    {"shard_group_size -1"}));
   EXPECT_EQ(distributed::parse_sharding("hybrid"), ShardingStrategy::HybridShard);
+  EXPECT_EQ(distributed::parse_sharding("hybrid-grad-op"), ShardingStrategy::HybridShardGradOp);
   const Tensor t = from_vector<int64_t>({world().rank() + 1}, {1});
   world().all_reduce(t, distributed::ReduceOp::Sum)->wait();
   EXPECT_EQ(t.item<int64_t>(), int64_t{n} * (n + 1) / 2) << "the ranks fell out of step";

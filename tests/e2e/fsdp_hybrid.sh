@@ -23,6 +23,7 @@ run() {  # run NAME NP BATCH extra flags...
 }
 run hybrid 4 12 "${hybrid[@]}" --checkpoint-dir "$work/ckpt" --checkpoint-every 10
 run full 4 12
+run hybrid_grad_op 4 12 --sharding hybrid-grad-op --shard-group-size 2
 grep -q "2 shard groups of 2 ranks: {0,1} {2,3}; 2 replicate groups of 2 ranks: {0,2} {1,3}" "$work/hybrid.log" \
   || { echo "FAIL: the log does not name the groups"; cat "$work/hybrid.log"; exit 1; }
 # One copy of each of the 2 shards.
@@ -63,6 +64,7 @@ failed = False
 hybrid, full = losses("hybrid"), losses("full")
 assert sorted(hybrid) == list(range(1, 21)), sorted(hybrid)
 for name, got, expected in (("hybrid vs full, 4 ranks", hybrid, full),
+                            ("hybrid-grad-op vs full, 4 ranks", losses("hybrid_grad_op"), full),
                             ("hybrid checkpoint resumed by full at 3 ranks", losses("hybrid_to_full3"),
                              {s: hybrid[s] for s in range(11, 21)}),
                             ("full 3-rank checkpoint resumed by hybrid at 4 ranks", losses("full3_to_hybrid"),

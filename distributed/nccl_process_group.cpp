@@ -550,7 +550,7 @@ NcclProcessGroup::State::Epilogue division_after_sum(const NcclReduction& reduct
 }  // namespace
 
 WorkHandle NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
-  const NcclReduction reduction = nccl_reduction(op, tensor.dtype(), "all_reduce");
+  const NcclReduction reduction = nccl_reduction(op, tensor.dtype(), size(), "all_reduce");
   void* data = tensor.data_ptr();
   const size_t count = static_cast<size_t>(tensor.numel());
   return state_->launch(
@@ -563,7 +563,7 @@ WorkHandle NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
 }
 
 WorkHandle NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
-  const NcclReduction reduction = nccl_reduction(op, input.dtype(), "reduce_scatter");
+  const NcclReduction reduction = nccl_reduction(op, input.dtype(), size(), "reduce_scatter");
   const void* send = input.data_ptr();
   void* receive = output.data_ptr();
   const size_t receive_count = static_cast<size_t>(output.numel());

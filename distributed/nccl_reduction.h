@@ -15,6 +15,12 @@
 //     (kernels::cuda::div_scalar_ on the communication stream). ncclAvg would round 1/N to 8 or 11
 //     bits (bf16(1/3) = 0.333984375, 0.2% high) and bias every average by up to 2^-9 for N = 3, 5,
 //     6, 7, ..., and round each product to the 16-bit type as well.
+//   At world size 1 an average is the input itself: ncclSum, which NCCL runs as a copy. NCCL's own
+//     average at one rank runs a separate kernel that multiplies by 1/N = 1, and in NCCL up to 2.29.2
+//     that kernel splits the elements among its blocks with a floor division, so an out-of-place call
+//     (a reduce-scatter) leaves up to blocks - 1 elements of the tail unwritten: 100,003 f32 elements
+//     over 25 blocks of 4,000 each miss the last 3. The test CudaNccl.ReduceScatterAndBroadcastAtOneRank
+//     found it; NCCL 2.29.7 divides with rounding up.
 // The MPI backend computes every average as sum, then division (distributed/mpi_process_group.cpp).
 #include <nccl.h>
 
@@ -36,8 +42,8 @@ struct NcclReduction {
 };
 
 // Throws an octet::Error naming `call` for a dtype NCCL does not reduce here (FP8, i32, u8: the
-// same dtypes ProcessGroup refuses) and for an average of integers.
-inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, const char* call) {
+// same dtypes ProcessGroup refuses) and for an average of integers, at every world size.
+inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, int world_size, const char* call) {
   NcclReduction r;
   switch (dtype) {
     case DType::f32: r.type = ncclFloat32; break;
@@ -55,7 +61,9 @@ inline NcclReduction nccl_reduction(ReduceOp op, DType dtype, const char* call) 
     case ReduceOp::Avg:
       OCTET_CHECK(dtype != DType::i64, call, ": cannot average the integers of an i64 tensor; reduce with Sum and "
                   "divide, or average a floating copy");
-      if (dtype == DType::bf16 || dtype == DType::f16) {
+      if (world_size == 1) {
+        r.op = ncclSum;  // the input itself (see the top of the file)
+      } else if (dtype == DType::bf16 || dtype == DType::f16) {
         r.op = ncclSum;
         r.divide_by_world_size = true;
       } else {

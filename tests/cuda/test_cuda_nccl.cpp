@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -81,6 +82,15 @@ TEST(CudaNccl, AllReduceAtOneRankLeavesTheInput) {
   uint64_t seed = 1;
   for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i64}) {
     for (ReduceOp op : kOps) {
+      // An i64 average is refused by every group (ProcessGroup::all_reduce: it would truncate), so
+      // that case checks the refusal and that nothing was written.
+      if (dtype == DType::i64 && op == ReduceOp::Avg) {
+        const Tensor host = testing::random_tensor({7}, dtype, ++seed, 1000.0);
+        const Tensor dev = host.to(kGpu);
+        EXPECT_TRUE(testing::throws_with([&] { group.all_reduce(dev, op); }, {"all_reduce", "cannot average"}));
+        EXPECT_TRUE(same_bits(dev, host));
+        continue;
+      }
       for (int64_t n : kSizes) {
         const Tensor host = testing::random_tensor({n}, dtype, ++seed, dtype == DType::i64 ? 1000.0 : 1.0);
         const Tensor dev = host.to(kGpu);
@@ -150,6 +160,27 @@ TEST(CudaNccl, ReduceScatterAndBroadcastAtOneRank) {
       const Tensor dev = host.to(kGpu);
       group.broadcast(dev, 0)->wait();
       EXPECT_TRUE(same_bits(dev, host)) << dtype_name(dtype) << " broadcast x" << n;
+    }
+  }
+}
+
+// An average at one rank is the input itself, out of place too, at sizes whose split among the
+// blocks of NCCL's one-rank average kernel (up to 32 blocks of ceil(bytes / 16 KiB), which in NCCL
+// up to 2.29.2 dropped the tail, distributed/nccl_reduction.h) leaves remainders 1 to 31 and none.
+// The output starts as NaNs, so an element nothing writes fails.
+TEST(CudaNccl, AverageAtOneRankWritesEveryElementOutOfPlace) {
+  SKIP_WITHOUT_GPU();
+  NcclProcessGroup group(kGpu);
+  uint64_t seed = 300;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    for (int64_t n : {int64_t{100003}, int64_t{131072}, int64_t{131103}, int64_t{524287}, int64_t{1 << 22} + 31}) {
+      const Tensor host = testing::random_tensor({n}, dtype, ++seed);
+      const Tensor output = full({n}, std::numeric_limits<double>::quiet_NaN(), dtype, kGpu);
+      group.reduce_scatter(output, host.to(kGpu), ReduceOp::Avg)->wait();
+      EXPECT_TRUE(same_bits(output, host)) << dtype_name(dtype) << " reduce_scatter(avg) x" << n;
+      const Tensor dev = host.to(kGpu);
+      group.all_reduce(dev, ReduceOp::Avg)->wait();
+      EXPECT_TRUE(same_bits(dev, host)) << dtype_name(dtype) << " all_reduce(avg) x" << n;
     }
   }
 }

@@ -133,6 +133,18 @@ TEST(LocalGroup, RefusesWhatEveryGroupRefuses) {
   EXPECT_TRUE(throws_with([&] { group.all_gather(two, seven); }, {"all_gather", "2"}));
   EXPECT_TRUE(throws_with([&] { group.all_reduce(Tensor()); }, {"all_reduce", "undefined"}));
   EXPECT_TRUE(throws_with([&] { group.all_reduce(full({3}, 1.0, DType::i32)); }, {"all_reduce", "i32"}));
+  // An integer average would truncate (differently on each backend): refused at every world size,
+  // naming the tensor and the way out; the same tensor sums and maxes.
+  const Tensor counts = rank_input(0, {7}, DType::i64, 401);
+  EXPECT_TRUE(throws_with([&] { group.all_reduce(counts, ReduceOp::Avg); },
+                          {"all_reduce", "cannot average", counts.describe(), "Sum"}));
+  EXPECT_TRUE(throws_with([&] { group.reduce_scatter(sentinel({7}, DType::i64), counts, ReduceOp::Avg); },
+                          {"reduce_scatter", "cannot average", counts.describe()}));
+  EXPECT_EQ(group.counters().calls_of(Collective::AllReduce), 0);
+  EXPECT_EQ(group.counters().calls_of(Collective::ReduceScatter), 0);
+  group.all_reduce(counts, ReduceOp::Sum)->wait();
+  group.all_reduce(counts, ReduceOp::Max)->wait();
+  EXPECT_EQ(group.counters().calls_of(Collective::AllReduce), 2);
   EXPECT_EQ(group.counters().calls_of(Collective::Broadcast), 0);
   EXPECT_EQ(group.counters().calls_of(Collective::AllGather), 0);
 }

@@ -42,24 +42,43 @@ TEST(NcclMapping, EveryReducibleOpAndDtypeMapsToItsNcclCall) {
       {ReduceOp::Sum, DType::i64, ncclSum, ncclInt64, false},
       {ReduceOp::Max, DType::i64, ncclMax, ncclInt64, false},
   };
-  for (const Expected& e : table) {
-    const NcclReduction r = nccl_reduction(e.op, e.dtype, "all_reduce");
-    const std::string what = std::string(reduce_op_name(e.op)) + " of " + dtype_name(e.dtype);
-    EXPECT_EQ(r.op, e.nccl_op) << what;
-    EXPECT_EQ(r.type, e.nccl_type) << what;
-    EXPECT_EQ(r.divide_by_world_size, e.divide) << what;
+  for (int world : {2, 3, 8}) {
+    for (const Expected& e : table) {
+      const NcclReduction r = nccl_reduction(e.op, e.dtype, world, "all_reduce");
+      const std::string what =
+          std::string(reduce_op_name(e.op)) + " of " + dtype_name(e.dtype) + " at " + std::to_string(world) + " ranks";
+      EXPECT_EQ(r.op, e.nccl_op) << what;
+      EXPECT_EQ(r.type, e.nccl_type) << what;
+      EXPECT_EQ(r.divide_by_world_size, e.divide) << what;
+    }
   }
+}
+
+// At one rank an average is its input: a plain sum (NCCL copies), never ncclAvg, whose one-rank kernel
+// leaves the tail of an out-of-place call unwritten in NCCL up to 2.29.2 (distributed/nccl_reduction.h),
+// and no division after it. Sum and Max are as at any world size; an i64 average is refused all the same.
+TEST(NcclMapping, AnAverageAtOneRankIsAPlainSum) {
+  for (DType d : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    const NcclReduction avg = nccl_reduction(ReduceOp::Avg, d, 1, "reduce_scatter");
+    EXPECT_EQ(avg.op, ncclSum) << dtype_name(d);
+    EXPECT_FALSE(avg.divide_by_world_size) << dtype_name(d);
+    EXPECT_EQ(avg.type, nccl_reduction(ReduceOp::Sum, d, 2, "reduce_scatter").type) << dtype_name(d);
+    EXPECT_EQ(nccl_reduction(ReduceOp::Max, d, 1, "reduce_scatter").op, ncclMax) << dtype_name(d);
+    EXPECT_EQ(nccl_reduction(ReduceOp::Sum, d, 1, "reduce_scatter").op, ncclSum) << dtype_name(d);
+  }
+  EXPECT_TRUE(testing::throws_with([] { nccl_reduction(ReduceOp::Avg, DType::i64, 1, "all_reduce"); },
+                                   {"all_reduce", "cannot average", "i64"}));
 }
 
 TEST(NcclMapping, DtypesNcclDoesNotReduceAreRefusedForEveryOp) {
   for (DType d : {DType::e4m3, DType::e5m2, DType::i32, DType::u8}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
-      EXPECT_TRUE(testing::throws_with([&] { nccl_reduction(op, d, "reduce_scatter"); },
+      EXPECT_TRUE(testing::throws_with([&] { nccl_reduction(op, d, 2, "reduce_scatter"); },
                                        {"reduce_scatter", dtype_name(d), "f32, f64, bf16, f16 or i64"}))
           << reduce_op_name(op) << " of " << dtype_name(d);
     }
   }
-  EXPECT_TRUE(testing::throws_with([] { nccl_reduction(ReduceOp::Avg, DType::i64, "all_reduce"); },
+  EXPECT_TRUE(testing::throws_with([] { nccl_reduction(ReduceOp::Avg, DType::i64, 2, "all_reduce"); },
                                    {"all_reduce", "cannot average", "i64"}));
 }
 

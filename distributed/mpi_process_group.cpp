@@ -7,8 +7,11 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -152,6 +155,15 @@ class MpiWork : public Work {
       copied_back_ = true;
     }
   }
+  // Whether wait() has a result still to copy back into device memory that overlaps `t`'s bytes.
+  bool pending_result_overlaps(const Tensor& t) const {
+    if (!device_tensor_.defined() || copied_back_ || !t.defined() || t.storage() != device_tensor_.storage()) {
+      return false;
+    }
+    const size_t a = device_tensor_.storage_offset(), b = t.storage_offset();
+    return a < b + t.nbytes() && b < a + device_tensor_.nbytes();
+  }
+  bool result_pending() const { return device_tensor_.defined() && !copied_back_; }
   void synchronize() override { wait(); }
   bool is_completed() override {
     std::lock_guard lock(task_->mutex);
@@ -187,6 +199,39 @@ struct MpiProcessGroup::State {
   std::deque<std::shared_ptr<Task>> queue;
   bool stopping = false;
   std::thread thread;
+  // The issued collectives on CUDA tensors whose results wait() has not yet copied back (handles the
+  // caller has dropped fall out). Only the issuing threads touch it, under staged_mutex.
+  std::mutex staged_mutex;
+  std::vector<std::weak_ptr<MpiWork>> staged;
+
+  // Staging keeps issue order on the device (see stage_after_earlier): every collective still to copy
+  // a result back into the bytes of `tensors` finishes now, its result copied back on the caller's
+  // stream, before the new collective stages its own copies.
+  void settle_results_overlapping(std::initializer_list<const Tensor*> tensors) {
+    std::vector<std::shared_ptr<MpiWork>> earlier;
+    {
+      std::lock_guard lock(staged_mutex);
+      std::erase_if(staged, [](const std::weak_ptr<MpiWork>& w) {
+        const auto work = w.lock();
+        return work == nullptr || !work->result_pending();
+      });
+      for (const auto& w : staged) {
+        const auto work = w.lock();
+        for (const Tensor* t : tensors) {
+          if (work->pending_result_overlaps(*t)) {
+            earlier.push_back(work);
+            break;
+          }
+        }
+      }
+    }
+    for (const auto& work : earlier) work->wait();  // in issue order
+  }
+  void remember_staged(const std::shared_ptr<MpiWork>& work) {
+    if (!work->result_pending()) return;
+    std::lock_guard lock(staged_mutex);
+    staged.push_back(work);
+  }
 
   void loop() {
     while (true) {
@@ -273,6 +318,20 @@ Tensor host_side(const Tensor& t) {
   return host;
 }
 
+// Staging a CUDA collective copies its inputs to the host when it is issued and its result back when
+// it is waited on. Two collectives on one buffer, the second issued before the first is waited on
+// (broadcast, then all_reduce of what it broadcast), would otherwise stage the second's input before
+// the first's result is in the buffer, and copy the first's stale result over the second's at the
+// end. So before staging, every earlier collective whose result overlaps the new one's tensors
+// (inputs or outputs) finishes and copies back: the device sees the collectives in issue order, as
+// on the CPU, where they share the host buffer itself, and on NCCL, where one stream runs them.
+// Collectives on other buffers (DDP's buckets) stay in flight together.
+void stage_after_earlier(MpiProcessGroup::State& state, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
+    if (t->is_cuda()) return state.settle_results_overlapping(tensors);
+  }
+}
+
 }  // namespace
 
 // Queues `run` for the communication thread. `result` is the tensor the caller reads afterwards:
@@ -287,11 +346,14 @@ static WorkHandle enqueue(MpiProcessGroup::State& state, std::function<void()> r
     state.queue.push_back(task);
   }
   state.has_work.notify_one();
-  return std::make_shared<MpiWork>(task, timeout, rank, result.defined() && result.is_cuda() ? result : Tensor(),
-                                   result.defined() && result.is_cuda() ? result_host : Tensor());
+  auto work = std::make_shared<MpiWork>(task, timeout, rank, result.defined() && result.is_cuda() ? result : Tensor(),
+                                        result.defined() && result.is_cuda() ? result_host : Tensor());
+  state.remember_staged(work);
+  return work;
 }
 
 WorkHandle MpiProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
+  stage_after_earlier(*state_, {&tensor});
   const Tensor host = host_side(tensor);
   const DType d = tensor.dtype();
   const int world = size();
@@ -313,6 +375,7 @@ WorkHandle MpiProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
 }
 
 WorkHandle MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
+  stage_after_earlier(*state_, {&output, &input});
   const Tensor host_in = host_side(input);
   const Tensor host_out = host_buffer(output);
   const DType d = input.dtype();
@@ -331,6 +394,7 @@ WorkHandle MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor
 }
 
 WorkHandle MpiProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
+  stage_after_earlier(*state_, {&output, &input});
   const Tensor host_in = host_side(input);
   const Tensor host_out = host_buffer(output);
   const int count = checked_count(input.numel(), "all_gather");
@@ -345,6 +409,7 @@ WorkHandle MpiProcessGroup::do_all_gather(const Tensor& output, const Tensor& in
 }
 
 WorkHandle MpiProcessGroup::do_broadcast(const Tensor& tensor, int root) {
+  stage_after_earlier(*state_, {&tensor});
   const Tensor host = host_side(tensor);
   const int count = checked_count(tensor.numel(), "broadcast");
   const MPI_Datatype type = mpi_type(tensor.dtype());

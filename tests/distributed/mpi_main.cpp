@@ -58,9 +58,10 @@ int run_tests_on_every_rank() {
 
   // mpirun's exit status is the first non-zero one among the ranks, so every rank must learn
   // whether any rank failed: count the failing ranks on all of them.
-  const Tensor failed_ranks = from_vector<int64_t>({failed_here}, {1});
+  // On the group's device: a group of CUDA tensors (OCTET_TEST_DEVICE=cuda:0) refuses a CPU one.
+  const Tensor failed_ranks = from_vector<int64_t>({failed_here}, {1}).to(group.device());
   group.all_reduce(failed_ranks, distributed::ReduceOp::Sum)->wait();
-  const int64_t failures = failed_ranks.item<int64_t>();
+  const int64_t failures = failed_ranks.to(Device::cpu()).item<int64_t>();
   if (failures > 0 && group.rank() == 0) {
     std::fprintf(stderr, "%lld of %d ranks failed a test (each rank's failures are printed above)\n",
                  static_cast<long long>(failures), group.size());

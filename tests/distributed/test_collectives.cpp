@@ -270,6 +270,32 @@ TEST(Async, CollectivesOnOneBufferRunInIssueOrder) {
   EXPECT_TRUE(reduced_correctly(tensor, root_everywhere, 0, ReduceOp::Sum));
 }
 
+// A collective's result feeding the next collective, both issued before either is waited on: the
+// all_gather must gather the sums, and a second all_reduce over the same buffer must sum the sums
+// (N × the sum), whatever order the handles are waited in. With CUDA tensors over MPI each
+// collective stages its inputs through host memory when issued, so the second must wait for the
+// first's result to be back in the buffer (distributed/mpi_process_group.cpp, stage_after_earlier).
+TEST(Async, AResultFeedsTheNextCollectiveBeforeItIsWaitedOn) {
+  const int n_ranks = world_size(), me = my_rank();
+  const std::vector<Tensor> inputs = all_rank_inputs(n_ranks, {517}, DType::f64, 6250);
+  const Tensor summed = inputs[me].clone(), gathered = sentinel({n_ranks * 517}, DType::f64);
+  const WorkHandle sum = world().all_reduce(summed, ReduceOp::Sum);
+  const WorkHandle gather = world().all_gather(gathered, summed);
+  gather->wait();
+  sum->wait();
+  EXPECT_TRUE(reduced_correctly(summed, inputs, 0, ReduceOp::Sum));
+  for (int r = 0; r < n_ranks; ++r) EXPECT_TRUE(equals_exactly(gathered.narrow(r * 517, 517), summed)) << "chunk " << r;
+
+  const Tensor twice = inputs[me].clone();
+  const WorkHandle first = world().all_reduce(twice, ReduceOp::Sum);
+  const WorkHandle second = world().all_reduce(twice, ReduceOp::Sum);
+  second->wait();
+  first->wait();
+  // Every rank holds the same sum after the first, so the second gives exactly N times it.
+  const std::vector<Tensor> sums(n_ranks, summed);
+  EXPECT_TRUE(reduced_correctly(twice, sums, 0, ReduceOp::Sum));
+}
+
 TEST(Async, SynchronizeAlsoFinishesTheWork) {
   const std::vector<Tensor> inputs = all_rank_inputs(world_size(), {4099}, DType::f32, 6300);
   const Tensor tensor = inputs[my_rank()].clone();

@@ -12,6 +12,12 @@
 // Scaling. CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER point at the [1] f32 scale_inv tensors on the
 // device (so no step reads them back to the host); cuBLASLt multiplies the f32 sum by both, after
 // the sum, and alpha stays 1. beta is 1 with accumulate (C = D = out), else 0.
+// cuBLASLt's heuristic never sees the scale pointers, but cublasLtMatmul answers
+// CUBLAS_STATUS_NOT_SUPPORTED for scales that are not 16-byte aligned: [1] views at 4 and 8 bytes
+// into a layer's [3] scale_inv state were refused, fresh allocations (256-byte aligned) never are.
+// So a scale_inv at any other address is first copied into a fresh scalar on the stream (4 bytes, one
+// copy). The training path never needs it: every Fp8Cast's scale_inv is a fresh [1] tensor
+// (kernels/fp8.h), and FSDP's FP8 all-gather clones its scale_invs out of the state.
 //
 // Bias. CUBLASLT_EPILOGUE_BIAS adds a vector per row of cuBLASLt's D, i.e. per our column j < n: the
 // [n] bias. cuBLASLt's FP8 type table pairs a bf16 D with a bf16 bias, and (as we read it) an f32 D
@@ -181,6 +187,16 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
 // out[i, j] += bias[j], on out's stream: the unfused bias.
 void add_bias(const Tensor& out, const Tensor& bias) { add_(out, broadcast_to(bias, out.shape())); }
 
+// The alignment cuBLASLt needs of a scale pointer (see the top of the file).
+constexpr uint32_t kScaleAlignment = 16;
+
+// `scale_inv` itself when cuBLASLt can read it where it is, else a copy of it in a fresh (aligned)
+// allocation, made on the current stream, which the GEMM queued after it reads.
+Tensor readable_scale(const Tensor& scale_inv) {
+  if (alignment_of(scale_inv.data_ptr()) >= kScaleAlignment) return scale_inv;
+  return scale_inv.clone();
+}
+
 }  // namespace
 
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
@@ -197,8 +213,9 @@ void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const
     if (bias.defined()) add_bias(out, bias);
     return;
   }
-  if (bias.defined() && run_fp8_lt(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate)) return;
-  if (!run_fp8_lt(a, scale_inv_a, b, scale_inv_b, out, Tensor(), accumulate, fast_accumulate)) {
+  const Tensor scale_a = readable_scale(scale_inv_a), scale_b = readable_scale(scale_inv_b);
+  if (bias.defined() && run_fp8_lt(a, scale_a, b, scale_b, out, bias, accumulate, fast_accumulate)) return;
+  if (!run_fp8_lt(a, scale_a, b, scale_b, out, Tensor(), accumulate, fast_accumulate)) {
     OCTET_FAIL("fp8_gemm: cuBLASLt has no FP8 algorithm for ", problem_text(a, b, out, false, fast_accumulate),
                "; FP8 GEMMs need an sm_89/sm_90 GPU, k and n multiples of 16 and operands at 16-byte aligned "
                "addresses (a view at another offset is not): copy the operands into fresh tensors");

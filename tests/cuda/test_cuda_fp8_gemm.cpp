@@ -133,6 +133,33 @@ TEST(CudaFp8Gemm, ReadsScaleInvViewsOfAnFp8State) {
   EXPECT_TRUE(within_fp8_gemm_bound(got, fp8_gemm_reference(a, state.narrow(1, 1), b, state.narrow(2, 1), DType::f32)));
 }
 
+// Every offset of a [4] state, so each of a's and b's scale_invs sits at 0, 4, 8 and 12 bytes from a
+// 16-byte boundary (cuBLASLt refuses the unaligned ones; fp8_gemm copies those first), with and
+// without a bias, f32 and bf16 out. The state's values are distinct, so a scale read from the wrong
+// slot fails the bound.
+TEST(CudaFp8Gemm, ScaleInvViewsAtEveryOffsetGiveTheExactResult) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = random_fp8({37, 64}, DType::e4m3, 11), b = random_fp8({48, 64}, DType::e5m2, 12);
+  const Tensor state = from_vector<float>({0.5f, 0.37f, 3.1f, 1.75f}, {4});
+  const Tensor state_gpu = state.to(kGpu);
+  const Tensor a_gpu = a.to(kGpu), b_gpu = b.to(kGpu);
+  for (DType out_dtype : {DType::f32, DType::bf16}) {
+    const Tensor bias = random_tensor({48}, out_dtype, 13, 2e4);  // on the products' scale (~5e4)
+    for (int64_t i = 0; i < 4; ++i) {
+      const int64_t j = 3 - i;
+      for (bool with_bias : {false, true}) {
+        const Tensor got = empty({37, 48}, out_dtype, kGpu);
+        kernels::fp8_gemm(a_gpu, state_gpu.narrow(i, 1), b_gpu, state_gpu.narrow(j, 1), got,
+                          with_bias ? bias.to(kGpu) : Tensor());
+        EXPECT_TRUE(within_fp8_gemm_bound(got, fp8_gemm_reference(a, state.narrow(i, 1), b, state.narrow(j, 1),
+                                                                  out_dtype, with_bias ? bias : Tensor())))
+            << dtype_name(out_dtype) << " scale_inv_a at byte " << 4 * i << ", scale_inv_b at byte " << 4 * j
+            << (with_bias ? ", bias" : "");
+      }
+    }
+  }
+}
+
 TEST(CudaFp8Gemm, RefusesOperandsOnTwoDevices) {
   SKIP_WITHOUT_GPU();
   const Tensor a = random_fp8({5, 32}, DType::e4m3, 1), b = random_fp8({16, 32}, DType::e4m3, 2);

@@ -7,11 +7,11 @@
 //         dy/dx = σ(2u) + ½·x·4σ(1-σ)·√(2/π)(1 + 3·0.044715x²)
 // Φ is normcdff, which keeps its relative accuracy in the left tail where 1 + erf would cancel.
 //
-// Bits. The compiler contracts a·b + c into an FMA (nvcc's default --fmad=true), so the bits depend
-// on the instructions chosen. Both users inline these functions (__forceinline__) in the same library
-// target with the same flags, and each result goes only into a rounding to the storage type (a
-// conversion, never fused with arithmetic), so the contractions made inside are the same in both.
-// Included by .cu files only.
+// Bits. The compiler contracts a·b + c into an FMA (nvcc's default --fmad=true) where it sees fit, and
+// it did not see fit alike in every instantiation of one inlined function (the LayerNorm's element,
+// layernorm_rows.cuh). So every multiply and add here is an _rn intrinsic, which is never contracted:
+// each rounds once, in the order written, whichever kernel inlines it. expf and normcdff are the CUDA
+// library's, the same code in every kernel. Included by .cu files only.
 #include "kernels/cuda/common.cuh"
 
 namespace octet::kernels::cuda {
@@ -21,16 +21,17 @@ inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;
 inline constexpr float kGeluCubic = 0.044715f;
 
 __device__ __forceinline__ float gelu_sigmoid_of_2u(float x) {
-  const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return 1.0f / (1.0f + expf(-2.0f * u));
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kGeluCubic, x), x), x);
+  const float u = __fmul_rn(kGeluSqrt2OverPi, __fadd_rn(x, cube));
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(__fmul_rn(-2.0f, u))));
 }
 
 // x -> y. (The second operand is unused: the elementwise map passes one to every op.)
 template <bool kTanh>
 struct GeluForward {
   __device__ __forceinline__ float operator()(float x, float) const {
-    if constexpr (kTanh) return x * gelu_sigmoid_of_2u(x);
-    else return x * normcdff(x);
+    if constexpr (kTanh) return __fmul_rn(x, gelu_sigmoid_of_2u(x));
+    else return __fmul_rn(x, normcdff(x));
   }
 };
 
@@ -40,14 +41,17 @@ struct GeluBackward {
   __device__ __forceinline__ float operator()(float dy, float x) const {
     if constexpr (kTanh) {
       const float s = gelu_sigmoid_of_2u(x);
-      const float sech2 = 4.0f * s * (1.0f - s);
+      const float sech2 = __fmul_rn(__fmul_rn(4.0f, s), __fsub_rn(1.0f, s));
       // Far out in the tails sech² is exactly 0 while x² may overflow; 0·inf would give NaN.
-      const float tail =
-          sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-      return dy * (s + tail);
+      float tail = 0.0f;
+      if (sech2 != 0.0f) {
+        const float slope = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * kGeluCubic, x), x));
+        tail = __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), kGeluSqrt2OverPi), slope);
+      }
+      return __fmul_rn(dy, __fadd_rn(s, tail));
     } else {
-      const float pdf = kGeluInvSqrt2Pi * expf(-0.5f * x * x);
-      return dy * (normcdff(x) + x * pdf);
+      const float pdf = __fmul_rn(kGeluInvSqrt2Pi, expf(__fmul_rn(__fmul_rn(-0.5f, x), x)));
+      return __fmul_rn(dy, __fadd_rn(normcdff(x), __fmul_rn(x, pdf)));
     }
   }
 };

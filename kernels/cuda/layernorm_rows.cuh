@@ -118,10 +118,14 @@ __device__ __forceinline__ RowStats layernorm_row_stats(const T* xr, const T* x2
 
 // The LayerNorm's output for element c of a row, v = the row's value there, in f32 (before the one
 // rounding to the output's dtype): (v - mean) · rstd, then · weight[c] + bias[c] with a weight.
+// Each operation rounds on its own (the _rn intrinsics are never contracted into an FMA), as on the
+// CPU. Written as plain a·b + c, nvcc contracted it into an FMA in some instantiations and not in
+// others: the LayerNorm writing FP8 for E4M3 then gave an amax one f32 ulp from layernorm_forward's
+// (f32, affine, ViT-H widths), while its E5M2 twin agreed.
 template <class W>
 __device__ __forceinline__ float layernorm_element(float v, RowStats s, const W* weight, const W* bias, int64_t c) {
-  float o = (v - s.mean) * s.rstd;
-  if (weight) o = o * to_float(weight[c]) + weight_at(bias, c, 0.f);
+  float o = __fmul_rn(__fsub_rn(v, s.mean), s.rstd);
+  if (weight) o = __fadd_rn(__fmul_rn(o, to_float(weight[c])), weight_at(bias, c, 0.f));
   return o;
 }
 

@@ -3,9 +3,12 @@
 // producers on and off. Their kernels give the unfused pairs' bits on each device (kernels/fp8.h), and
 // every other kernel here is deterministic (no attention, whose cuDNN backward may not be), so the
 // two runs must agree bit for bit: outputs, every gradient, every FP8 history and scale. Then the
-// fused GPU run against the CPU emulation, within tests/cuda/test_cuda_fp8_step.cpp's norm-wise bound.
+// fused GPU run against the CPU emulation, against the steps' own sensitivity
+// (tests/cuda/fp8_sensitivity.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +20,7 @@
 #include "nn/layers.h"
 #include "optim/sgd.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/fp8_sensitivity.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -53,7 +57,8 @@ struct StepsRun {
   int64_t producers = 0;
 };
 
-StepsRun run(Device device, bool fused) {
+// perturb_seed > 0 flips the Linears' outputs (tests/cuda/fp8_sensitivity.h), which runs them unfused.
+StepsRun run(Device device, bool fused, uint64_t perturb_seed = 0) {
   nn::set_fp8_fused_producers(fused);
   OpLedger ledger;
   PreNormLayers m(64);
@@ -61,6 +66,7 @@ StepsRun run(Device device, bool fused) {
   for (const Tensor& p : m.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
   m.to(DType::bf16);
   m.to(device);
+  if (perturb_seed > 0) testing::perturb_linear_outputs(m, "", testing::kFp8GemmFlipProbability, perturb_seed);
   optim::SGD sgd(m.parameters(), 0.1);
   StepsRun out;
   for (int s = 0; s < 2; ++s) {
@@ -95,13 +101,31 @@ TEST(CudaFp8Producers, FusedStepsEqualTheUnfusedOnesBitForBit) {
   for (const auto& [name, t] : unfused.tensors) EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
 }
 
+// The fused GPU run against the fused CPU run. The second step runs on weights the first step's
+// gradients moved, so every difference of the first step is in it too. The fixed bound of 1% failed
+// on an H200 (1.1-2.7% on the second step): the steps are ill-conditioned in FP8 as the full ViT step
+// is (tests/cuda/fp8_sensitivity.h), so each tensor is held to kFp8SensitivityMultiple × the change
+// that flipping the Linears' bf16 outputs (probability 3%) makes on the CPU, and never less than 1%.
 TEST(CudaFp8Producers, FusedStepsMatchTheCpuEmulation) {
   SKIP_WITHOUT_GPU();
   const StepsRun gpu = run(kGpu, true), cpu = run(Device::cpu(), true);
-  for (const std::string name : {"step1.y", "step1.x.grad", "step1.qkv.weight.grad", "step1.mlp.fc1.weight.grad",
-                                 "step1.mlp.fc2.weight.grad", "step1.norm2.weight.grad"}) {
-    ASSERT_TRUE(gpu.tensors.count(name) && cpu.tensors.count(name)) << name;
-    EXPECT_LT(relative_error(gpu.tensors.at(name), cpu.tensors.at(name)), 1e-2) << name;
+  std::map<std::string, Tensor> compared;
+  for (const char* step : {"step0.", "step1."}) {
+    for (const char* what : {"y", "x.grad", "qkv.weight.grad", "mlp.fc1.weight.grad", "mlp.fc2.weight.grad",
+                             "norm2.weight.grad"}) {
+      const std::string name = std::string(step) + what;
+      ASSERT_TRUE(gpu.tensors.count(name) && cpu.tensors.count(name)) << name;
+      compared[name] = cpu.tensors.at(name);
+    }
+  }
+  const std::map<std::string, double> sensitivity = testing::sensitivity(compared, [](uint64_t seed) {
+    return run(Device::cpu(), true, seed).tensors;
+  });
+  for (const auto& [name, want] : compared) {
+    const double error = relative_error(gpu.tensors.at(name), want);
+    const double bound = std::max(1e-2, testing::kFp8SensitivityMultiple * sensitivity.at(name));
+    std::printf("%-28s GPU-CPU %.4f, sensitivity %.4f, bound %.4f\n", name.c_str(), error, sensitivity.at(name), bound);
+    EXPECT_LT(error, bound) << name << " (the CPU's own sensitivity: " << sensitivity.at(name) << ")";
   }
 }
 

@@ -83,7 +83,12 @@ octet_bundle_setup() {
   export OPAL_PREFIX=$root/openmpi OPAL_EXEC_PREFIX=$root/openmpi OPAL_BINDIR=$root/openmpi/bin
   export OPAL_LIBDIR=$root/lib OPAL_PKGLIBDIR=$root/openmpi/lib OPAL_DATADIR=$root/openmpi/share
   export OPAL_PKGDATADIR=$root/openmpi/share OPAL_SYSCONFDIR=$root/openmpi/etc
-  export PMIX_INSTALL_PREFIX=$root/pmix PMIX_MCA_mca_base_component_path=$root/pmix/lib
+  # PMIx (4.x) searches its own plugin folder first, always: the one its install directories name,
+  # which PMIX_PKGLIBDIR overrides (PMIX_PREFIX the rest). Its component_path parameter only appends
+  # folders, so alone it let the bundle's PMIx load a machine's own PMIx plugins, built for another
+  # PMIx version ('undefined symbol: pmix_output_info' on a GPU machine).
+  export PMIX_PREFIX=$root/pmix PMIX_PKGLIBDIR=$root/pmix/lib PMIX_PKGDATADIR=$root/pmix/share
+  export PMIX_MCA_mca_base_component_path=$root/pmix/lib
   export HWLOC_PLUGINS_PATH=$root/hwloc
   if [[ $(id -u) == 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 }

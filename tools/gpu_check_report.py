@@ -1,36 +1,177 @@
 #!/usr/bin/env python3
-"""The verdicts of tools/gpu_check.sh, each a subcommand that prints one line and exits 1 on failure.
+"""The verdicts and tables of tools/gpu_check.sh, each a subcommand.
 
-  gtest LOG [--gpus N] [--free-gib G] [--allow-skips]
-        a GoogleTest log: every test passed, and none skipped unless it needs more GPUs or more free
-        device memory than this machine has (its skip message says 'needs N GPUs', 'needs N CUDA devices' or 'needs N GiB')
+  gtest LOG... [--list LIST] [--gpus N] [--free-gib G] [--allow-skips]
+        GoogleTest logs taken together (the shards of one suite and their reruns): every test passed,
+        none crashed or hung, none of LIST (--gtest_list_tests) went unrun, and none skipped unless it
+        needs more GPUs or more free device memory than this machine has (its skip message says
+        'needs N GPUs', 'needs N CUDA devices' or 'needs N GiB'). One line; exit 1 on failure.
+  shards LIST LOG... [--unreached FILE]
+        what became of each shard: ran to the end (with how many failures), or crashed or hung in a
+        named test with so many of its tests never started; FILE gets the tests of LIST that no log
+        started, one per line, for a rerun with --gtest_filter
   track GPU.jsonl CPU.jsonl --precision bf16|fp8|same-gpu --steps K
         train_vit's losses on the GPU follow its CPU twin (or another GPU run) over the first K steps
   falls RUN.jsonl
         the loss falls: the mean of the last 5 steps is at most 0.85 of the first 5
-  table BENCH.jsonl --device TEXT --model NAME --batch N
-        the benchmark table: Octet bf16 and fp8 beside PyTorch eager and torch.compile
+  kernels CSV[.gz]... [--top N]
+        Nsight Compute captures (--csv --page raw with gpu__time_duration.sum) summed per kernel
+        category and per kernel, with launches and microseconds per launch
+  table BENCH.jsonl --device TEXT --model NAME --batch N [--commit C] [--date D]
+        the benchmark table in bench/RESULTS.md's format: Octet bf16, fp8 (fused producers on and
+        off) and bf16 with recompute beside PyTorch eager and torch.compile, and the goals
 
 Standard library only: it runs on a GPU machine beside PyTorch and here alike.
 """
 import argparse
+import csv
 import datetime
+import gzip
+import io
 import json
+import os
 import re
 import sys
 
-# ---- gtest -----------------------------------------------------------------------------------------------
+# ---- GoogleTest logs ---------------------------------------------------------------------------------------
+
+RUN = re.compile(r"^\[ RUN      \] (\S+)")
+RESULT = re.compile(r"^\[ +(OK|FAILED|SKIPPED) +\] (\S+?),?(?: |$)")
+FINISHED = re.compile(r"^\[==========\] \d+ tests? from .* ran\.")
+SHARD = re.compile(r"^Note: This is test shard (\d+) of (\d+)\.")
+# What tools/gpu_check.sh appends to a log when the program did not exit 0.
+MARKER = re.compile(r"^gpu_check: (?:exit (\d+)|timed out after (\d+) ?s)")
+OUTCOMES = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}
+
+
+class GtestLog:
+    """One GoogleTest log, read line by line: each test's outcome and message, the test that was
+    running when the log ends (the program crashed there, or hung and was killed), whether the
+    program reached its summary, its shard, and the exit status gpu_check recorded."""
+
+    def __init__(self, path):
+        self.path, self.name = path, os.path.basename(path)
+        self.tests = {}          # name -> (outcome, message), in the order they ran
+        self.started = []        # every test that started, in order
+        self.interrupted = None  # the test that started and never ended
+        self.finished = False
+        self.shard = None        # (index from 0, total)
+        self.exit = None
+        self.timed_out = None    # seconds
+        text = re.sub(r"\x1b\[[0-9;]*m", "", open(path, errors="replace").read())
+        current, lines = None, []
+        for line in text.splitlines():
+            m = RUN.match(line)
+            if m:
+                if current is not None:  # a test began while another never ended: that one was cut off
+                    self.tests[current] = ("interrupted", " ".join(lines))
+                current, lines = m.group(1), []
+                self.started.append(current)
+                continue
+            m = RESULT.match(line)
+            if m and m.group(2) == current:
+                self.tests[current] = (OUTCOMES[m.group(1)], " ".join(s.strip() for s in lines if s.strip()))
+                current = None
+                continue
+            if m and m.group(1) == "FAILED" and "." in m.group(2) and current is None:
+                # GoogleTest's closing list of failures: a test named there failed, whatever came before
+                self.tests[m.group(2)] = ("failed", self.tests.get(m.group(2), ("", ""))[1])
+            if current is not None:
+                lines.append(line)
+            if FINISHED.match(line):
+                self.finished = True
+            m = SHARD.match(line)
+            if m:
+                self.shard = (int(m.group(1)) - 1, int(m.group(2)))
+            m = MARKER.match(line)
+            if m:
+                if m.group(1) is not None:
+                    self.exit = int(m.group(1))
+                else:
+                    self.timed_out = int(m.group(2))
+        if current is not None:
+            self.interrupted = current
+            self.tests[current] = ("interrupted", " ".join(s.strip() for s in lines if s.strip()))
+
+    def how_it_ended(self):
+        """'crashed (exit 139)', 'hung: timed out after 150 s', or 'stopped' when nothing says why."""
+        if self.timed_out is not None:
+            return f"hung: timed out after {self.timed_out} s"
+        if self.exit is not None:
+            return f"crashed (exit {self.exit})"
+        return "stopped (no exit status recorded)"
+
+    def count(self, outcome):
+        return sum(1 for o, _ in self.tests.values() if o == outcome)
+
+
+def read_test_list(path):
+    """Test names from --gtest_list_tests, in GoogleTest's order: 'Suite.' lines, then indented test
+    names, each possibly followed by '# GetParam() = ...'. DISABLED_ tests are left out: they
+    neither run nor count in GoogleTest's sharding."""
+    names, suite = [], None
+    for line in open(path, errors="replace"):
+        if not line.strip() or line.startswith("Running main()"):
+            continue
+        if not line[0].isspace():
+            suite = line.split()[0]
+            suite = suite if suite.endswith(".") else None
+        elif suite:
+            test = line.split()[0]
+            if not suite.startswith("DISABLED_") and "/DISABLED_" not in suite and not test.startswith("DISABLED_"):
+                names.append(suite + test)
+    return names
+
+
+def shard_of(names, index, total):
+    """The tests GoogleTest gives shard `index` of `total`: the j-th runnable test goes to shard
+    j mod total (GoogleTest's ShouldRunTestOnShard). --gtest_list_tests ignores the shard variables,
+    so the shard's list is worked out here."""
+    return [n for j, n in enumerate(names) if j % total == index]
+
+
+def shards(args):
+    names = read_test_list(args.list)
+    logs = [GtestLog(p) for p in args.logs]
+    for log in logs:
+        label = f"{log.name}" + (f" (shard {log.shard[0] + 1} of {log.shard[1]})" if log.shard else "")
+        counts = f"{log.count('passed')} passed, {log.count('failed')} failed, {log.count('skipped')} skipped"
+        if log.interrupted is None and log.finished:
+            odd = log.exit is not None and (log.exit != 1 or log.count("failed") == 0)
+            print(f"{label}: ran to the end: {counts}" + (f"; but exited {log.exit}" if odd else ""))
+            continue
+        own = ""
+        if log.shard:
+            mine = shard_of(names, *log.shard)
+            outside = [n for n in log.started if n not in set(mine)]
+            if outside:
+                own = f"; its tests do not match GoogleTest's sharding of the list ({len(outside)} started outside it)"
+            else:
+                own = f" of its {len(mine)}; {len(set(mine) - set(log.started))} never started"
+        where = f"in {log.interrupted}" if log.interrupted else "between tests"
+        print(f"{label}: {log.how_it_ended().upper()} {where} after {len(log.started)} tests{own} ({counts})")
+    started = set()
+    for log in logs:
+        started.update(log.started)
+    unreached = [n for n in names if n not in started]
+    if args.unreached:
+        with open(args.unreached, "w") as f:
+            f.writelines(n + "\n" for n in unreached)
+    print(f"{len(names)} tests listed, {len(names) - len(unreached)} started, {len(unreached)} never started"
+          + (": " + ", ".join(unreached[:8]) + (" ..." if len(unreached) > 8 else "") if unreached else ""))
+    return 0
 
 
 def gtest(args):
-    text = open(args.log, errors="replace").read()
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
-    failed = sorted(set(re.findall(r"^\[  FAILED  \] (\S+\.\S+)", text, re.M)))
-    passed = re.search(r"^\[  PASSED  \] (\d+) tests?", text, re.M)
-    # Each skipped test's message: the lines between its RUN and SKIPPED lines.
-    skips = {}
-    for m in re.finditer(r"^\[ RUN      \] (\S+)\n(.*?)^\[  SKIPPED \] \1", text, re.M | re.S):
-        skips[m.group(1)] = " ".join(line.strip() for line in m.group(2).splitlines() if line.strip())
+    logs = [GtestLog(p) for p in args.logs]
+    merged = {}  # name -> (outcome, message, log); a test that ran twice keeps its worse outcome
+    worse = {"passed": 0, "skipped": 1, "failed": 2, "interrupted": 3}
+    for log in logs:
+        for name, (outcome, message) in log.tests.items():
+            if name not in merged or worse[outcome] > worse[merged[name][0]]:
+                merged[name] = (outcome, message, log)
+    failed = sorted(n for n, (o, _, _) in merged.items() if o == "failed")
+    skips = {n: m for n, (o, m, _) in merged.items() if o == "skipped"}
     unexplained = []
     for name, message in sorted(skips.items()):
         need_gpus = re.search(r"needs (\d+) (?:GPUs|CUDA devices)", message)
@@ -42,16 +183,29 @@ def gtest(args):
         if need_gib and int(need_gib.group(1)) > args.free_gib:
             continue
         unexplained.append(f"{name} ({message[:160]})")
-    n_passed = int(passed.group(1)) if passed else 0
+    n_passed = sum(1 for o, _, _ in merged.values() if o == "passed")
     line = f"{n_passed} passed, {len(failed)} failed, {len(skips)} skipped"
     problems = []
+    stuck = [log for log in logs if log.interrupted]
+    if stuck:
+        line += f", {len(stuck)} crashed or hung"
     if failed:
         problems.append("failed: " + ", ".join(failed[:20]) + (f" and {len(failed) - 20} more" if len(failed) > 20 else ""))
+    for log in stuck:
+        problems.append(f"did not finish: {log.how_it_ended()} in {log.interrupted} ({log.name})")
+    for log in logs:
+        if not log.interrupted and not log.finished:
+            problems.append(f"did not finish: {log.how_it_ended()} with no test running ({log.name}: no GoogleTest summary)")
+        elif log.finished and log.exit is not None and (log.exit != 1 or not log.count("failed")):
+            problems.append(f"{log.name} ran its tests but exited {log.exit}")
+    if args.list:
+        started = set(merged)
+        never = [n for n in read_test_list(args.list) if n not in started]
+        if never:
+            problems.append(f"{len(never)} listed tests never ran: " + ", ".join(never[:8]) + (" ..." if len(never) > 8 else ""))
     if unexplained:
         more = f"; and {len(unexplained) - 6} more (the log has them all)" if len(unexplained) > 6 else ""
         problems.append(f"skipped on a machine with {args.gpus} GPU(s): " + "; ".join(unexplained[:6]) + more)
-    if not passed and not failed:
-        problems.append("no GoogleTest summary in the log (the program did not finish)")
     if len(skips) > len(unexplained) and not args.allow_skips:
         line += f" ({len(skips) - len(unexplained)} need more GPUs or memory than this machine has)"
     print(line + ("; " + "; ".join(problems) if problems else ""))
@@ -123,16 +277,138 @@ def falls(args):
     return 0 if ok else 1
 
 
+# ---- kernels ----------------------------------------------------------------------------------------------
+
+# Kernel categories, tried in this order against the kernel's name (its template arguments included,
+# so that an FP8 cast that also applies GELU counts as GELU, as the fused producers are meant to).
+CATEGORIES = [
+    ("attention", r"sdpa|fmha|flash|attention|compute_dot_do_o|convert_dq_to_16bits|softmax"),
+    ("GEMM", r"gemm|cutlass|xmma|nvjet|cublas|splitk"),
+    ("LayerNorm", r"layer_?norm"),
+    ("GELU", r"gelu"),
+    ("FP8 cast/amax", r"fp8|amax|e4m3|e5m2|update_scales"),
+    ("optimizer", r"sgd|adam|optim|multi_tensor|clip_scalars|scale_chunks"),
+    ("loss", r"cross_entropy|nll_loss"),
+    ("copies/converts/fills", r"copy|convert|fill|gather|scatter|transpose|place_band|memset|memcpy|nchwtonhwc|nhwctonchw"),
+    ("elementwise", r"binary|unary|elementwise|map_kernel|axpy|dropout|keep_mask"),
+    ("reductions", r"reduce|partials|max_rows|max_cols|sum"),
+]
+UNITS_NS = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "µs": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
+
+
+def kernel_label(name):
+    """The kernel's name without 'void ', its parameter list and '<unnamed>::' (its template
+    arguments stay: they tell GeluForward from GeluBackward)."""
+    name = name.strip()
+    if name.startswith("void "):
+        name = name[5:]
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    return name.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+
+
+def category(label):
+    for name, pattern in CATEGORIES:
+        if re.search(pattern, label, re.I):
+            return name
+    return "other"
+
+
+def read_ncu_csv(path):
+    """(kernel label, nanoseconds) per launch from ncu's --csv --page raw output. The program's own
+    output and ncu's ==PROF== lines come before the CSV; the row after the header gives the units."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", errors="replace") as f:
+        lines = f.read().splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if header is None:
+        return []
+    rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[header:] if line.startswith('"')))))
+    columns = rows[0]
+    if "Kernel Name" not in columns or "gpu__time_duration.sum" not in columns:
+        return []
+    name_at, time_at = columns.index("Kernel Name"), columns.index("gpu__time_duration.sum")
+    scale = 1.0
+    body = rows[1:]
+    if body and not body[0][0]:  # the units row: "", "", ..., "ns"
+        scale = UNITS_NS.get(body[0][time_at].strip(), 1.0)
+        body = body[1:]
+    out = []
+    for row in body:
+        if len(row) <= max(name_at, time_at):
+            continue
+        try:
+            ns = float(row[time_at].replace(",", "")) * scale
+        except ValueError:
+            continue
+        out.append((kernel_label(row[name_at]), ns))
+    return out
+
+
+def kernels(args):
+    status = 0
+    by_file = []
+    for path in args.csv:
+        launches = read_ncu_csv(path)
+        name = os.path.basename(path)
+        if not launches:
+            print(f"{name}: no kernels (not an ncu --csv --page raw capture with gpu__time_duration.sum, or the capture failed)\n")
+            status = 1
+            continue
+        total = sum(ns for _, ns in launches)
+        per_kernel, per_category = {}, {}
+        for label, ns in launches:
+            t, n = per_kernel.get(label, (0.0, 0))
+            per_kernel[label] = (t + ns, n + 1)
+            c = category(label)
+            t, n = per_category.get(c, (0.0, 0))
+            per_category[c] = (t + ns, n + 1)
+        by_file.append((name, total, per_category))
+        print(f"{name}: {len(launches)} kernel launches, {total / 1e6:.2f} ms of GPU time (ncu runs them one at a time)")
+        print(f"  {'category':<24}{'ms':>9}{'share':>8}{'launches':>10}")
+        for c, (ns, n) in sorted(per_category.items(), key=lambda kv: -kv[1][0]):
+            print(f"  {c:<24}{ns / 1e6:>9.2f}{100 * ns / total:>7.1f}%{n:>10}")
+        print(f"  top {args.top} kernels by time:")
+        print(f"  {'ms':>9}{'launches':>10}{'us/launch':>11}  {'category':<22}kernel")
+        for label, (ns, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]:
+            shown = label if len(label) <= 140 else label[:137] + "..."
+            print(f"  {ns / 1e6:>9.2f}{n:>10}{ns / n / 1e3:>11.1f}  {category(label):<22}{shown}")
+        print()
+    if len(by_file) > 1:
+        cats = [c for c, _ in CATEGORIES] + ["other"]
+        cats = [c for c in cats if any(c in pc for _, _, pc in by_file)]
+        print("| ms per captured step | " + " | ".join(n for n, _, _ in by_file) + " |")
+        print("|---|" + "---:|" * len(by_file))
+        for c in cats:
+            print(f"| {c} | " + " | ".join(f"{pc[c][0] / 1e6:.2f}" if c in pc else "–" for _, _, pc in by_file) + " |")
+        print("| sum | " + " | ".join(f"{t / 1e6:.2f}" for _, t, _ in by_file) + " |")
+    return status
+
+
 # ---- table ------------------------------------------------------------------------------------------------
 
+# The rows, keyed by the JSON line's "run" (tools/gpu_check.sh tags bench_vit's lines with it: the
+# line alone does not say whether the fused FP8 producers were on) or else its "bench".
 NAMES = {
     "octet": "Octet bf16 (bench_vit)",
-    "octet-fp8": "Octet fp8, delayed scaling (bench_vit)",
+    "octet-fp8": "Octet fp8, delayed scaling, fused producers on (bench_vit)",
+    "octet-fp8-unfused": "Octet fp8, delayed scaling, --fp8-fused-producers off",
+    "octet-recompute": "Octet bf16, --recompute blocks",
     "pytorch-eager": "PyTorch eager, bf16 autocast, SGD",
     "pytorch-eager-fused": "PyTorch eager, bf16 autocast, SGD(fused=True)",
     "pytorch-compile": "PyTorch torch.compile, bf16 autocast, SGD",
     "pytorch-compile-fused": "PyTorch torch.compile, bf16 autocast, SGD(fused=True)",
 }
+
+
+def goal(text, value, target, at_least=True, fmt=".3f"):
+    met = value >= target if at_least else value <= target
+    return f"{text} = {value:{fmt}} (goal {'>=' if at_least else '<='} {target}): {'met' if met else 'NOT met'}"
 
 
 def table(args):
@@ -142,13 +418,16 @@ def table(args):
             r = json.loads(line)
         except ValueError:
             continue
-        key = r["bench"] + ("-fp8" if r.get("precision") == "fp8" else "")
+        key = r.get("run") or r["bench"] + ("-fp8" if r.get("precision") == "fp8" else "")
         runs[key] = r
     ips = {k: r["images_per_s"] for k, r in runs.items()}
     eager, compiled = ips.get("pytorch-eager"), ips.get("pytorch-compile")
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
-    print(f"{args.model}, batch {args.batch}, SGD momentum 0.9, synthetic data on the GPU; "
-          f"{args.device}; {datetime.date.today().isoformat()}")
+    date = args.date or datetime.date.today().isoformat()
+    steps = runs.get("octet", {}).get("steps")
+    print(f"{date}, {args.device}" + (f", commit {args.commit}" if args.commit else "") + ". "
+          f"{args.model}, batch {args.batch}, SGD momentum 0.9, synthetic data on the GPU"
+          + (f", median step of {steps} after the warm-up steps" if steps else "") + ":")
     print()
     print("| run | images/s | step ms | TFLOP/s | MFU | peak memory GiB | ÷ PyTorch eager | ÷ torch.compile |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -166,23 +445,36 @@ def table(args):
     if "octet" in runs:
         bf16 = runs["octet"]
         if eager:
-            goals.append(f"Octet bf16 ÷ PyTorch eager = {ips['octet'] / eager:.3f} (goal >= 1.3)")
+            goals.append(goal("Octet bf16 ÷ PyTorch eager", ips["octet"] / eager, 1.3))
         if compiled:
-            goals.append(f"Octet bf16 ÷ torch.compile = {ips['octet'] / compiled:.3f} (goal >= 1.1)")
+            goals.append(goal("Octet bf16 ÷ torch.compile", ips["octet"] / compiled, 1.15))
         if bf16.get("mfu") is not None:
-            goals.append(f"Octet bf16 MFU = {100 * bf16['mfu']:.1f}% (goal >= 55%)")
+            mfu = 100 * bf16["mfu"]
+            goals.append(goal("Octet bf16 MFU", mfu, 50, fmt=".1f") + f" (stretch 55%: {'met' if mfu >= 55 else 'not met'})")
         if "octet-fp8" in runs:
-            goals.append(f"Octet fp8 ÷ Octet bf16 = {ips['octet-fp8'] / ips['octet']:.3f} (goal >= 1.35)")
+            goals.append(goal("Octet fp8 ÷ Octet bf16", ips["octet-fp8"] / ips["octet"], 1.35))
         peak, eager_peak = bf16.get("peak_memory_gib"), runs.get("pytorch-eager", {}).get("peak_memory_gib")
         if peak and eager_peak:
-            goals.append(f"Octet bf16 peak memory ÷ PyTorch eager's = {peak / eager_peak:.3f} (goal <= 0.8)")
-        if "pytorch-eager" in runs:
-            goals.append(f"GFLOP per training image: Octet {bf16['gflop_per_image']:.1f}, "
-                         f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")
+            goals.append(goal("Octet bf16 peak memory ÷ PyTorch eager's", peak / eager_peak, 0.8, at_least=False))
+    if "octet-fp8" in runs:
+        if eager:
+            goals.append(goal("Octet fp8 ÷ PyTorch eager bf16", ips["octet-fp8"] / eager, 1.9))
+        if "octet-fp8-unfused" in runs:
+            ratio = ips["octet-fp8"] / ips["octet-fp8-unfused"]
+            goals.append(f"Octet fp8 with the fused producers ÷ with the separate casts = {ratio:.3f} (goal > 1): "
+                         + ("met" if ratio > 1 else "NOT met"))
+    if "octet-recompute" in runs and "octet" in runs:
+        r = runs["octet-recompute"]
+        goals.append(f"bf16 --recompute blocks: {ips['octet-recompute'] / ips['octet']:.3f}x bf16's images/s, "
+                     f"peak memory {fmt(r.get('peak_memory_gib'), '.2f')} GiB against {fmt(runs['octet'].get('peak_memory_gib'), '.2f')}")
+    if "octet" in runs and "pytorch-eager" in runs:
+        goals.append(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
+                     f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")
     for g in goals:
-        print(g)
-    missing = [k for k in ("octet", "octet-fp8", "pytorch-eager", "pytorch-compile") if k not in runs]
+        print(f"- {g}")
+    missing = [k for k in NAMES if k not in runs]
     if missing:
+        print()
         print("did not run: " + ", ".join(missing))
     return 0
 
@@ -191,10 +483,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("gtest")
-    p.add_argument("log")
+    p.add_argument("logs", nargs="+")
+    p.add_argument("--list", help="the suite's --gtest_list_tests output: every test in it must have run")
     p.add_argument("--gpus", type=int, default=0)
     p.add_argument("--free-gib", type=int, default=0)
     p.add_argument("--allow-skips", action="store_true")
+    p = sub.add_parser("shards")
+    p.add_argument("list")
+    p.add_argument("logs", nargs="+")
+    p.add_argument("--unreached", help="write the tests of the list that no log started here, one per line")
     p = sub.add_parser("track")
     p.add_argument("gpu")
     p.add_argument("reference")
@@ -202,13 +499,19 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p = sub.add_parser("falls")
     p.add_argument("run")
+    p = sub.add_parser("kernels")
+    p.add_argument("csv", nargs="+")
+    p.add_argument("--top", type=int, default=15)
     p = sub.add_parser("table")
     p.add_argument("bench")
     p.add_argument("--device", default="")
     p.add_argument("--model", default="")
     p.add_argument("--batch", default="")
+    p.add_argument("--commit", default="")
+    p.add_argument("--date", default="")
     args = parser.parse_args()
-    return {"gtest": gtest, "track": track, "falls": falls, "table": table}[args.command](args)
+    return {"gtest": gtest, "shards": shards, "track": track, "falls": falls, "kernels": kernels,
+            "table": table}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,20 @@ memory) and one JSON line per run for tools/gpu_check.sh's table.
 --model takes Octet's config names (bench_vit's --model); the model is built from the dimensions
 below, never looked up in timm's registry, whose names change between releases.
 
+--start-gate FILE lets a cold torch.compile (minutes for ViT-H) overlap other work and still be
+timed on an idle GPU: the script builds, compiles and runs its warm-up steps, prints a line that
+begins 'ready:', frees its cached GPU memory, and waits until FILE exists before the timed steps.
+tools/gpu_check.sh starts it so, runs the GPU tests meanwhile, then creates FILE.
+
 Nothing in Octet depends on this script or on Python; it runs only beside bench_vit on a GPU machine.
 """
 import argparse
 import json
+import os
 import statistics
+import time
+
+STARTED = time.monotonic()
 
 import timm
 import torch
@@ -96,15 +105,28 @@ def run(args, mode):
 
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(args.warmup):
+            step()
+        torch.cuda.synchronize(device)
+        if args.start_gate and not os.path.exists(args.start_gate):
+            # Compiled and warmed up: give back the cached blocks (the next step allocates them again,
+            # and the median of the timed steps does not see it) and wait for the GPU to be ours.
+            torch.cuda.empty_cache()
+            print(f"ready: pytorch-{mode} built, compiled and warmed up {time.monotonic() - STARTED:.0f} s after "
+                  f"the start; waiting for {args.start_gate} before the timed steps", flush=True)
+            waited = time.monotonic()
+            while not os.path.exists(args.start_gate):
+                time.sleep(0.2)
+            print(f"pytorch-{mode}: {args.start_gate} appeared after {time.monotonic() - waited:.0f} s; timing",
+                  flush=True)
         times_ms = []
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for s in range(args.warmup + args.steps):
+        for _ in range(args.steps):
             start.record()
             loss = step()
             end.record()
             end.synchronize()
-            if s >= args.warmup:
-                times_ms.append(start.elapsed_time(end))
+            times_ms.append(start.elapsed_time(end))
         last_loss = loss.item()
 
         step_ms = statistics.median(times_ms)
@@ -148,6 +170,9 @@ def main():
                         help="plain SGD (the seed experiment's), SGD(fused=True), or both, one after the other")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak for MFU (default: NVIDIA's datasheet figure for an H100/H200)")
+    parser.add_argument("--start-gate", metavar="FILE", default=None,
+                        help="after the warm-up steps, print a 'ready:' line and wait until FILE exists before "
+                             "timing (lets a cold compile overlap other work and still time an idle GPU)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 runs stay fp32, as Octet's
     for mode in (["eager", "compile"] if args.mode == "both" else [args.mode]):

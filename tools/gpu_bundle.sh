@@ -6,14 +6,14 @@
 #
 # then, on the GPU machine, from the repository root with OUT beside it:
 #
-#   bash tools/gpu_check.sh tests         (and train, bench: see tools/gpu_check.sh)
+#   bash tools/gpu_check.sh               (the whole GPU check: see tools/gpu_check.sh)
 #
 # It packs from build/, the default preset's Release CUDA build (configured here if it does not
 # exist yet; refused with the fix if it is not a Release build with CUDA for sm_90), and builds only
 # the targets below that are out of date. The bundle, unpacked:
 #
-#   bin/        the programs: the GPU tests, train_vit, bench_vit, gpu_info, the CPU suites and the
-#               mpi suites, stripped, with RUNPATH $ORIGIN/../lib
+#   bin/        the programs: the GPU tests, train_vit, bench_vit (and bench_kernels where the build
+#               has it), gpu_info, the CPU suites and the mpi suites, stripped, with RUNPATH $ORIGIN/../lib
 #   lib/        the libraries they need that the machine may lack: spdlog, fmt, OpenBLAS and its
 #               Fortran runtime, zlib, the CUDA runtime, OpenMPI's libraries, PMIx, hwloc, libevent
 #   lib-gcc/    the GCC runtime (libstdc++, libgcc_s, libgomp): env.sh uses it unless the machine's
@@ -42,6 +42,8 @@ max_mib=${OCTET_BUNDLE_MAX_MIB:-40}
 programs=(gpu_info test_cuda train_vit bench_vit
           test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps test_local_group test_nccl_mapping
           test_collectives test_ddp test_fsdp test_fsdp_fp8 test_fsdp_checkpoint test_gpu_shared_mpi)
+# Packed when the build defines them (tools/gpu_check.sh runs each one it finds).
+optional_programs=(bench_kernels)
 
 # ---- the build ---------------------------------------------------------------------------------------
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
@@ -60,6 +62,10 @@ if [[ $(cache_value CMAKE_BUILD_TYPE) != Release || ! ";$(cache_value OCTET_CUDA
        "Fix: cmake --preset default -DCMAKE_BUILD_TYPE=Release -DOCTET_CUDA_ARCHITECTURES=90" >&2
   exit 2
 fi
+targets=$(cmake --build "$build" --target help 2> /dev/null)
+for p in "${optional_programs[@]}"; do
+  grep -Eq "^(\.\.\. )?$p(:| |$)" <<< "$targets" && programs+=("$p")
+done
 cmake --build "$build" -j "$(nproc)" --target "${programs[@]}"
 
 # ---- what the GPU machine has, and what it never gets from us ----------------------------------------

@@ -1,64 +1,104 @@
 #!/usr/bin/env bash
-# The GPU check, in stages that each finish well inside 10 minutes on one H100 or H200:
+# The GPU check: one command of at most 8 minutes on one H100 or H200 with 16 host cores.
 #
-#   bash tools/gpu_check.sh tests     ~6 min (estimated): gpu_info, every GPU test, the CPU suites,
-#                                     the mpi suites at 2 ranks on the one GPU (CUDA tensors over MPI)
-#   bash tools/gpu_check.sh train     ~5 min (estimated): train_vit bf16 and fp8 on the GPU against the
-#                                     CPU emulation, DDP and FSDP over NCCL at world size 1 and over MPI
-#                                     with 2 ranks sharing the GPU
-#   bash tools/gpu_check.sh bench     ~8 min (estimated): bench_vit bf16 and fp8 for ViT-H/16 at batch
-#                                     64 beside PyTorch eager and torch.compile (plain and fused SGD),
-#                                     then fp8 again with --fp8-fused-producers off, and bf16 with
-#                                     --recompute blocks
+#   bash tools/gpu_check.sh                  the whole check, in the order below (450 s by default)
+#   bash tools/gpu_check.sh STAGE...         only those stages, in the order given (a longer lease
+#                                            can run them one by one, or rerun one)
 #
-# (The times are estimates from the work each stage does: no stage has run on a GPU yet. Replace
-# them with measured ones after the first run. On the 2-core development machine, rehearsed with
-# OCTET_GPU_CHECK_DEVICE=cpu below, train took 186 s and tests 7 s with every GPU test skipping.)
-# Whatever hangs, a stage stops its steps after OCTET_STAGE_SECONDS (540) and still writes its files,
-# so one stage fits one 10-minute command; several stages may be named where there is time for them.
+# The stages, in the order of the whole check, with the time each took or is expected to take on an
+# H200 (measured on the first GPU run where it says so):
+#
+#   bench          bench_vit for ViT-H/16 at batch 64, 10 steps after 3 warm-up, on an idle GPU: bf16
+#                  (14 s), fp8 (12 s), fp8 with --fp8-fused-producers off (11 s), bf16 with
+#                  --recompute blocks (11 s)
+#   bench_kernels  bench_kernels, where the build has it (at most 90 s)
+#   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (19 s)
+#   compile        starts torch.compile in the background (--start-gate): its cold compile (about
+#                  170 s alone, more beside the tests) runs on the host's cores while the next stages
+#                  use the GPU; it is released, timed on an idle GPU and waited for before the first
+#                  later stage that needs the GPU to itself (ncu, table), or at the end
+#   tests          the GPU tests as 4 GoogleTest shards at once (64 s), each under a timeout; a shard
+#                  that crashes or hangs is named with the test it stopped in, and the tests it never
+#                  reached run afterwards (--gtest_filter). Meanwhile the CPU twins of the train runs
+#                  start on the host's cores. One verdict covers every shard and rerun.
+#   train          train_vit on the GPU against its CPU twin (gpu_check_report.py track, then falls):
+#                  bf16, fp8, DDP and FSDP over NCCL, FSDP fp8 with --fp8-all-gather (and against
+#                  FSDP fp8 with bf16 gathers), LoRA under FSDP, hybrid sharding at world size 1
+#                  (1-3 s each)
+#   mpi            2 ranks sharing the GPU over MPI: test_gpu_shared_mpi, test_collectives on CUDA
+#                  tensors, and train_vit DDP, FSDP and FSDP fp8 with --fp8-all-gather against
+#                  their 2-rank CPU twins
+#   ncu            where Nsight Compute's ncu exists: one ViT-H step of bf16 and one of fp8 under
+#                  ncu (about 40 s each; a capture is skipped when less than 60 s are left), summed
+#                  per kernel category and per kernel (gpu_check_report.py kernels)
+#   table          the benchmark table in bench/RESULTS.md's format, with the goals
+#
+# It writes at most 8 files to the output folder ($OUT when set, else /tmp/octet-gpu-check), and
+# rewrites the first two after every step, so that a kill at any moment leaves what ran so far:
+#   summary.txt     every step with PASS, FAIL, SKIP or CUT and its wall time, the numbers, and last
+#                   a short verdict
+#   logs.tar.gz     every step's log, and the metrics of each train run and its twin
+#   results.md      the benchmark table, for bench/RESULTS.md
+#   kernels.txt     bench_kernels' table and the ncu captures summed
+#   ncu_bf16.csv.gz, ncu_fp8.csv.gz   the captures
+#
+# The check fails (exit 1) when a GPU test fails, crashes, hangs or skips although the machine has
+# a GPU (unless it needs more GPUs or memory than this machine has, which the verdict names); when
+# cuDNN's fused attention falls back to the unfused kernels (train_vit and bench_vit run with
+# OCTET_REQUIRE_FUSED_ATTENTION=1, and their logs are searched for the fallback's warning); when a
+# train run leaves its CPU twin's bounds or its loss does not fall; when a program fails or times
+# out; or, on a GPU machine, when PyTorch is missing. Without ncu there is no kernel table, and the
+# summary says so. A torch.compile that the deadline cuts is reported as such (CUT), not as a failure.
 #
 # Run it from the repository root of a GPU machine. It takes the programs from the bundle that
-# tools/gpu_bundle.sh made on a development machine (build-gpu-bundle/, beside the checkout; for a
-# machine that cannot build Octet: no Debian packages, no network), or else from build/ on a
-# machine that built Octet itself. Each stage writes exactly two files to the output folder ($OUT
-# when set, else /tmp/octet-gpu-check): STAGE-summary.txt, what passed and failed with the numbers,
-# and STAGE-logs.tar.gz, every log. Three stages in one call write six files.
+# tools/gpu_bundle.sh made on a development machine (build-gpu-bundle/, beside the checkout), or
+# else from build/ on a machine that built Octet itself.
 #
-# A stage exits non-zero, and says so in its summary, when
-#   - a GPU test fails, or skips although the machine has a GPU (unless it needs more GPUs or more
-#     memory than this machine has, which the summary names);
-#   - cuDNN's fused attention falls back to the unfused kernels: the GPU tests count which path each
-#     bf16 and fp8 case took, and train_vit and bench_vit run with OCTET_REQUIRE_FUSED_ATTENTION=1,
-#     which makes a fallback an error (their logs are also searched for the fallback's warning; the
-#     GPU suite's f32 cases go unfused by design, so its log is not);
-#   - a training run diverges from its CPU reference, or its loss does not fall;
-#   - a program or the PyTorch comparator fails.
+# Settings (environment):
+#   OCTET_CHECK_SECONDS=450     the whole check's deadline; every step's timeout comes from what is left
+#   OCTET_PYTHON=python3        the python with torch and timm for bench/pytorch_reference.py
+#   MODEL, BATCH, STEPS, WARMUP the benchmarks' model (vit_huge_patch16_224), batch (64) and steps (10, 3)
+#   OCTET_GPU_CHECK_DEVICE=cpu  rehearses the mechanics on a machine without a GPU: bench_vit and the
+#                               train runs go to the CPU (NCCL becomes the local group), the GPU tests
+#                               skip, saying why; PyTorch and ncu are skipped. CI runs it
+#                               (tools/gpu_bundle_check.sh), with these to keep it short:
+#   OCTET_CHECK_TRAIN_STEPS     every train run's steps (then the loss's fall is shown, not judged)
+#   OCTET_CHECK_DATA_DIR        the Fashion-MNIST folder of the train runs (default: the bundle's)
+#   OCTET_CHECK_GTEST           the GoogleTest program of the tests stage (default: test_cuda)
+#   OCTET_CHECK_SHARD_SECONDS   each shard's timeout (default 150: the four took 64 s on an H200)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 3
 repo=$PWD
 out=${OUT:-/tmp/octet-gpu-check}
 mkdir -p "$out"
 bundle_dir=${OCTET_BUNDLE_DIR:-build-gpu-bundle}
-# OCTET_GPU_CHECK_DEVICE=cpu rehearses the stages' mechanics on a machine without a GPU: the train
-# runs go to the CPU (and NCCL becomes the local group), so everything but the GPU itself is tried.
 device=${OCTET_GPU_CHECK_DEVICE:-cuda:0}
-# Each stage stops its steps by this many seconds, so that it always writes its summary and logs
-# inside one 10-minute command, whatever hangs.
-stage_seconds=${OCTET_STAGE_SECONDS:-540}
+rehearsal=0
+[[ $device == cpu ]] && rehearsal=1
+check_seconds=${OCTET_CHECK_SECONDS:-450}
+reserve=15  # seconds kept back at the end for the table, the verdict and the last flush
+py=${OCTET_PYTHON:-python3}
+model=${MODEL:-vit_huge_patch16_224} batch=${BATCH:-64} bench_steps=${STEPS:-10} bench_warmup=${WARMUP:-3}
+train_steps_override=${OCTET_CHECK_TRAIN_STEPS:-}
+shard_seconds=${OCTET_CHECK_SHARD_SECONDS:-150}
 gpu_backend=nccl
-[[ $device == cpu ]] && gpu_backend=auto
+((rehearsal)) && gpu_backend=auto
 report=(python3 "$repo/tools/gpu_check_report.py")
-export GTEST_COLOR=no PYTHONUNBUFFERED=1
+export GTEST_COLOR=no PYTHONUNBUFFERED=1 OCTET_REQUIRE_FUSED_ATTENTION=1
 
+all_stages=(bench bench_kernels eager compile tests train mpi ncu table)
 if (($# == 0)); then
-  echo "usage: bash tools/gpu_check.sh STAGE...   (STAGE: tests, train or bench; see the header)" >&2
-  exit 2
+  stages=("${all_stages[@]}")
+else
+  stages=("$@")
+  for s in "${stages[@]}"; do
+    [[ " ${all_stages[*]} " == *" $s "* ]] ||
+      { echo "gpu_check: unknown stage '$s' (stages: ${all_stages[*]}; none: all of them)" >&2; exit 2; }
+  done
 fi
-for s in "$@"; do
-  [[ $s == tests || $s == train || $s == bench ]] || { echo "gpu_check: unknown stage '$s' (tests, train, bench)" >&2; exit 2; }
-done
+in_stages() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
-# ---- the programs ---------------------------------------------------------------------------------------
+# ---- the programs ------------------------------------------------------------------------------------------
 if [[ -f $bundle_dir/bundle.tar.xz ]]; then
   unpacked=/tmp/octet-bundle-$(cksum < "$bundle_dir/bundle.tar.xz" | cut -d' ' -f1)
   if [[ ! -f $unpacked/env.sh ]]; then
@@ -77,7 +117,8 @@ t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter")
   source "$unpacked/env.sh" || exit 3
   bin=$unpacked/bin
   data_dir=$unpacked/fashion-mnist
-  origin="the bundle ($(sed -n 's/^commit //p' "$unpacked/MANIFEST"); this checkout is at $(git rev-parse --short HEAD 2> /dev/null || echo '?'));
+  commit=$(sed -n 's/^commit //p' "$unpacked/MANIFEST")
+  origin="the bundle (commit $commit; this checkout is at $(git rev-parse --short HEAD 2> /dev/null || echo '?'));
 GCC runtime: the $OCTET_BUNDLE_GCC's; CUDA libraries from ${OCTET_BUNDLE_CUDA_DIRS:-the system library cache}"
   if [[ -n $OCTET_BUNDLE_CUDA_MISSING ]]; then
     echo "gpu_check: this machine has no $OCTET_BUNDLE_CUDA_MISSING (searched NVIDIA's wheels beside python3 and" \
@@ -87,203 +128,600 @@ GCC runtime: the $OCTET_BUNDLE_GCC's; CUDA libraries from ${OCTET_BUNDLE_CUDA_DI
 elif [[ -x build/bin/test_cuda ]]; then
   bin=$repo/build/bin
   data_dir=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-  origin="build/ (this machine's own build)"
+  commit="$(git rev-parse HEAD 2> /dev/null || echo unknown)$(git diff --quiet HEAD 2> /dev/null || echo ' (with uncommitted changes)')"
+  origin="build/ (this machine's own build, commit $commit)"
 else
   echo "gpu_check: no programs: make the bundle on a development machine (bash tools/gpu_bundle.sh) and put" \
        "$bundle_dir/ beside this checkout, or build here (bash tools/test.sh)" >&2
   exit 3
 fi
+data_dir=${OCTET_CHECK_DATA_DIR:-$data_dir}
 [[ -d $data_dir ]] || data_dir=""
+gtest_program=${OCTET_CHECK_GTEST:-$bin/test_cuda}
 mpirun_cmd=()
 command -v mpirun > /dev/null && mpirun_cmd=(mpirun --oversubscribe)
 [[ $(id -u) == 0 ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ncu_bin=$(command -v ncu || { [[ -x /usr/local/cuda/bin/ncu ]] && echo /usr/local/cuda/bin/ncu; } || true)
 
-# ---- what every stage shares ------------------------------------------------------------------------------
-# step NAME TIMEOUT COMMAND...: runs COMMAND with its output in $logs/NAME.log; records PASS or FAIL.
-step() {
-  local name=$1 limit=$2 started=$SECONDS rc left
-  shift 2
-  left=$(time_left)
-  if ((left < 10)); then
-    note FAIL "$name: not run, the stage's ${stage_seconds}s are spent"
-    return 1
-  fi
-  ((limit > left)) && limit=$left
-  timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1
-  rc=$?
-  ((rc == 124)) && echo "(timed out after ${limit}s)" >> "$logs/$name.log"
-  if ((rc == 0)); then note PASS "$name ($((SECONDS - started))s)"; else note FAIL "$name: exit $rc after $((SECONDS - started))s (log: $name.log)"; tail -n 15 "$logs/$name.log" | sed 's/^/      /' | tee -a "$summary" > /dev/null; fi
-  return $rc
+# ---- the summary, the logs, the clock -------------------------------------------------------------------------
+# Our files only: an earlier check's are replaced, anything else in $OUT is left alone.
+rm -f "$out"/{summary.txt,logs.tar.gz,results.md,kernels.txt,ncu_bf16.csv.gz,ncu_fp8.csv.gz} "$out"/.*.part
+work=$(mktemp -d /tmp/octet-gpu-check.XXXXXX)
+logs=$work/logs
+mkdir -p "$logs"
+summary=$work/summary.txt
+deadline=$((SECONDS + check_seconds))
+failures=0 checks=0
+failed=() cut=() skipped=() stage_times=()
+time_left() { echo $((deadline - SECONDS)); }
+cap() {  # LIMIT: the timeout a step may have now: LIMIT, or what is left before the reserve
+  local left=$(($(time_left) - reserve))
+  echo $(($1 < left ? $1 : left))
 }
-time_left() { echo $((stage_deadline - SECONDS - 20)); }  # seconds a step may still take
-note() {  # KIND TEXT: a line of the summary (and of the terminal)
+note() {  # KIND TEXT: a line of the summary and of the terminal
   local kind=$1
   shift
-  [[ $kind == FAIL ]] && failures=$((failures + 1))
+  case $kind in
+    PASS) checks=$((checks + 1)) ;;
+    FAIL) checks=$((checks + 1)) failures=$((failures + 1)) failed+=("${*%%[:(]*}") ;;
+    SKIP) skipped+=("$*") ;;
+    CUT) cut+=("$*") ;;
+  esac
   printf '%-5s %s\n' "$kind" "$*" | tee -a "$summary"
 }
-judge() {  # NAME COMMAND...: a check whose output is its verdict line(s); FAIL when it exits non-zero
+indent() { sed 's/^/      /' | tee -a "$summary" > /dev/null; }
+verdict() {  # the summary's last lines
+  local t=$((SECONDS - started))
+  if [[ ${1:-} == running ]]; then
+    echo "VERDICT SO FAR, at $t s (the check is still running; a kill now leaves this): $failures of $checks checks failed${failed:+: ${failed[*]}}"
+  elif [[ ${1:-} == stopped ]]; then
+    echo "VERDICT: INCOMPLETE, stopped by a signal at $t s: $failures of $checks checks failed so far${failed:+: ${failed[*]}}"
+  elif ((failures)); then
+    echo "VERDICT: FAILED, $failures of $checks checks failed in $t s of the ${check_seconds} s budget:"
+    printf '  failed: %s\n' "${failed[@]}"
+  else
+    echo "VERDICT: PASSED, $checks checks in $t s of the ${check_seconds} s budget"
+  fi
+  ((${#cut[@]})) && printf '  cut: %s\n' "${cut[@]}"
+  ((${#skipped[@]})) && printf '  skipped: %s\n' "${skipped[@]}"
+  return 0
+}
+flush() {  # rewrites summary.txt and logs.tar.gz in $OUT (each written aside, then renamed)
+  { cat "$summary"; echo; verdict "${1:-running}"; } > "$out/.summary.txt.part" && mv -f "$out/.summary.txt.part" "$out/summary.txt"
+  # A log still being written may change while tar reads it: tar says so, and the next flush has it whole.
+  tar -C "$logs" --warning=no-file-changed -czf "$out/.logs.tar.gz.part" . 2> /dev/null
+  [[ -s $out/.logs.tar.gz.part ]] && mv -f "$out/.logs.tar.gz.part" "$out/logs.tar.gz"
+  return 0
+}
+mark() {  # LOG RC LIMIT: what tools/gpu_check_report.py reads at the end of a log when RC is not 0
+  if (($2 == 124 || $2 == 137)); then echo "gpu_check: timed out after $3s" >> "$1"
+  elif (($2 != 0)); then echo "gpu_check: exit $2" >> "$1"; fi
+}
+ended() {  # RC LIMIT: how a step ended, in words
+  if (($1 == 124 || $1 == 137)); then echo "timed out after $2 s"; else echo "exit $1"; fi
+}
+# step NAME LIMIT COMMAND...: COMMAND in the foreground, its output in NAME.log, under a timeout of
+# LIMIT seconds or what is left of the check; PASS or FAIL with its wall time.
+step() {
+  local name=$1 limit t0=$SECONDS rc
+  limit=$(cap "$2")
+  shift 2
+  if ((limit < 5)); then
+    echo "gpu_check: not run: the check's ${check_seconds} s are spent" > "$logs/$name.log"
+    note FAIL "$name: not run: the check's ${check_seconds} s are spent"
+    flush
+    return 1
+  fi
+  # In the background, so that a signal to the check interrupts the wait at once.
+  timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1 &
+  echo $! > "$work/step.pid"
+  wait $! 2> /dev/null
+  rc=$?
+  rm -f "$work/step.pid"
+  mark "$logs/$name.log" "$rc" "$limit"
+  if ((rc == 0)); then
+    note PASS "$name ($((SECONDS - t0)) s)"
+  else
+    note FAIL "$name: $(ended "$rc" "$limit") after $((SECONDS - t0)) s (log: $name.log)"
+    tail -n 12 "$logs/$name.log" | indent
+  fi
+  flush
+  return $rc
+}
+# launch NAME LIMIT COMMAND...: the same in the background; `landed NAME` waits for it and sets
+# landed_secs (how it ended is at the end of its log). Its pid is kept in NAME.pid, so that a stopped check ends it.
+launch() {
+  local name=$1 limit
+  limit=$(cap "$2")
+  shift 2
+  if ((limit < 5)); then
+    echo "gpu_check: not run: the check's ${check_seconds} s are spent" > "$logs/$name.log"
+    echo "-1 0" > "$work/$name.landed"
+    return
+  fi
+  (
+    t0=$SECONDS
+    timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1 &
+    echo $! > "$work/$name.pid"
+    wait $! 2> /dev/null  # (the shell's own "Segmentation fault" line: the log says it)
+    rc=$?
+    mark "$logs/$name.log" "$rc" "$limit"
+    echo "$rc $((SECONDS - t0))" > "$work/$name.landed"
+  ) &
+  echo $! > "$work/$name.waiter"
+}
+landed() {  # NAME: waits for a launched command (never in $(...): a subshell cannot wait for it)
+  [[ -f $work/$1.waiter ]] && wait "$(cat "$work/$1.waiter")" 2> /dev/null
+  rm -f "$work/$1.waiter" "$work/$1.pid"
+  landed_secs=0
+  [[ -f $work/$1.landed ]] && read -r _ landed_secs < "$work/$1.landed"
+  return 0
+}
+judge() {  # NAME COMMAND...: a verdict of gpu_check_report.py; FAIL when it exits non-zero
   local name=$1 text
   shift
   if text=$("$@" 2>&1); then note PASS "$name: $text"; else note FAIL "$name: $text"; fi
+  flush
 }
-gtest_verdict() {  # NAME LOG [--allow-skips]: no failures, no skips that this machine should have run
-  judge "$1 results" "${report[@]}" gtest "$logs/$2" --gpus "$gpus" --free-gib "$free_gib" "${@:3}"
+gtest_verdict() {  # NAME LOG...: no failures, crashes or hangs, no skips that this machine should have run
+  local name=$1 allow=()
+  shift
+  ((rehearsal)) && allow=(--allow-skips)  # no GPU: every GPU test skips, saying so
+  judge "$name results" "${report[@]}" gtest "$@" --gpus "$gpus" --free-gib "$free_gib" "${allow[@]}"
 }
-begin_stage() {
-  stage=$1
-  logs=$(mktemp -d "/tmp/octet-gpu-check-$stage.XXXXXX")
-  summary=$logs/summary.txt
-  failures=0
-  stage_start=$SECONDS
-  stage_deadline=$((SECONDS + stage_seconds))
-  {
-    echo "Octet GPU check, stage '$stage', $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "programs: $origin"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2> /dev/null | sed 's/^/nvidia-smi: /'
-  } > "$summary"
-  cat "$summary"
-  "$bin/gpu_info" | tee "$logs/gpu_info.txt" | tee -a "$summary"
-  "$bin/gpu_info" --json > "$logs/gpu_info.json" 2>&1
-  if ! "$bin/gpu_info" --require-gpu > /dev/null 2>&1; then
-    note FAIL "no GPU visible: every GPU step below would only skip (gpu_info above says why)"
-    gpus=0 free_gib=0
-  else
-    gpus=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device_count"])' "$logs/gpu_info.json")
-    free_gib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2> /dev/null | head -n 1 | awk '{printf "%d", $1 / 1024}')
-  fi
+stop_everything() {  # on a signal: end what this check started, by pid, and leave the summary
+  local f
+  for f in "$work"/*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2> /dev/null; done
+  [[ -n ${compile_pid:-} ]] && kill "$compile_pid" 2> /dev/null
+  note INFO "stopped by a signal at $((SECONDS - started)) s"
+  flush stopped
+  rm -rf "$work"
+  exit 143
 }
-end_stage() {
-  # In train and bench, the fallback's warning anywhere in the logs is a failure even where the run went on.
-  local fallbacks
-  if [[ $stage != tests ]]; then
-    fallbacks=$(grep -l "attention: no fused cuDNN plan" "$logs"/*.log 2> /dev/null | xargs -r -n1 basename | paste -sd' ')
-    [[ -n $fallbacks ]] && note FAIL "cuDNN fused attention fell back to the unfused kernels in: $fallbacks"
-  fi
-  local verdict="stage '$stage': $failures failed, $((SECONDS - stage_start))s"
-  echo "$verdict" | tee -a "$summary"
-  cp "$summary" "$out/$stage-summary.txt"
-  tar -C "$logs" -czf "$out/$stage-logs.tar.gz" .
-  rm -rf "$logs"
-  all_failures=$((all_failures + failures))
-}
+trap stop_everything INT TERM
 
-# ---- tests ---------------------------------------------------------------------------------------------------
-stage_tests() {
-  begin_stage tests
-  # Every GPU test; the unfused attention kernels are tested where a test calls them directly.
-  step test_cuda 420 "$bin/test_cuda" --gtest_brief=0
-  gtest_verdict test_cuda test_cuda.log
-  # The CPU suites, side by side (16 cores).
-  local t pids=() cpu=(test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps
-             test_local_group test_nccl_mapping)
-  for t in "${cpu[@]}"; do
-    (OMP_NUM_THREADS=2 timeout "$(time_left)" "$bin/$t" > "$logs/$t.log" 2>&1; echo $? > "$logs/$t.rc") &
-    pids+=($!)
-  done
-  wait "${pids[@]}"
-  for t in "${cpu[@]}"; do
-    if [[ $(cat "$logs/$t.rc") == 0 ]]; then note PASS "$t"; else note FAIL "$t: exit $(cat "$logs/$t.rc") (log: $t.log)"; fi
-    gtest_verdict "$t" "$t.log" --allow-skips  # a CPU suite may skip what this machine lacks (its data set)
-  done
-  if ((${#mpirun_cmd[@]} == 0)); then
-    note FAIL "no mpirun (neither the bundle's nor this machine's): the mpi suites did not run"
-  else
-    # CUDA tensors at 2 ranks sharing the GPU over the MPI backend: every collective, reduction,
-    # dtype and odd size of test_collectives, then the shared-GPU tests.
-    OCTET_TEST_DEVICE=cuda:0 step mpi_collectives_cuda 180 "${mpirun_cmd[@]}" -np 2 "$bin/test_collectives"
-    gtest_verdict mpi_collectives_cuda mpi_collectives_cuda.log
-    step mpi_gpu_shared 180 "${mpirun_cmd[@]}" -np 2 "$bin/test_gpu_shared_mpi"
-    gtest_verdict mpi_gpu_shared mpi_gpu_shared.log
-    # The CPU mpi suites at 2 ranks from the same mpirun (DDP and FSDP on CUDA run in the train stage).
-    for t in test_collectives test_ddp test_fsdp test_fsdp_fp8; do
-      OMP_NUM_THREADS=1 step "mpi_$t" 240 "${mpirun_cmd[@]}" -np 2 "$bin/$t"
-    done
-  fi
-  end_stage
-}
+stage_begin() { stage=$1 stage_t0=$SECONDS; echo "---- $1" | tee -a "$summary"; }
+stage_end() { stage_times+=("$stage $((SECONDS - stage_t0)) s"); flush; }
 
-# ---- train -----------------------------------------------------------------------------------------------------
-# Each GPU run has a CPU twin with the same flags, seed and data (and the same --steps, which set the
-# learning-rate schedule): the CPU emulates bf16 and FP8 exactly at tensor boundaries with f32
-# accumulation, so the two differ only in accumulation order, by rounding. Their first 6 steps are
-# compared; gpu_check_report.py's `track` states and applies the tolerance.
-stage_train() {
-  begin_stage train
-  export OCTET_REQUIRE_FUSED_ATTENTION=1
-  local data=(--dataset synthetic --synthetic-size 512)
-  [[ -n $data_dir ]] && data=(--dataset fashion-mnist --data-dir "$data_dir")
-  # No stochastic depth: the GPU and the CPU would draw their masks differently.
-  local common=("${data[@]}" --seed 7 --batch-size 64 --log-every 25 --eval-every 100000 --drop-path 0)
-  local compare_steps=6 run
-  # NAME PRECISION STEPS [FLAGS...]: the GPU run, its CPU twin, and the comparison of their first steps
-  run_pair() {
-    local name=$1 precision=$2 steps=$3
-    shift 3
-    local twin=("${@/#nccl/auto}")  # the twin's world of one on the CPU: no NCCL there
-    step "$name" 240 "$bin/train_vit" --device "$device" --precision "$precision" "${common[@]}" --steps "$steps" \
-      --metrics "$logs/$name.jsonl" "${@/#nccl/$gpu_backend}" &&
-      step "${name}_cpu" 240 "$bin/train_vit" --device cpu --precision "$precision" "${common[@]}" \
-        --steps "$steps" --metrics "$logs/${name}_cpu.jsonl" "${twin[@]}" &&
-      judge "$name tracks the CPU" "${report[@]}" track "$logs/$name.jsonl" "$logs/${name}_cpu.jsonl" \
-        --precision "$precision" --steps "$compare_steps"
-    [[ -f $logs/$name.jsonl ]] && judge "$name loss falls" "${report[@]}" falls "$logs/$name.jsonl"
-  }
-  run_pair bf16 bf16 300
-  run_pair fp8 fp8 300
-  run_pair ddp_nccl bf16 100 --parallel ddp --dist-backend nccl
-  run_pair fsdp_nccl bf16 100 --parallel fsdp --dist-backend nccl
-  run_pair fsdp_fp8_nccl fp8 60 --parallel fsdp --dist-backend nccl
-  run_pair fsdp_fp8_gather_nccl fp8 60 --parallel fsdp --dist-backend nccl --fp8-all-gather
-  [[ -f $logs/fsdp_fp8_nccl.jsonl && -f $logs/fsdp_fp8_gather_nccl.jsonl ]] &&
-    judge "fsdp fp8: --fp8-all-gather against bf16 gathers" "${report[@]}" track "$logs/fsdp_fp8_gather_nccl.jsonl" \
-      "$logs/fsdp_fp8_nccl.jsonl" --precision same-gpu --steps 60
-  if ((${#mpirun_cmd[@]} == 0)); then
-    note FAIL "no mpirun: the 2-rank runs sharing the GPU did not run"
-  else
-    # 2 ranks x 32 images share cuda:0 over the MPI backend; the twin is the same 2 ranks on the CPU.
-    local two=("${data[@]}" --seed 7 --batch-size 32 --log-every 25 --eval-every 100000 --drop-path 0 --dist-backend mpi)
-    for run in "ddp bf16" "fsdp bf16" "fsdp fp8 --fp8-all-gather"; do
-      read -r parallel precision extra <<< "$run"
-      local name=mpi2_${parallel}_${precision}${extra:+_gather}
-      step "$name" 240 "${mpirun_cmd[@]}" -np 2 "$bin/train_vit" --parallel "$parallel" --device "$device" \
-        --precision "$precision" $extra "${two[@]}" --steps 60 --metrics "$logs/$name.jsonl" &&
-        OMP_NUM_THREADS=1 step "${name}_cpu" 240 "${mpirun_cmd[@]}" -np 2 "$bin/train_vit" --parallel "$parallel" \
-          --device cpu --precision "$precision" $extra "${two[@]}" --steps 60 --metrics "$logs/${name}_cpu.jsonl" &&
-        judge "$name tracks the CPU" "${report[@]}" track "$logs/$name.jsonl" "$logs/${name}_cpu.jsonl" \
-          --precision "$precision" --steps "$compare_steps"
-      [[ -f $logs/$name.jsonl ]] && judge "$name loss falls" "${report[@]}" falls "$logs/$name.jsonl"
-    done
-  fi
-  end_stage
-}
+# ---- the machine -------------------------------------------------------------------------------------------
+started=$SECONDS
+{
+  echo "Octet GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ): bash tools/gpu_check.sh ${*:-(the whole check)}"
+  echo "stages: ${stages[*]}; deadline ${check_seconds} s"
+  echo "programs: $origin"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2> /dev/null | sed 's/^/nvidia-smi: /'
+} > "$summary"
+cat "$summary"
+"$bin/gpu_info" 2>&1 | tee "$logs/gpu_info.txt" >> "$summary"
+"$bin/gpu_info" --json > "$logs/gpu_info.json" 2>&1
+gpus=0 free_gib=0
+if ((rehearsal)); then
+  note INFO "a rehearsal on the CPU (OCTET_GPU_CHECK_DEVICE=cpu): the runs go to the CPU and the GPU tests skip"
+elif ! "$bin/gpu_info" --require-gpu > /dev/null 2>&1; then
+  note FAIL "no GPU visible: every GPU step below would only skip (gpu_info above says why)"
+else
+  gpus=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device_count"])' "$logs/gpu_info.json")
+  free_gib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2> /dev/null | head -n 1 | awk '{printf "%d", $1 / 1024}')
+fi
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
+flush
 
-# ---- bench -----------------------------------------------------------------------------------------------------
+# ---- bench, bench_kernels, eager: the benchmarks, on an idle GPU ---------------------------------------------
+bench_device=cuda
+((rehearsal)) && bench_device=cpu
 stage_bench() {
-  begin_stage bench
-  export OCTET_REQUIRE_FUSED_ATTENTION=1
-  local model=${MODEL:-vit_huge_patch16_224} batch=${BATCH:-64} steps=${STEPS:-20}
-  step bench_vit_bf16 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision bf16 \
-    --steps "$steps" --warmup 5
-  step bench_vit_fp8 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision fp8 \
-    --steps "$steps" --warmup 5
-  step pytorch_reference 420 python3 "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
-    --steps "$steps" --warmup 5 --mode both --optimizer both
-  grep -h '^{"' "$logs"/bench_vit_bf16.log "$logs"/bench_vit_fp8.log "$logs"/pytorch_reference.log > "$logs/bench.jsonl" 2> /dev/null
-  "${report[@]}" table "$logs/bench.jsonl" --device "$(head -n 1 "$logs/gpu_info.txt")" --model "$model" \
-    --batch "$batch" | tee "$logs/table.md" | tee -a "$summary"
-  # Last, where the stage's time may run out: fp8 with the separate casts, to time the fused producers.
-  step bench_vit_fp8_unfused 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" \
-    --precision fp8 --fp8-fused-producers off --steps "$steps" --warmup 5
-  { echo "fp8 with --fp8-fused-producers off (the separate casts):"; grep -h '^{"' "$logs/bench_vit_fp8_unfused.log" | tail -n 1; } 2> /dev/null | tee -a "$summary"
-  # And bf16 with activation recompute: its step time against bench_vit_bf16's, and the saved bytes.
-  step bench_vit_bf16_recompute 200 "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" \
-    --precision bf16 --recompute blocks --steps "$steps" --warmup 5
-  { echo "bf16 with --recompute blocks:"; grep -h '^{"' "$logs/bench_vit_bf16_recompute.log" | tail -n 1; } 2> /dev/null | tee -a "$summary"
-  end_stage
+  stage_begin bench
+  compile_finish
+  local spec name run flags
+  for spec in "bf16 octet --precision bf16" "fp8 octet-fp8 --precision fp8" \
+              "fp8_unfused octet-fp8-unfused --precision fp8 --fp8-fused-producers off" \
+              "bf16_recompute octet-recompute --precision bf16 --recompute blocks"; do
+    read -r name run flags <<< "$spec"
+    # shellcheck disable=SC2086  # flags: words
+    if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
+         --steps "$bench_steps" --warmup "$bench_warmup" $flags; then
+      grep -E '^(step|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
+    fi
+    # The table's row: bench_vit's JSON line, tagged with the run it is (the line does not say
+    # whether the fused FP8 producers were on).
+    grep -h '^{"' "$logs/bench_vit_$name.log" 2> /dev/null | tail -n 1 | sed "s/^{/{\"run\":\"$run\",/" > "$logs/bench_vit_$name.jsonl"
+  done
+  stage_end
 }
 
-all_failures=0
-for s in "$@"; do "stage_$s"; done
-echo "gpu_check: $* done; $all_failures failed; summaries and logs in $out"
-((all_failures == 0))
+write_kernels_txt() {  # kernels.txt: bench_kernels' table, then the ncu captures summed
+  {
+    echo "Octet GPU check, $(date -u +%Y-%m-%d), ${gpu_name:-no GPU}, commit $commit"
+    if [[ -s $logs/bench_kernels.log ]]; then
+      echo
+      echo "== bench_kernels"
+      grep -v '^{"' "$logs/bench_kernels.log"
+    fi
+    local csvs=()
+    for p in bf16 fp8; do [[ -s $work/ncu_$p.csv ]] && csvs+=("$work/ncu_$p.csv"); done
+    if ((${#csvs[@]})); then
+      echo
+      echo "== ncu: one ViT-H/16 training step (batch $batch) per capture, gpu__time_duration.sum of every kernel"
+      "${report[@]}" kernels "${csvs[@]}"
+    fi
+  } > "$out/.kernels.txt.part" && mv -f "$out/.kernels.txt.part" "$out/kernels.txt"
+}
+
+stage_bench_kernels() {
+  stage_begin bench_kernels
+  compile_finish
+  if [[ ! -x $bin/bench_kernels ]]; then
+    note SKIP "bench_kernels: not in this build"
+  elif ((rehearsal)); then
+    note SKIP "bench_kernels: a GPU benchmark (rehearsal on the CPU)"
+  elif step bench_kernels 90 "$bin/bench_kernels"; then
+    write_kernels_txt
+  fi
+  stage_end
+}
+
+have_torch=""
+torch_ok() {  # WHAT: whether PyTorch can run WHAT here; says why not
+  [[ -z $have_torch ]] && { "$py" -c 'import torch, timm' > "$logs/torch_import.log" 2>&1 && have_torch=yes || have_torch=no; }
+  if [[ $have_torch == no ]]; then
+    local why
+    why="no torch: $py cannot import torch and timm ($(tail -n 1 "$logs/torch_import.log")); set OCTET_PYTHON to a python that can"
+    if ((rehearsal)); then note SKIP "$1: skipped: $why"; else note FAIL "$1: $why"; fi
+    return 1
+  fi
+  if ((rehearsal)); then
+    note SKIP "$1: skipped: it needs a GPU (rehearsal on the CPU)"
+    return 1
+  fi
+}
+
+stage_eager() {
+  stage_begin eager
+  compile_finish
+  torch_ok "PyTorch eager" &&
+    step pytorch_eager 150 "$py" "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
+      --steps "$bench_steps" --warmup "$bench_warmup" --mode eager --optimizer both &&
+    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager.log" | indent
+  stage_end
+}
+
+# ---- compile: torch.compile beside the tests, timed on an idle GPU ---------------------------------------------
+compile_pid=""
+stage_compile() {
+  stage_begin compile
+  if torch_ok "torch.compile"; then
+    compile_gate=$work/compile.gate
+    rm -f "$compile_gate"
+    compile_t0=$SECONDS
+    # Plain and fused SGD: the optimizer step is not compiled, so the second costs 13 steps, not a compile.
+    timeout -k 10 "$(cap 100000)" "$py" "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
+      --steps "$bench_steps" --warmup "$bench_warmup" --mode compile --optimizer both --start-gate "$compile_gate" \
+      > "$logs/pytorch_compile.log" 2>&1 &
+    compile_pid=$!
+    note INFO "torch.compile started in the background: it compiles and warms up beside the next stages, then waits for an idle GPU to time its steps"
+  fi
+  stage_end
+}
+compile_finish() {  # releases the gate, waits for torch.compile (until the reserve), says how it ended
+  [[ -n $compile_pid ]] || return 0
+  local ready rc t_ready
+  ready=$(grep -m1 '^ready:' "$logs/pytorch_compile.log" 2> /dev/null)
+  t_ready=$(sed -n 's/.*warmed up \([0-9]*\) s after.*/\1/p' <<< "$ready")
+  note INFO "torch.compile released $((SECONDS - compile_t0)) s after its start; $([[ -n $ready ]] && echo "it had been ready since $t_ready s" || echo "it was still compiling")"
+  touch "$compile_gate"
+  while kill -0 "$compile_pid" 2> /dev/null && (($(time_left) > reserve)); do sleep 1; done
+  kill -0 "$compile_pid" 2> /dev/null && kill "$compile_pid" 2> /dev/null  # the deadline: timeout passes it on
+  wait "$compile_pid"
+  rc=$?
+  compile_pid=""
+  local spent=$((SECONDS - compile_t0))
+  ready=$(grep -m1 '^ready:' "$logs/pytorch_compile.log")
+  t_ready=$(sed -n 's/.*warmed up \([0-9]*\) s after.*/\1/p' <<< "$ready")
+  if ((rc == 0)); then
+    note PASS "pytorch_compile ($spent s from its start; compiled and warmed up by ${t_ready:-?} s, timed on an idle GPU)"
+    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_compile.log" | indent
+  elif [[ -z $ready ]] && ((rc == 124 || rc == 137 || rc == 143)); then
+    note CUT "torch.compile cut short after $spent s (cold compile): still compiling at the check's deadline (log: pytorch_compile.log)"
+  elif ((rc == 124 || rc == 137 || rc == 143)); then
+    note CUT "torch.compile cut short after $spent s: compiled by ${t_ready:-?} s, but its timed steps had not finished at the deadline"
+  else
+    note FAIL "pytorch_compile: exit $rc after $spent s (log: pytorch_compile.log)"
+    tail -n 12 "$logs/pytorch_compile.log" | indent
+  fi
+  flush
+}
+
+# ---- train and mpi: runs on the GPU against their CPU twins ----------------------------------------------------
+# Each GPU run has a CPU twin with the same flags, seed and data: the CPU emulates bf16 and FP8
+# exactly at tensor boundaries with f32 accumulation, so the two differ only in accumulation order,
+# by rounding. Their first 6 steps are compared (gpu_check_report.py track states the tolerance),
+# so a twin runs those 6 steps only. The learning rate of step k (from 0) is base·(k+1)/W during the
+# warmup and a cosine over the steps after it, and train_vit clamps the warmup to the run's steps:
+# with --warmup-steps 6 given to both, a run of 6 steps and a run of 300 use base·(k+1)/6 for steps
+# 0-5 alike, so the twin needs no more steps than it is compared over. Checked on the CPU:
+# bf16 and fp8 runs of 6 and of 300 steps, and FSDP fp8 with --fp8-all-gather of 6 and 60 steps,
+# log bit-identical losses for steps 1-6 (track: "bit for bit: True").
+compare_steps=6
+train_common=(--seed 7 --log-every 25 --eval-every 100000 --drop-path 0 --warmup-steps "$compare_steps")
+if [[ -n $data_dir ]]; then
+  train_common+=(--dataset fashion-mnist --data-dir "$data_dir")
+else
+  train_common+=(--dataset synthetic --synthetic-size 512)
+fi
+# NAME PRECISION RANKS STEPS FLAGS: 64 images a step over RANKS ranks; "nccl" becomes the local
+# group on the CPU.
+train_runs=(
+  "bf16 bf16 1 300"
+  "fp8 fp8 1 300"
+  "ddp_nccl bf16 1 150 --parallel ddp --dist-backend nccl"
+  "fsdp_nccl bf16 1 150 --parallel fsdp --dist-backend nccl"
+  "fsdp_fp8_gather_nccl fp8 1 150 --parallel fsdp --dist-backend nccl --fp8-all-gather"
+  "fsdp_lora_nccl bf16 1 150 --parallel fsdp --dist-backend nccl --lora-rank 8"
+  "fsdp_hybrid_nccl bf16 1 150 --parallel fsdp --dist-backend nccl --sharding hybrid --shard-group-size 1"
+)
+mpi_runs=(
+  "mpi2_ddp_bf16 bf16 2 150 --parallel ddp --dist-backend mpi"
+  "mpi2_fsdp_bf16 bf16 2 150 --parallel fsdp --dist-backend mpi"
+  "mpi2_fsdp_fp8_gather fp8 2 150 --parallel fsdp --dist-backend mpi --fp8-all-gather"
+)
+cores=$(nproc)
+twin_threads=$((cores < 4 ? cores : 4))
+twin_jobs=$((cores / 5 > 0 ? cores / 5 : 1))  # 3 on 16 cores: the rest feed the GPU tests and the compile
+((twin_jobs > 3)) && twin_jobs=3
+run_threads=()
+if ((rehearsal)); then
+  # The "GPU" runs are CPU runs too: one thread each beside one twin, so that two OpenMP teams never
+  # spin against each other on a small machine.
+  twin_threads=1 twin_jobs=1 run_threads=(--threads 1)
+fi
+
+run_twin() {  # NAME PRECISION RANKS STEPS FLAGS...: the CPU twin, 6 steps (in the twins' pool)
+  local name=$1 precision=$2 ranks=$3
+  shift 4
+  local launcher=() threads=$twin_threads
+  ((ranks > 1)) && launcher=("${mpirun_cmd[@]}" -np "$ranks") threads=$((twin_threads / ranks))
+  OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=passive launch "${name}_cpu" 240 "${launcher[@]}" "$bin/train_vit" --device cpu \
+    --precision "$precision" "${train_common[@]}" --batch-size $((64 / ranks)) --steps "$compare_steps" \
+    --threads "$threads" --metrics "$logs/${name}_cpu.jsonl" "${@/#nccl/auto}"
+  landed "${name}_cpu"
+}
+twin_pool() {  # SPEC...: every twin, twin_jobs at a time (runs in the background)
+  local spec
+  for spec in "$@"; do
+    while (($(jobs -rp | wc -l) >= twin_jobs)); do wait -n; done
+    # shellcheck disable=SC2086  # spec: words
+    run_twin $spec &
+  done
+  wait
+}
+twin_pool_pid=""
+start_twins() {
+  [[ -n $twin_pool_pid ]] && return
+  local specs=()
+  in_stages train && specs+=("${train_runs[@]}")
+  in_stages mpi && ((${#mpirun_cmd[@]})) && specs+=("${mpi_runs[@]}")
+  ((${#specs[@]})) || return
+  twin_pool "${specs[@]}" &
+  twin_pool_pid=$!
+  note INFO "the CPU twins of ${#specs[@]} train runs started, $twin_jobs at a time with $twin_threads threads each"
+}
+twins_landed=""
+wait_twins() {  # once: waits for the pool (each twin has its own timeout) and notes each twin
+  [[ -n $twin_pool_pid && -z $twins_landed ]] || return 0
+  local t0=$SECONDS spec name rc secs
+  wait "$twin_pool_pid"
+  twins_landed=yes
+  for spec in "${train_runs[@]}" "${mpi_runs[@]}"; do
+    name=${spec%% *}_cpu
+    [[ -f $work/$name.landed ]] || continue
+    read -r rc secs < "$work/$name.landed"
+    if ((rc == 0)); then note PASS "$name ($secs s, on the CPU beside the GPU work)"
+    else note FAIL "$name: $(ended "$rc" "?") after $secs s (log: $name.log)"; tail -n 8 "$logs/$name.log" | indent; fi
+  done
+  note INFO "the GPU runs waited $((SECONDS - t0)) s for their twins"
+  flush
+}
+gpu_run() {  # NAME PRECISION RANKS STEPS FLAGS...: the run on the GPU (or, rehearsing, the CPU)
+  local name=$1 precision=$2 ranks=$3 steps=${train_steps_override:-$4}
+  shift 4
+  local launcher=()
+  ((ranks > 1)) && launcher=("${mpirun_cmd[@]}" -np "$ranks")
+  step "$name" 120 "${launcher[@]}" "$bin/train_vit" --device "$device" --precision "$precision" "${train_common[@]}" \
+    --batch-size $((64 / ranks)) --steps "$steps" --metrics "$logs/$name.jsonl" "${run_threads[@]}" "${@/#nccl/$gpu_backend}"
+}
+judge_pair() {  # NAME PRECISION: the GPU run against its twin, and its loss's fall
+  local name=$1 precision=$2
+  if [[ -s $logs/$name.jsonl && -s $logs/${name}_cpu.jsonl ]]; then
+    judge "$name tracks its CPU twin" "${report[@]}" track "$logs/$name.jsonl" "$logs/${name}_cpu.jsonl" \
+      --precision "$precision" --steps "$compare_steps"
+  else
+    note FAIL "$name tracks its CPU twin: no metrics from $([[ -s $logs/$name.jsonl ]] && echo the twin || echo the GPU run)"
+  fi
+  [[ -s $logs/$name.jsonl ]] || return 0
+  if [[ -n $train_steps_override ]]; then
+    note INFO "$name loss (not judged: OCTET_CHECK_TRAIN_STEPS=$train_steps_override shortens the run): $("${report[@]}" falls "$logs/$name.jsonl")"
+  else
+    judge "$name loss falls" "${report[@]}" falls "$logs/$name.jsonl"
+  fi
+}
+
+stage_train() {
+  stage_begin train
+  start_twins
+  local spec
+  for spec in "${train_runs[@]}"; do
+    # shellcheck disable=SC2086  # spec: words
+    gpu_run $spec
+  done
+  # FSDP fp8 with bf16 gathers: on the CPU it is bit for bit --fp8-all-gather's run, so on the GPU
+  # only non-deterministic kernels may part them.
+  gpu_run fsdp_fp8_nccl fp8 1 150 --parallel fsdp --dist-backend nccl
+  wait_twins
+  for spec in "${train_runs[@]}"; do
+    read -r name precision _ <<< "$spec"
+    judge_pair "$name" "$precision"
+  done
+  local same=60
+  ((${train_steps_override:-60} < same)) && same=$train_steps_override
+  [[ -s $logs/fsdp_fp8_nccl.jsonl && -s $logs/fsdp_fp8_gather_nccl.jsonl ]] &&
+    judge "fsdp fp8: --fp8-all-gather against bf16 gathers" "${report[@]}" track "$logs/fsdp_fp8_gather_nccl.jsonl" \
+      "$logs/fsdp_fp8_nccl.jsonl" --precision same-gpu --steps "$same"
+  stage_end
+}
+
+stage_mpi() {
+  stage_begin mpi
+  if ((${#mpirun_cmd[@]} == 0)); then
+    note FAIL "mpi: no mpirun (neither the bundle's nor this machine's): the 2-rank runs did not run"
+    stage_end
+    return
+  fi
+  start_twins
+  step mpi_gpu_shared 120 "${mpirun_cmd[@]}" -np 2 "$bin/test_gpu_shared_mpi"
+  gtest_verdict mpi_gpu_shared "$logs/mpi_gpu_shared.log"
+  # Every collective, reduction, dtype and odd size of the MPI backend on CUDA tensors, 2 ranks on cuda:0.
+  step mpi_collectives_cuda 120 env OCTET_TEST_DEVICE="$device" "${mpirun_cmd[@]}" -np 2 "$bin/test_collectives"
+  gtest_verdict mpi_collectives_cuda "$logs/mpi_collectives_cuda.log"
+  local spec
+  for spec in "${mpi_runs[@]}"; do
+    # shellcheck disable=SC2086  # spec: words
+    gpu_run $spec
+  done
+  wait_twins
+  for spec in "${mpi_runs[@]}"; do
+    read -r name precision _ <<< "$spec"
+    judge_pair "$name" "$precision"
+  done
+  stage_end
+}
+
+# ---- tests: the GPU tests in 4 shards, past crashes and hangs ---------------------------------------------------
+stage_tests() {
+  stage_begin tests
+  # The host's cores are idle while the GPU tests run: the twins start now.
+  in_stages train || in_stages mpi && start_twins
+  local program=$gtest_program list=$logs/test_cuda_list.txt i round line logs_so_far=()
+  if ! "$program" --gtest_list_tests > "$list" 2>&1; then
+    note FAIL "test_cuda: --gtest_list_tests failed (log: test_cuda_list.txt)"
+    tail -n 12 "$list" | indent
+    stage_end
+    return
+  fi
+  # A quarter of the cores each for the tests' CPU references, and no OpenMP thread spinning while it
+  # waits: the twins and the compile share the host.
+  for i in 0 1 2 3; do
+    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=$(((cores + 3) / 4)) OMP_WAIT_POLICY=passive \
+      launch "test_cuda_s$i" "$shard_seconds" "$program" --gtest_brief=0
+  done
+  for i in 0 1 2 3; do
+    landed "test_cuda_s$i"
+    logs_so_far+=("$logs/test_cuda_s$i.log")
+  done
+  note INFO "test_cuda: 4 shards at once, $((SECONDS - stage_t0)) s"
+  "${report[@]}" shards "$list" "${logs_so_far[@]}" --unreached "$work/unreached.txt" | indent
+  flush
+  # A shard that crashed or hung left tests it never started: run them, past further crashes.
+  for round in 1 2 3 4 5 6; do
+    [[ -s $work/unreached.txt ]] || break
+    launch "test_cuda_rerun$round" "$shard_seconds" "$program" --gtest_brief=0 \
+      --gtest_filter="$(paste -sd: "$work/unreached.txt")"
+    landed "test_cuda_rerun$round"
+    logs_so_far+=("$logs/test_cuda_rerun$round.log")
+    note INFO "test_cuda: rerun $round, the $(wc -l < "$work/unreached.txt") tests no shard reached ($landed_secs s)"
+    "${report[@]}" shards "$list" "${logs_so_far[@]}" --unreached "$work/unreached.txt" | tail -n 2 | indent
+    flush
+  done
+  if ((rehearsal)); then
+    line=$(grep -h -m1 -A1 ': Skipped$' "${logs_so_far[@]}" 2> /dev/null | sed -n 2p)
+    [[ -n $line ]] && note INFO "test_cuda: the tests skip on the CPU, saying: $line"
+  fi
+  gtest_verdict test_cuda "${logs_so_far[@]}" --list "$list"
+  stage_end
+}
+
+# ---- ncu: the kernel table ------------------------------------------------------------------------------------
+stage_ncu() {
+  stage_begin ncu
+  compile_finish
+  if [[ -z $ncu_bin ]]; then
+    note SKIP "kernel table: no ncu (not on PATH, not at /usr/local/cuda/bin/ncu)"
+  elif ((rehearsal)); then
+    note SKIP "kernel table: no GPU to profile (rehearsal on the CPU; ncu is at $ncu_bin)"
+  else
+    local p rc
+    for p in bf16 fp8; do
+      if (($(time_left) - reserve < 60)); then
+        note SKIP "ncu $p: not captured, only $(($(time_left) - reserve)) s left (a capture takes about 40 s)"
+        continue
+      fi
+      # One training step after no warm-up; ncu runs each kernel alone and times it.
+      step "ncu_$p" 90 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+        "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision "$p" --steps 1 --warmup 0
+      rc=$?
+      # The CSV goes to $OUT as it is; the log keeps the program's and ncu's own lines.
+      mv "$logs/ncu_$p.log" "$work/ncu_$p.csv"
+      grep -v '^"' "$work/ncu_$p.csv" > "$logs/ncu_$p.log"
+      if grep -q '^"ID",' "$work/ncu_$p.csv"; then
+        gzip -c "$work/ncu_$p.csv" > "$out/.ncu_$p.csv.gz.part" && mv -f "$out/.ncu_$p.csv.gz.part" "$out/ncu_$p.csv.gz"
+        write_kernels_txt
+        "${report[@]}" kernels "$work/ncu_$p.csv" --top 8 | indent
+      elif ((rc == 0)); then
+        note FAIL "ncu $p: no kernels in the capture (log: ncu_$p.log)"
+        tail -n 5 "$logs/ncu_$p.log" | indent
+      fi
+      flush
+    done
+  fi
+  stage_end
+}
+
+# ---- table: the benchmark table -------------------------------------------------------------------------------
+stage_table() {
+  stage_begin table
+  compile_finish
+  cat "$logs"/bench_vit_*.jsonl > "$logs/bench.jsonl" 2> /dev/null
+  grep -h '^{"bench": "pytorch-' "$logs"/pytorch_*.log >> "$logs/bench.jsonl" 2> /dev/null
+  local lib libs=() device_text
+  for lib in cublaslt cudnn nccl; do
+    libs+=("$lib $(awk -v l="$lib" '$1 == l {print $2; exit}' "$logs/gpu_info.txt")")
+  done
+  if ((rehearsal)); then
+    device_text="the CPU (a rehearsal of the check, OCTET_GPU_CHECK_DEVICE=cpu)"
+  else
+    device_text="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null | head -n 1 |
+                   sed 's/, / (driver /; s/$/)/'); ${libs[*]}"
+  fi
+  {
+    echo "## $model on ${gpu_name:-the CPU}: the GPU check ($(date -u +%Y-%m-%d), commit ${commit:0:7})"
+    echo
+    echo '```bash'
+    echo "bash tools/gpu_check.sh        # bench_vit, bench/pytorch_reference.py (eager, torch.compile)"
+    echo '```'
+    echo
+    "${report[@]}" table "$logs/bench.jsonl" --device "$device_text" --model "$model" --batch "$batch" \
+      --commit "$commit"
+  } > "$logs/results.md"
+  cp "$logs/results.md" "$out/.results.md.part" && mv -f "$out/.results.md.part" "$out/results.md"
+  indent < "$logs/results.md"
+  stage_end
+}
+
+# ---- the check ------------------------------------------------------------------------------------------------
+for s in "${stages[@]}"; do "stage_$s"; done
+compile_finish
+wait_twins
+# The fallback's warning anywhere in the train and bench logs is a failure even where the run went on
+# (the GPU suite's f32 cases take the unfused path by design, so the test logs are not searched).
+fallbacks=$(grep -l "attention: no fused cuDNN plan" "$logs"/*.log 2> /dev/null | grep -v -e '/test_cuda' -e '/mpi_' |
+            xargs -r -n1 basename | paste -sd' ')
+[[ -n $fallbacks ]] && note FAIL "cuDNN fused attention fell back to the unfused kernels in: $fallbacks"
+{
+  echo
+  echo "stage times: $(IFS=';'; echo "${stage_times[*]}" | sed 's/;/, /g')"
+} | tee -a "$summary"
+flush final
+echo
+verdict final
+echo "gpu_check: $(ls "$out" | wc -l) files in $out"
+rm -rf "$work"
+((failures == 0))

@@ -58,7 +58,11 @@ class GtestLog:
         self.shard = None        # (index from 0, total)
         self.exit = None
         self.timed_out = None    # seconds
-        text = re.sub(r"\x1b\[[0-9;]*m", "", open(path, errors="replace").read())
+        self.missing = False     # no log at all: the program never ran
+        try:
+            text = re.sub(r"\x1b\[[0-9;]*m", "", open(path, errors="replace").read())
+        except OSError:
+            text, self.missing = "", True
         current, lines = None, []
         for line in text.splitlines():
             m = RUN.match(line)
@@ -94,9 +98,11 @@ class GtestLog:
             self.tests[current] = ("interrupted", " ".join(s.strip() for s in lines if s.strip()))
 
     def how_it_ended(self):
-        """'crashed (exit 139)', 'hung: timed out after 150 s', or 'stopped' when nothing says why."""
+        """'crashed (exit 139)', 'hung (timed out after 150 s)', or 'stopped' when nothing says why."""
+        if self.missing:
+            return "never ran (no log)"
         if self.timed_out is not None:
-            return f"hung: timed out after {self.timed_out} s"
+            return f"hung (timed out after {self.timed_out} s)"
         if self.exit is not None:
             return f"crashed (exit {self.exit})"
         return "stopped (no exit status recorded)"
@@ -149,7 +155,8 @@ def shards(args):
             else:
                 own = f" of its {len(mine)}; {len(set(mine) - set(log.started))} never started"
         where = f"in {log.interrupted}" if log.interrupted else "between tests"
-        print(f"{label}: {log.how_it_ended().upper()} {where} after {len(log.started)} tests{own} ({counts})")
+        how = log.how_it_ended().split(" ", 1)
+        print(f"{label}: {how[0].upper()} {how[1]} {where} after {len(log.started)} tests{own} ({counts})")
     started = set()
     for log in logs:
         started.update(log.started)

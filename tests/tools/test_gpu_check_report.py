@@ -228,7 +228,7 @@ class Report(unittest.TestCase):
         # A shard with a failing test ran to the end: it is not called crashed or stuck.
         self.assertIn("s0.log (shard 1 of 2): ran to the end: 2 passed, 1 failed, 1 skipped\n", out)
         self.assertNotIn("s0.log (shard 1 of 2): CRASHED", out)
-        self.assertIn("s1.log (shard 2 of 2): CRASHED (EXIT 139) in "
+        self.assertIn("s1.log (shard 2 of 2): CRASHED (exit 139) in "
                       "Shapes/CudaLayerNormFp8.EqualsTheUnfusedGpuSequenceBitForBit/1 after 2 tests of its 3; "
                       "1 never started", out)
         self.assertIn("7 tests listed, 6 started, 1 never started: CudaNccl.ReduceScatterAtOneRank", out)
@@ -238,7 +238,7 @@ class Report(unittest.TestCase):
     def test_shards_tells_a_hang_from_a_crash(self):
         listing, s0, s1 = self.shard_logs("gpu_check: timed out after 150s\n")
         rc, out = run("shards", listing, s0, s1)
-        self.assertIn("s1.log (shard 2 of 2): HUNG: TIMED OUT AFTER 150 S in Shapes/CudaLayerNormFp8."
+        self.assertIn("s1.log (shard 2 of 2): HUNG (timed out after 150 s) in Shapes/CudaLayerNormFp8."
                       "EqualsTheUnfusedGpuSequenceBitForBit/1", out)
 
     def test_gtest_over_shards_and_a_rerun_names_failures_crashes_and_tests_never_run(self):

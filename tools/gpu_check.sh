@@ -150,7 +150,8 @@ work=$(mktemp -d /tmp/octet-gpu-check.XXXXXX)
 logs=$work/logs
 mkdir -p "$logs"
 summary=$work/summary.txt
-deadline=$((SECONDS + check_seconds))
+started=0  # the deadline counts from the script's start (SECONDS), the bundle's unpacking included
+deadline=$((started + check_seconds))
 failures=0 checks=0
 failed=() cut=() skipped=() stage_times=()
 time_left() { echo $((deadline - SECONDS)); }
@@ -284,7 +285,6 @@ stage_begin() { stage=$1 stage_t0=$SECONDS; echo "---- $1" | tee -a "$summary"; 
 stage_end() { stage_times+=("$stage $((SECONDS - stage_t0)) s"); flush; }
 
 # ---- the machine -------------------------------------------------------------------------------------------
-started=$SECONDS
 {
   echo "Octet GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ): bash tools/gpu_check.sh ${*:-(the whole check)}"
   echo "stages: ${stages[*]}; deadline ${check_seconds} s"

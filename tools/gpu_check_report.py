@@ -413,9 +413,10 @@ NAMES = {
 }
 
 
-def goal(text, value, target, at_least=True, fmt=".3f"):
+def goal(text, value, target, at_least=True, fmt=".3f", unit=""):
     met = value >= target if at_least else value <= target
-    return f"{text} = {value:{fmt}} (goal {'>=' if at_least else '<='} {target}): {'met' if met else 'NOT met'}"
+    return (f"{text} = {value:{fmt}}{unit} (goal {'>=' if at_least else '<='} {target}{unit}): "
+            + ("met" if met else "NOT met"))
 
 
 def table(args):
@@ -457,7 +458,7 @@ def table(args):
             goals.append(goal("Octet bf16 ÷ torch.compile", ips["octet"] / compiled, 1.15))
         if bf16.get("mfu") is not None:
             mfu = 100 * bf16["mfu"]
-            goals.append(goal("Octet bf16 MFU", mfu, 50, fmt=".1f") + f" (stretch 55%: {'met' if mfu >= 55 else 'not met'})")
+            goals.append(goal("Octet bf16 MFU", mfu, 50, fmt=".1f", unit="%") + f" (stretch 55%: {'met' if mfu >= 55 else 'not met'})")
         if "octet-fp8" in runs:
             goals.append(goal("Octet fp8 ÷ Octet bf16", ips["octet-fp8"] / ips["octet"], 1.35))
         peak, eager_peak = bf16.get("peak_memory_gib"), runs.get("pytorch-eager", {}).get("peak_memory_gib")

@@ -270,6 +270,11 @@ class Report(unittest.TestCase):
         rc, out = run("gtest", good0, good1, "--list", listing, "--gpus", "2", "--free-gib", "70")
         self.assertEqual(rc, 1, out)  # with 2 GPUs that skip has no excuse
 
+    def test_gtest_fails_a_program_that_left_no_log(self):
+        rc, out = run("gtest", os.path.join(self.dir.name, "never.log"), "--gpus", "1")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("did not finish: never ran (no log)", out)
+
     def test_gtest_fails_a_log_whose_program_exited_badly_after_its_tests(self):
         log = self.write("e.log", GTEST_LOG.format(skip="", passed=2) + "gpu_check: exit 134\n")
         rc, out = run("gtest", log, "--gpus", "1", "--free-gib", "12")
@@ -325,7 +330,7 @@ class Report(unittest.TestCase):
         self.assertIn("| Octet fp8, delayed scaling, --fp8-fused-producers off | 520.0 |", out)
         self.assertIn("| Octet bf16, --recompute blocks | did not run |", out)
         self.assertIn("Octet bf16 ÷ PyTorch eager = 1.600 (goal >= 1.3): met", out)
-        self.assertIn("Octet bf16 MFU = 30.0 (goal >= 50): NOT met (stretch 55%: not met)", out)
+        self.assertIn("Octet bf16 MFU = 30.0% (goal >= 50%): NOT met (stretch 55%: not met)", out)
         self.assertIn("Octet fp8 ÷ Octet bf16 = 1.250 (goal >= 1.35): NOT met", out)
         self.assertIn("Octet fp8 ÷ PyTorch eager bf16 = 2.000 (goal >= 1.9): met", out)
         self.assertIn("Octet fp8 with the fused producers ÷ with the separate casts = 0.962 (goal > 1): NOT met", out)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Proves the GPU bundle (tools/gpu_bundle.sh) on a machine without a GPU, so that a GPU machine's
-# minutes go to Octet and not to its packaging. .ci/run runs it after the tests. Five parts:
+# Proves the GPU bundle (tools/gpu_bundle.sh) and the GPU check (tools/gpu_check.sh) on a machine
+# without a GPU, so that a GPU machine's minutes go to Octet and not to its packaging. .ci/run runs
+# it after the tests. Six parts:
 #
 #   size      the bundle is within its limit (40 MiB), and the limit check itself fails on a smaller one
 #   origins   every shared library any bundled program loads, as the dynamic loader reports it
@@ -12,8 +13,15 @@
 #   mpirun    the bundled mpirun starts the bundled test_collectives at 2 ranks, with Debian's
 #             OpenMPI out of the way: hidden in a private mount namespace where the machine allows
 #             one (unshare), and always off PATH, with OPAL_PREFIX pointing into the bundle
+#   rehearsal the whole GPU check from the bundle on the CPU (OCTET_GPU_CHECK_DEVICE=cpu, a small
+#             model and short train runs): it passes within its deadline, writes at most 8 files,
+#             its summary and log tarball hold every step, the GPU tests skip saying why, PyTorch
+#             and ncu say why they are skipped, and every verdict of gpu_check_report.py ran. Then
+#             its tests stage past a GoogleTest program that crashes in one test and hangs in
+#             another (tests/tools/fake_gtest.py), and a check stopped by a signal mid-step, which
+#             must still leave its summary and logs and end what it started
 #
-#   bash tools/gpu_bundle_check.sh        after a build (bash tools/test.sh); about 4 minutes on 2 cores
+#   bash tools/gpu_bundle_check.sh        after a build (bash tools/test.sh); about 5 minutes on 2 cores
 #
 # A part that cannot run here (no CUDA build, no unshare) says so and counts as skipped; the last
 # line counts passed, failed and skipped parts, and the exit status is non-zero if any part failed.
@@ -31,7 +39,7 @@ finish() {
 
 if ! grep -q '^OCTET_CUDA:BOOL=ON' build/CMakeCache.txt 2> /dev/null; then
   why="build/ is not a CUDA build (no nvcc when it was configured, or not configured: run bash tools/test.sh first)"
-  for part in size origins cpu gpu mpirun; do skip "$part: $why; the bundle holds the CUDA programs"; done
+  for part in size origins cpu gpu mpirun rehearsal; do skip "$part: $why; the bundle holds the CUDA programs"; done
   finish
 fi
 
@@ -173,4 +181,118 @@ else
   pass "origins: $processes processes loaded $loaded distinct objects, $from_bundle from the bundle, the rest glibc or CUDA: $(cat "$work"/ld/* | sed -n 's/.*calling init: //p' | sort -u | grep -v "^$bundle/" | xargs -n1 basename | paste -sd' ')"
 fi
 echo "  (on this machine no GPU runs, so the libraries a GPU run loads later, cuDNN's engines and libcuda, are not in these logs)"
+
+# ---- rehearsal: the GPU check from the bundle, on the CPU -------------------------------------------------
+# A slice of the bundle's Fashion-MNIST, so that each train run's closing evaluation is short.
+slice=$work/fashion-mnist-slice
+python3 - "$bundle/fashion-mnist" "$slice" <<'PY'
+import os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+for split, keep in (("train", 4000), ("t10k", 1000)):
+    for kind, item_bytes in (("images-idx3", 28 * 28), ("labels-idx1", 1)):
+        data = open(f"{src}/{split}-{kind}-ubyte", "rb").read()
+        header = 4 + 4 * data[3]
+        with open(f"{dst}/{split}-{kind}-ubyte", "wb") as f:
+            f.write(data[:4] + struct.pack(">I", keep) + data[8:header] + data[header:header + keep * item_bytes])
+PY
+unpacked=/tmp/octet-bundle-$(cksum < "$out/bundle.tar.xz" | cut -d' ' -f1)
+[[ -d $unpacked ]] && keep_unpacked=1 || keep_unpacked=0
+rehearsal_seconds=300
+check_out=$work/check-out
+t0=$SECONDS
+OUT=$check_out OCTET_GPU_CHECK_DEVICE=cpu OCTET_CHECK_SECONDS=$rehearsal_seconds MODEL=vit_tiny_patch16_224 BATCH=4 \
+  STEPS=2 WARMUP=1 OCTET_CHECK_TRAIN_STEPS=12 OCTET_CHECK_DATA_DIR=$slice OCTET_BUNDLE_DIR=$out \
+  bash tools/gpu_check.sh > "$work/check.log" 2>&1
+rc=$?
+took=$((SECONDS - t0))
+problems=()
+expect() {  # FILE PATTERN WHAT: grep -E PATTERN FILE, else a problem
+  grep -Eq -- "$2" "$1" 2> /dev/null || problems+=("$3")
+}
+((rc == 0)) || problems+=("it exited $rc")
+((took <= rehearsal_seconds + 20)) || problems+=("it took $took s against its deadline of $rehearsal_seconds s")
+files=$(find "$check_out" -mindepth 1 | wc -l)
+((files <= 8)) || problems+=("it wrote $files files to \$OUT: $(ls "$check_out" | paste -sd' ')")
+find "$check_out" -mindepth 1 -not -type f | grep -q . && problems+=("\$OUT holds more than plain files")
+for f in summary.txt logs.tar.gz results.md; do [[ -s $check_out/$f ]] || problems+=("no $f"); done
+tar -tzf "$check_out/logs.tar.gz" > "$work/check-logs.txt" 2> /dev/null || problems+=("logs.tar.gz does not list")
+for f in gpu_info.txt bench_vit_bf16.log bench_vit_fp8.log bench_vit_fp8_unfused.log bench_vit_bf16_recompute.log \
+         test_cuda_list.txt test_cuda_s0.log test_cuda_s3.log bf16.jsonl bf16_cpu.jsonl fsdp_lora_nccl.log \
+         fsdp_hybrid_nccl_cpu.jsonl mpi_gpu_shared.log mpi_collectives_cuda.log mpi2_fsdp_fp8_gather.jsonl \
+         mpi2_fsdp_fp8_gather_cpu.jsonl bench.jsonl results.md; do
+  grep -qx "./$f" "$work/check-logs.txt" || problems+=("logs.tar.gz lacks $f")
+done
+summary=$check_out/summary.txt
+expect "$summary" '^VERDICT: PASSED' "the verdict is not PASSED"
+expect "$summary" '^INFO  test_cuda: the tests skip on the CPU, saying: no CUDA device' "the GPU tests' skip reason is not in the summary"
+expect "$summary" '^PASS  test_cuda results: [0-9]+ passed, 0 failed, [0-9]+ skipped' "no gtest verdict over the shards"
+expect "$summary" '\(shard 4 of 4\): ran to the end' "no shards report"
+expect "$summary" '^SKIP  PyTorch eager: skipped: (no torch|it needs a GPU)' "PyTorch eager does not say why it is skipped"
+expect "$summary" '^SKIP  torch.compile: skipped: (no torch|it needs a GPU)' "torch.compile does not say why it is skipped"
+expect "$summary" '^SKIP  kernel table: no (ncu|GPU to profile)' "the kernel table does not say why it is skipped"
+expect "$summary" '^PASS  fsdp_hybrid_nccl tracks its CPU twin: steps 1-6: .*bit for bit: True' "no track verdict (hybrid)"
+expect "$summary" '^PASS  mpi2_fsdp_fp8_gather tracks its CPU twin: steps 1-6' "no track verdict (2 ranks over MPI)"
+expect "$summary" '^INFO  fsdp_lora_nccl loss \(not judged.*\): mean loss of the first 5 steps' "no falls report"
+expect "$summary" '^PASS  fsdp fp8: --fp8-all-gather against bf16 gathers: steps 1-[0-9]+: .*bit for bit: True' "no same-gpu comparison"
+expect "$summary" '^stage times: bench [0-9]+ s, .*table [0-9]+ s' "no stage times"
+expect "$check_out/results.md" '^\| Octet fp8, delayed scaling, --fp8-fused-producers off \| [0-9.]+ \|' "the table lacks fp8 unfused"
+expect "$check_out/results.md" '^\| Octet bf16, --recompute blocks \| [0-9.]+ \|' "the table lacks bf16 recompute"
+if ((${#problems[@]} == 0)); then
+  pass "rehearsal: the whole GPU check on the CPU from the bundle in $took s (deadline $rehearsal_seconds s): $(grep -c '^PASS' "$summary") steps passed, $files files; $(grep '^VERDICT' "$summary")"
+else
+  sed 's/^/    /' "$summary"
+  fail "rehearsal: $(printf '%s; ' "${problems[@]}")"
+fi
+
+# The tests stage past a crash and a hang: each named with its test, and the tests the shards never
+# reached run afterwards.
+problems=()
+check_out=$work/check-out-crash
+OUT=$check_out OCTET_GPU_CHECK_DEVICE=cpu OCTET_CHECK_SECONDS=60 OCTET_CHECK_GTEST=$PWD/tests/tools/fake_gtest.py \
+  FAKE_GTEST_CRASH=Fake.T05 FAKE_GTEST_HANG=Fake.T10 OCTET_CHECK_SHARD_SECONDS=5 OCTET_BUNDLE_DIR=$out \
+  bash tools/gpu_check.sh tests > "$work/check-crash.log" 2>&1
+rc=$?
+summary=$check_out/summary.txt
+((rc == 1)) || problems+=("it exited $rc, not 1")
+expect "$summary" '\(shard 2 of 4\): CRASHED \(exit 139\) in Fake.T05 after 2 tests of its 4; 2 never started' "the crash is not named"
+expect "$summary" '\(shard 3 of 4\): HUNG \(timed out after 5 s\) in Fake.T10' "the hang is not named"
+expect "$summary" '\(shard 4 of 4\): ran to the end: 3 passed, 1 failed' "a shard with a failing test is not reported as having run to the end"
+expect "$summary" '^INFO  test_cuda: rerun 1, the 3 tests no shard reached' "the unreached tests did not run"
+expect "$summary" '16 tests listed, 16 started, 0 never started' "tests were left unrun"
+expect "$summary" '^FAIL  test_cuda results: 13 passed, 1 failed, 0 skipped, 2 crashed or hung; failed: Fake.T03' "the verdict does not cover every shard"
+if ((${#problems[@]} == 0)); then
+  pass "rehearsal: the tests stage went past a crash and a hang, named both, and ran $(grep -o 'the [0-9]* tests no shard reached' "$summary")"
+else
+  sed 's/^/    /' "$summary"
+  fail "rehearsal (crash and hang): $(printf '%s; ' "${problems[@]}")"
+fi
+
+# Stopped by a signal mid-step: the summary and the logs are there, and nothing it started is left.
+problems=()
+check_out=$work/check-out-stopped
+# (exec: the signal must reach the check's own shell, not a subshell around it)
+(OUT=$check_out OCTET_GPU_CHECK_DEVICE=cpu OCTET_CHECK_SECONDS=120 OCTET_CHECK_GTEST=$PWD/tests/tools/fake_gtest.py \
+  FAKE_GTEST_HANG=Fake.T02 OCTET_CHECK_SHARD_SECONDS=100 OCTET_BUNDLE_DIR=$out \
+  exec bash tools/gpu_check.sh tests > "$work/check-stopped.log" 2>&1) &
+check_pid=$!
+for _ in $(seq 60); do  # until the shards run (one of them hangs in Fake.T02)
+  pgrep -f "python3 $PWD/tests/tools/fake_gtest.py" > /dev/null && break
+  sleep 1
+done
+sleep 2
+kill -TERM "$check_pid"
+wait "$check_pid"
+rc=$?
+sleep 1
+((rc == 143)) || problems+=("it exited $rc, not 143")
+expect "$check_out/summary.txt" '^VERDICT: INCOMPLETE, stopped by a signal' "no INCOMPLETE verdict"
+tar -tzf "$check_out/logs.tar.gz" 2> /dev/null | grep -qx './test_cuda_s2.log' || problems+=("logs.tar.gz lacks the hung shard's log")
+pgrep -f "python3 $PWD/tests/tools/fake_gtest.py" > /dev/null && problems+=("the hung shard was left running")
+if ((${#problems[@]} == 0)); then
+  pass "rehearsal: stopped by a signal while a shard hung, the check left its summary ($(grep '^VERDICT' "$check_out/summary.txt" | cut -c1-60)...) and logs, and ended the shard"
+else
+  fail "rehearsal (stopped): $(printf '%s; ' "${problems[@]}")"
+fi
+((keep_unpacked)) || rm -rf "$unpacked"
 finish

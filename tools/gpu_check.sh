@@ -33,6 +33,11 @@
 #                  per kernel category and per kernel (gpu_check_report.py kernels)
 #   table          the benchmark table in bench/RESULTS.md's format, with the goals
 #
+# Expected from those times, on an H200: the benchmarks until about 90 s; then the tests (70-90 s
+# beside the twins and the compile), the train runs (about 40 s) and the 2-rank runs (about 40 s)
+# until about 260 s, while torch.compile compiles (ready some 200 s after it started); its timed
+# steps (5 s); the two ncu captures (80 s); the table: about 400 s of the 450.
+#
 # It writes at most 8 files to the output folder ($OUT when set, else /tmp/octet-gpu-check), and
 # rewrites the first two after every step, so that a kill at any moment leaves what ran so far:
 #   summary.txt     every step with PASS, FAIL, SKIP or CUT and its wall time, the numbers, and last
@@ -173,10 +178,12 @@ note() {  # KIND TEXT: a line of the summary and of the terminal
 indent() { sed 's/^/      /' | tee -a "$summary" > /dev/null; }
 verdict() {  # the summary's last lines
   local t=$((SECONDS - started))
+  local so_far=""
+  ((failures)) && so_far=": $(printf '%s; ' "${failed[@]}")" so_far=${so_far%; }
   if [[ ${1:-} == running ]]; then
-    echo "VERDICT SO FAR, at $t s (the check is still running; a kill now leaves this): $failures of $checks checks failed${failed:+: ${failed[*]}}"
+    echo "VERDICT SO FAR, at $t s (the check is still running; a kill now leaves this): $failures of $checks checks failed$so_far"
   elif [[ ${1:-} == stopped ]]; then
-    echo "VERDICT: INCOMPLETE, stopped by a signal at $t s: $failures of $checks checks failed so far${failed:+: ${failed[*]}}"
+    echo "VERDICT: INCOMPLETE, stopped by a signal at $t s: $failures of $checks checks failed so far$so_far"
   elif ((failures)); then
     echo "VERDICT: FAILED, $failures of $checks checks failed in $t s of the ${check_seconds} s budget:"
     printf '  failed: %s\n' "${failed[@]}"

@@ -140,6 +140,8 @@ else
        "$bundle_dir/ beside this checkout, or build here (bash tools/test.sh)" >&2
   exit 3
 fi
+commit_short=${commit:0:7}
+[[ $commit == *uncommitted* ]] && commit_short+=" (with uncommitted changes)"
 data_dir=${OCTET_CHECK_DATA_DIR:-$data_dir}
 [[ -d $data_dir ]] || data_dir=""
 gtest_program=${OCTET_CHECK_GTEST:-$bin/test_cuda}
@@ -338,7 +340,7 @@ stage_bench() {
 
 write_kernels_txt() {  # kernels.txt: bench_kernels' table, then the ncu captures summed
   {
-    echo "Octet GPU check, $(date -u +%Y-%m-%d), ${gpu_name:-no GPU}, commit $commit"
+    echo "Octet GPU check, $(date -u +%Y-%m-%d), ${gpu_name:-no GPU}, commit $commit_short"
     if [[ -s $logs/bench_kernels.log ]]; then
       echo
       echo "== bench_kernels"
@@ -357,10 +359,9 @@ write_kernels_txt() {  # kernels.txt: bench_kernels' table, then the ncu capture
 stage_bench_kernels() {
   stage_begin bench_kernels
   compile_finish
+  # Without a GPU it says it skipped and exits 0, so the rehearsal runs it too.
   if [[ ! -x $bin/bench_kernels ]]; then
     note SKIP "bench_kernels: not in this build"
-  elif ((rehearsal)); then
-    note SKIP "bench_kernels: a GPU benchmark (rehearsal on the CPU)"
   elif step bench_kernels 90 "$bin/bench_kernels"; then
     write_kernels_txt
   fi
@@ -699,14 +700,14 @@ stage_table() {
                    sed 's/, / (driver /; s/$/)/'); ${libs[*]}"
   fi
   {
-    echo "## $model on ${gpu_name:-the CPU}: the GPU check ($(date -u +%Y-%m-%d), commit ${commit:0:7})"
+    echo "## $model on ${gpu_name:-the CPU}: the GPU check ($(date -u +%Y-%m-%d), commit $commit_short)"
     echo
     echo '```bash'
     echo "bash tools/gpu_check.sh        # bench_vit, bench/pytorch_reference.py (eager, torch.compile)"
     echo '```'
     echo
     "${report[@]}" table "$logs/bench.jsonl" --device "$device_text" --model "$model" --batch "$batch" \
-      --commit "$commit"
+      --commit "$commit_short"
   } > "$logs/results.md"
   cp "$logs/results.md" "$out/.results.md.part" && mv -f "$out/.results.md.part" "$out/results.md"
   indent < "$logs/results.md"

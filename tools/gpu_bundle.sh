@@ -12,8 +12,8 @@
 # exist yet; refused with the fix if it is not a Release build with CUDA for sm_90), and builds only
 # the targets below that are out of date. The bundle, unpacked:
 #
-#   bin/        the programs: the GPU tests, train_vit, bench_vit (and bench_kernels where the build
-#               has it), gpu_info, the CPU suites and the mpi suites, stripped, with RUNPATH $ORIGIN/../lib
+#   bin/        the programs: the GPU tests, train_vit, bench_vit, bench_kernels, gpu_info, the CPU
+#               suites and the mpi suites, stripped, with RUNPATH $ORIGIN/../lib
 #   lib/        the libraries they need that the machine may lack: spdlog, fmt, OpenBLAS and its
 #               Fortran runtime, zlib, the CUDA runtime, OpenMPI's libraries, PMIx, hwloc, libevent
 #   lib-gcc/    the GCC runtime (libstdc++, libgcc_s, libgomp): env.sh uses it unless the machine's
@@ -39,11 +39,11 @@ cd "$(dirname "$0")/.."
 out=${1:-build-gpu-bundle}
 build=build
 max_mib=${OCTET_BUNDLE_MAX_MIB:-40}
-programs=(gpu_info test_cuda train_vit bench_vit
+programs=(gpu_info test_cuda train_vit bench_vit bench_kernels
           test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps test_local_group test_nccl_mapping
           test_collectives test_ddp test_fsdp test_fsdp_fp8 test_fsdp_checkpoint test_gpu_shared_mpi)
 # Packed when the build defines them (tools/gpu_check.sh runs each one it finds).
-optional_programs=(bench_kernels)
+optional_programs=()
 
 # ---- the build ---------------------------------------------------------------------------------------
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }

@@ -50,6 +50,7 @@
 #include "optim/optim.h"
 
 #if OCTET_HAS_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_stream.h"
@@ -265,6 +266,11 @@ int main(int argc, char** argv) {
   bool ledger = false;
   app.add_flag("--ledger", ledger,
                "count what a step moves instead of timing it: the op ledger per block and per step, per image");
+  bool profile_last_step = false;
+  app.add_flag("--profile-last-step", profile_last_step,
+               "bracket the last step with cudaProfilerStart/Stop, so that a profiler started with profiling off "
+               "(ncu --profile-from-start off) sees one steady-state step: not the first, whose one-off work "
+               "(master weights, FP8 state, momentum buffers) a step never repeats");
   try {
     app.parse(argc, argv);
     check_fp8_options(precision, fp8_options);
@@ -312,12 +318,23 @@ int main(int argc, char** argv) {
                                }};
     Tensor loss;
     int64_t saved_activations = 0;  // the last step's
+    const bool profile = profile_last_step && device.is_cuda();
     for (int s = 0; s < warmup + steps; ++s) {
+      const bool profiled = profile && s == warmup + steps - 1;
+#if OCTET_HAS_CUDA
+      if (profiled) {
+        cuda::synchronize(device.index);
+        cuda::check(cudaProfilerStart(), "cudaProfilerStart");
+      }
+#endif
       marks.mark(0);
       const StepResult result = train_step([&] { return batch; });
       loss = result.loss, saved_activations = result.saved_activation_bytes;
       marks.mark(3);
       const std::array<double, 3> t = marks.intervals();
+#if OCTET_HAS_CUDA
+      if (profiled) cuda::check(cudaProfilerStop(), "cudaProfilerStop");
+#endif
       if (s < warmup) continue;
       forward_s.push_back(t[0]), backward_s.push_back(t[1]), optimizer_s.push_back(t[2]);
       step_s.push_back(t[0] + t[1] + t[2]);

@@ -18,8 +18,10 @@
 #             its summary and log tarball hold every step, the GPU tests skip saying why, PyTorch
 #             and ncu say why they are skipped, and every verdict of gpu_check_report.py ran. Then
 #             its tests stage past a GoogleTest program that crashes in one test and hangs in
-#             another (tests/tools/fake_gtest.py), and a check stopped by a signal mid-step, which
-#             must still leave its summary and logs and end what it started
+#             another (tests/tools/fake_gtest.py); torch.compile behind its gate, and cut by the
+#             deadline, with a stand-in for a python with torch (tests/tools/fake_torch_python.py);
+#             and a check stopped by a signal mid-step, which must still leave its summary and logs
+#             and end what it started
 #
 #   bash tools/gpu_bundle_check.sh        after a build (bash tools/test.sh); about 5 minutes on 2 cores
 #
@@ -106,7 +108,8 @@ else
   tail -n 30 "$work/test_cuda.log"
   fail "gpu: test_cuda from the bundle did not skip cleanly ($summary)"
 fi
-for p in gpu_info train_vit bench_vit; do
+for p in gpu_info train_vit bench_vit bench_kernels; do  # (bench_kernels where the build has it)
+  [[ $p == bench_kernels && ! -x $bundle/bin/$p ]] && continue
   traced "$p" "$bundle/bin/$p" --help > "$work/$p.log" 2>&1 || { fail "origins: $p --help failed"; cat "$work/$p.log"; }
 done
 traced gpu_info_run "$bundle/bin/gpu_info" > "$work/gpu_info_run.log" 2>&1
@@ -266,6 +269,30 @@ if ((${#problems[@]} == 0)); then
 else
   sed 's/^/    /' "$summary"
   fail "rehearsal (crash and hang): $(printf '%s; ' "${problems[@]}")"
+fi
+
+# torch.compile behind its gate, with a stand-in for a python with torch and a GPU: timed after the
+# gate opens and tabled; then a cold compile longer than the deadline, which must be reported as cut.
+problems=()
+for compile_seconds in 2 1000; do
+  check_out=$work/check-out-compile-$compile_seconds
+  OUT=$check_out OCTET_GPU_CHECK_DEVICE=cpu OCTET_CHECK_SECONDS=30 OCTET_PYTHON=$PWD/tests/tools/fake_torch_python.py \
+    FAKE_TORCH_COMPILE_SECONDS=$compile_seconds OCTET_BUNDLE_DIR=$out \
+    bash tools/gpu_check.sh eager compile table > "$work/check-compile.log" 2>&1
+  rc=$?
+  ((rc == 0)) || problems+=("with a compile of $compile_seconds s it exited $rc")
+done
+summary=$work/check-out-compile-2/summary.txt
+expect "$summary" '^PASS  pytorch_eager' "the eager run did not pass"
+expect "$summary" '^PASS  pytorch_compile \([0-9]+ s from its start; compiled and warmed up by 2 s' "the gated compile did not pass"
+expect "$work/check-out-compile-2/results.md" '^\| PyTorch torch.compile, bf16 autocast, SGD\(fused=True\) \| [0-9.]+ \|' "no compile row in the table"
+summary=$work/check-out-compile-1000/summary.txt
+expect "$summary" '^CUT   torch.compile cut short after [0-9]+ s \(cold compile\)' "the cut compile is not reported as cut"
+expect "$summary" '^VERDICT: PASSED' "a cut compile failed the check"
+if ((${#problems[@]} == 0)); then
+  pass "rehearsal: torch.compile behind its gate was timed and tabled, and a compile past the deadline was reported: $(grep -m1 -o 'torch.compile cut short after [0-9]* s (cold compile)' "$summary")"
+else
+  fail "rehearsal (torch.compile): $(printf '%s; ' "${problems[@]}")"
 fi
 
 # Stopped by a signal mid-step: the summary and the logs are there, and nothing it started is left.

@@ -65,7 +65,9 @@
 #   MODEL, BATCH, STEPS, WARMUP the benchmarks' model (vit_huge_patch16_224), batch (64) and steps (10, 3)
 #   OCTET_GPU_CHECK_DEVICE=cpu  rehearses the mechanics on a machine without a GPU: bench_vit and the
 #                               train runs go to the CPU (NCCL becomes the local group), the GPU tests
-#                               skip, saying why; PyTorch and ncu are skipped. CI runs it
+#                               skip, saying why; ncu is skipped, and PyTorch unless its torch
+#                               sees a GPU (tests/tools/fake_torch_python.py, which CI uses as
+#                               OCTET_PYTHON, does). CI runs it
 #                               (tools/gpu_bundle_check.sh), with these to keep it short:
 #   OCTET_CHECK_TRAIN_STEPS     every train run's steps (then the loss's fall is shown, not judged)
 #   OCTET_CHECK_DATA_DIR        the Fashion-MNIST folder of the train runs (default: the bundle's)
@@ -298,21 +300,22 @@ stage_end() { stage_times+=("$stage $((SECONDS - stage_t0)) s"); flush; }
   echo "Octet GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ): bash tools/gpu_check.sh ${*:-(the whole check)}"
   echo "stages: ${stages[*]}; deadline ${check_seconds} s"
   echo "programs: $origin"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2> /dev/null | sed 's/^/nvidia-smi: /'
+  timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2> /dev/null |
+    sed 's/^/nvidia-smi: /'
 } > "$summary"
 cat "$summary"
-"$bin/gpu_info" 2>&1 | tee "$logs/gpu_info.txt" >> "$summary"
-"$bin/gpu_info" --json > "$logs/gpu_info.json" 2>&1
+timeout 60 "$bin/gpu_info" 2>&1 | tee "$logs/gpu_info.txt" >> "$summary"
+timeout 60 "$bin/gpu_info" --json > "$logs/gpu_info.json" 2>&1
 gpus=0 free_gib=0
 if ((rehearsal)); then
   note INFO "a rehearsal on the CPU (OCTET_GPU_CHECK_DEVICE=cpu): the runs go to the CPU and the GPU tests skip"
-elif ! "$bin/gpu_info" --require-gpu > /dev/null 2>&1; then
+elif ! timeout 60 "$bin/gpu_info" --require-gpu > /dev/null 2>&1; then
   note FAIL "no GPU visible: every GPU step below would only skip (gpu_info above says why)"
 else
   gpus=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device_count"])' "$logs/gpu_info.json")
-  free_gib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2> /dev/null | head -n 1 | awk '{printf "%d", $1 / 1024}')
+  free_gib=$(timeout 30 nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2> /dev/null | head -n 1 | awk '{printf "%d", $1 / 1024}')
 fi
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
+gpu_name=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
 flush
 
 # ---- bench, bench_kernels, eager: the benchmarks, on an idle GPU ---------------------------------------------
@@ -368,19 +371,20 @@ stage_bench_kernels() {
   stage_end
 }
 
-have_torch=""
-torch_ok() {  # WHAT: whether PyTorch can run WHAT here; says why not
-  [[ -z $have_torch ]] && { "$py" -c 'import torch, timm' > "$logs/torch_import.log" 2>&1 && have_torch=yes || have_torch=no; }
-  if [[ $have_torch == no ]]; then
-    local why
-    why="no torch: $py cannot import torch and timm ($(tail -n 1 "$logs/torch_import.log")); set OCTET_PYTHON to a python that can"
-    if ((rehearsal)); then note SKIP "$1: skipped: $why"; else note FAIL "$1: $why"; fi
-    return 1
+torch_state=""
+torch_ok() {  # WHAT: whether PyTorch can run WHAT here (torch and timm import, torch sees a GPU); says why not
+  if [[ -z $torch_state ]]; then
+    torch_state=$(timeout 120 "$py" -c 'import torch, timm; print("gpu" if torch.cuda.is_available() else "no-gpu")' 2> "$logs/torch_import.log")
+    [[ $torch_state == *gpu ]] || torch_state=missing
   fi
-  if ((rehearsal)); then
-    note SKIP "$1: skipped: it needs a GPU (rehearsal on the CPU)"
-    return 1
-  fi
+  local why
+  case $torch_state in
+    gpu) return 0 ;;
+    no-gpu) why="torch sees no GPU" ;;
+    *) why="no torch: $py cannot import torch and timm ($(tail -n 1 "$logs/torch_import.log")); set OCTET_PYTHON to a python that can" ;;
+  esac
+  if ((rehearsal)); then note SKIP "$1: skipped: $why"; else note FAIL "$1: $why"; fi
+  return 1
 }
 
 stage_eager() {
@@ -609,7 +613,7 @@ stage_tests() {
   # The host's cores are idle while the GPU tests run: the twins start now.
   in_stages train || in_stages mpi && start_twins
   local program=$gtest_program list=$logs/test_cuda_list.txt i round line logs_so_far=()
-  if ! "$program" --gtest_list_tests > "$list" 2>&1; then
+  if ! timeout 60 "$program" --gtest_list_tests > "$list" 2>&1; then
     note FAIL "test_cuda: --gtest_list_tests failed (log: test_cuda_list.txt)"
     tail -n 12 "$list" | indent
     stage_end
@@ -696,7 +700,7 @@ stage_table() {
   if ((rehearsal)); then
     device_text="the CPU (a rehearsal of the check, OCTET_GPU_CHECK_DEVICE=cpu)"
   else
-    device_text="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null | head -n 1 |
+    device_text="$(timeout 30 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null | head -n 1 |
                    sed 's/, / (driver /; s/$/)/'); ${libs[*]}"
   fi
   {

@@ -445,7 +445,8 @@ def table(args):
             print(f"| {name} | did not run | | | | | | |")
             continue
         mfu = None if r.get("mfu") is None else 100 * r["mfu"]
-        print(f"| {name} | {r['images_per_s']:.1f} | {r['step_ms']:.1f} | {r['tflops']:.1f} | {fmt(mfu, '.1f')}% | "
+        print(f"| {name} | {r['images_per_s']:.1f} | {r['step_ms']:.1f} | {r['tflops']:.1f} | "
+              f"{'n/a' if mfu is None else format(mfu, '.1f') + '%'} | "
               f"{fmt(r.get('peak_memory_gib'), '.1f')} | {fmt(eager and r['images_per_s'] / eager, '.3f')} | "
               f"{fmt(compiled and r['images_per_s'] / compiled, '.3f')} |")
     print()

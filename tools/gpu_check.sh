@@ -28,9 +28,10 @@
 #   mpi            2 ranks sharing the GPU over MPI: test_gpu_shared_mpi, test_collectives on CUDA
 #                  tensors, and train_vit DDP, FSDP and FSDP fp8 with --fp8-all-gather against
 #                  their 2-rank CPU twins
-#   ncu            where Nsight Compute's ncu exists: one ViT-H step of bf16 and one of fp8 under
-#                  ncu (about 40 s each; a capture is skipped when less than 60 s are left), summed
-#                  per kernel category and per kernel (gpu_check_report.py kernels)
+#   ncu            where Nsight Compute's ncu exists: one steady-state ViT-H step of bf16 and one of
+#                  fp8 under ncu (bench_vit --profile-last-step after one warm-up step; about 40 s
+#                  each, a capture is skipped when less than 60 s are left), summed per kernel
+#                  category and per kernel (gpu_check_report.py kernels)
 #   table          the benchmark table in bench/RESULTS.md's format, with the goals
 #
 # Expected from those times, on an H200: the benchmarks until about 90 s; then the tests (70-90 s
@@ -353,7 +354,8 @@ write_kernels_txt() {  # kernels.txt: bench_kernels' table, then the ncu capture
     for p in bf16 fp8; do [[ -s $work/ncu_$p.csv ]] && csvs+=("$work/ncu_$p.csv"); done
     if ((${#csvs[@]})); then
       echo
-      echo "== ncu: one ViT-H/16 training step (batch $batch) per capture, gpu__time_duration.sum of every kernel"
+      echo "== ncu: one steady-state training step of $model (batch $batch) per capture, after one unprofiled"
+      echo "   warm-up step; gpu__time_duration.sum of every kernel, each run alone"
       "${report[@]}" kernels "${csvs[@]}"
     fi
   } > "$out/.kernels.txt.part" && mv -f "$out/.kernels.txt.part" "$out/kernels.txt"
@@ -666,9 +668,12 @@ stage_ncu() {
         note SKIP "ncu $p: not captured, only $(($(time_left) - reserve)) s left (a capture takes about 40 s)"
         continue
       fi
-      # One training step after no warm-up; ncu runs each kernel alone and times it.
-      step "ncu_$p" 90 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
-        "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision "$p" --steps 1 --warmup 0
+      # One steady-state step: the warm-up step (master weights, FP8 state, momentum buffers made
+      # once) runs unprofiled, and bench_vit brackets the next with cudaProfilerStart/Stop. ncu runs
+      # each kernel alone and times it.
+      step "ncu_$p" 90 "$ncu_bin" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+        --csv --page raw "$bin/bench_vit" --device cuda --model "$model" --batch-size "$batch" --precision "$p" \
+        --steps 1 --warmup 1 --profile-last-step
       rc=$?
       # The CSV goes to $OUT as it is; the log keeps the program's and ncu's own lines.
       mv "$logs/ncu_$p.log" "$work/ncu_$p.csv"

@@ -240,7 +240,8 @@ void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, double lr, doub
   check_no_overlap(op, std::move(all));
   LedgerOp ledger(op);
   for (const AdamWTensors& t : tensors) {
-    ledger.read({&t.param, &t.grad, &t.master, &t.exp_avg, &t.exp_avg_sq});
+    // What the kernels read: with a master, the update reads the master and only writes the param.
+    ledger.read({t.master.defined() ? &t.master : &t.param, &t.grad, &t.exp_avg, &t.exp_avg_sq});
     ledger.write(t.param).write(t.master).write(t.exp_avg).write(t.exp_avg_sq);
   }
   for (const AdamWTensors& t : tensors) {
@@ -271,7 +272,10 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
   check_no_overlap(op, std::move(all));
   LedgerOp ledger(op);
   for (const SgdTensors& t : used) {
-    ledger.read({&t.param, &t.grad, &t.master, &t.momentum_buffer});
+    // What the kernels read: the master rather than the param when there is one, and the momentum
+    // buffer only after the first step (the first writes it without reading it).
+    ledger.read({t.master.defined() ? &t.master : &t.param, &t.grad});
+    if (!first_step) ledger.read(t.momentum_buffer);
     ledger.write(t.param).write(t.master).write(t.momentum_buffer);
   }
   for (const SgdTensors& t : used) {

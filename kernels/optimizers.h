@@ -5,13 +5,15 @@
 // bf16, widened on the fly instead of through a converted copy. Hyperparameters arrive as doubles
 // and are rounded once to the compute type, as PyTorch's fused kernels do.
 //
-// Each op takes a list of parameters updated by one call: on the GPU one kernel launch covers many
-// tensors, as apex's multi_tensor_apply does. It also takes low-precision parameters with an f32
-// master copy (bf16 training). Both run on the CPU and on CUDA devices.
+// Each op takes a list of parameters updated by one call: on the GPU one kernel launch covers up to
+// 512 tensors (a whole ViT-H/16), as apex's multi_tensor_apply does. It also takes low-precision
+// parameters with an f32 master copy (bf16 training). Both run on the CPU and on CUDA devices.
 //
 // Bytes moved per element (f32): AdamW reads p, g, m, v and writes p, m, v: 28 bytes;
 // SGD with momentum reads p, g, buf and writes p, buf: 20 bytes. With a bf16 param and f32 master,
-// AdamW reads g (2), master, m, v and writes master, m, v and the bf16 param (2): 28 bytes.
+// AdamW reads g (2), master, m, v and writes master, m, v and the bf16 param (2): 28 bytes; SGD
+// reads g (2), master, buf and writes master, buf and the param (2): 20 bytes, 16 on the first step
+// (which writes buf without reading it). Never the bf16 param: the master is the value updated.
 #include <cfloat>
 #include <cstdint>
 #include <vector>
@@ -92,8 +94,8 @@ ClipScalars clip_scalars(const Tensor& sum_of_squares, double max_norm);
 // tensor on their device that the kernels read (the host never does). Each element computes as
 // mul_scalar_ does: widened to its compute type (f32, f64 for f64), times the scale rounded once to
 // that type, rounded once back. f32, bf16, f16 and f64 tensors; one call takes any mix of them. On a
-// GPU, one multi-tensor launch per dtype in the list (and per 36 tensors or 320 chunks of 64K
-// elements, as the optimizer updates). A scale of exactly 1 writes nothing (x · 1 is x).
+// GPU, one multi-tensor launch per dtype in the list (and per 512 tensors, as the optimizer
+// updates). A scale of exactly 1 writes nothing (x · 1 is x).
 void scale_multi_(const std::vector<Tensor>& tensors, const Tensor& scale);
 
 }  // namespace octet::kernels

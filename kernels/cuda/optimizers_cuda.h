@@ -11,8 +11,8 @@
 
 namespace octet::kernels::cuda {
 
-// One launch per group of entries sharing dtypes (param, grad, master or not), per chunk of at most
-// a few dozen tensors; see optimizers.cu for the descriptor table.
+// One launch per group of entries sharing dtypes (param, grad, master or not), per 512 tensors; see
+// optimizers.cu for the table of tensors the kernels take.
 void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, const cpu::AdamWConstants<double>& constants);
 // momentum_buffer must be undefined in every entry when momentum is 0, defined in every entry otherwise.
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConstants<double>& constants);

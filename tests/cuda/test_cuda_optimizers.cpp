@@ -4,6 +4,7 @@
 // relative error ||gpu - cpu||_2 / ||cpu||_2 in f64, at most 1e-5 for f32 and 1e-2 for bf16.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "kernels/optimizers.h"
@@ -19,8 +20,9 @@ using testing::relative_error;
 using testing::same_bits;
 using testing::uniform_tensor;
 
-// Sizes around the 65536-element chunk, odd sizes, one element, an empty tensor, and enough small
-// tensors (50 in all) that one call needs several launches (36 tensors per launch).
+// Sizes around the sum of squares' 65536-element chunk, odd sizes, one element, an empty tensor, and
+// 42 small tensors: 50 in all, one launch. MultiTensorStepsOnViewsAndManyTensors below goes past one
+// launch (512 tensors), with views at odd offsets and sizes around the updates' chunk and pack.
 std::vector<int64_t> entry_sizes() {
   std::vector<int64_t> sizes = {1, 37, 65535, 65536, 65537, 3 * 65536 + 5, 1000003, 0};
   for (int i = 0; i < 42; ++i) sizes.push_back(13 + 97 * i);
@@ -155,6 +157,113 @@ TEST(CudaSgd, MultiTensorStepMatchesTheCpu) {
       }
     }
   }
+}
+
+// ---- lists past one launch, views at odd offsets ----------------------------------------------------------
+
+// Sizes around the 32768-element chunk and the 8-element pack of the update kernels, then enough
+// small tensors (530 in all) that a call takes two launches of at most 512 tensors.
+std::vector<int64_t> many_sizes() {
+  std::vector<int64_t> sizes = {1, 7, 8, 9, 4095, 32767, 32768, 32769, 2 * 32768 + 13, 300001};
+  for (int i = 0; i < 520; ++i) sizes.push_back(1 + (37 * i) % 97);
+  return sizes;
+}
+
+// The same random values as a CPU tensor and a GPU tensor, each a view `offset` elements into a
+// buffer of its own: an odd offset leaves the GPU view's pointer off 16-byte alignment, so that
+// tensor takes the kernels' scalar loop.
+struct Twin {
+  Tensor cpu, gpu;
+};
+Twin twin(int64_t n, DType dtype, uint64_t seed, int64_t offset, double scale = 1.0) {
+  const Tensor base = random_tensor({n + offset}, dtype, seed, scale);
+  return {base.narrow(offset, n), base.to(kGpu).narrow(offset, n)};
+}
+// Positive values for AdamW's second moment, aligned.
+Twin positive_twin(int64_t n, DType dtype, uint64_t seed) {
+  const Tensor t = uniform_tensor({n}, 1e-4, 2e-2, dtype, seed);
+  return {t, t.to(kGpu)};
+}
+
+// Every third entry's param and grad are views at odd offsets (so the entry runs unvectorised);
+// the rest are aligned. Each dtype combination of the kernels, bitwise against the CPU.
+TEST(CudaMultiTensor, StepsOnViewsAndManyTensorsAreBitwiseTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> sizes = many_sizes();
+  struct Combo {
+    DType param, grad;
+    bool master;
+  };
+  for (const Combo combo : {Combo{DType::bf16, DType::bf16, true}, Combo{DType::f16, DType::f16, true},
+                            Combo{DType::f32, DType::f32, false}, Combo{DType::f32, DType::bf16, false},
+                            Combo{DType::f64, DType::f64, false}}) {
+    SCOPED_TRACE(::testing::Message() << "param " << dtype_name(combo.param) << ", grad " << dtype_name(combo.grad));
+    const DType state = combo.param == DType::f64 ? DType::f64 : DType::f32;
+    std::vector<kernels::SgdTensors> sgd_cpu, sgd_gpu;
+    std::vector<kernels::AdamWTensors> adamw_cpu, adamw_gpu;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i], odd = i % 3 == 0 ? 1 : 0;
+      const uint64_t seed = 7000 + 10 * i;
+      // The param and its master, made afresh for each optimizer (both update them in place). With a
+      // master, the param is the master rounded, as after a step, in a buffer of its own.
+      auto param_and_master = [&] {
+        const Twin weights = twin(n, state, seed, 0);
+        if (!combo.master) return std::pair{twin(n, state, seed, odd), Twin{}};
+        const Tensor padded = empty({n + odd}, combo.param);
+        padded.narrow(odd, n).copy_(weights.cpu.to(combo.param));
+        return std::pair{Twin{padded.narrow(odd, n), padded.to(kGpu).narrow(odd, n)}, weights};
+      };
+      const Twin g = twin(n, combo.grad, seed + 1, 3 * odd, 0.1);
+      const auto [sgd_p, sgd_master] = param_and_master();
+      const Twin buffer = twin(n, state, seed + 2, 0, 0.1);
+      sgd_cpu.push_back({sgd_p.cpu, g.cpu, buffer.cpu, sgd_master.cpu});
+      sgd_gpu.push_back({sgd_p.gpu, g.gpu, buffer.gpu, sgd_master.gpu});
+      const auto [adamw_p, adamw_master] = param_and_master();
+      const Twin m = twin(n, state, seed + 3, 0, 0.05), v = positive_twin(n, state, seed + 4);
+      adamw_cpu.push_back({adamw_p.cpu, g.cpu, m.cpu, v.cpu, adamw_master.cpu});
+      adamw_gpu.push_back({adamw_p.gpu, g.gpu, m.gpu, v.gpu, adamw_master.gpu});
+    }
+    for (int step = 0; step < 3; ++step) {
+      kernels::sgd_step_multi_(sgd_cpu, 0.05, 0.9, 0.0, /*nesterov=*/step == 2, 1e-2, step == 0);
+      kernels::sgd_step_multi_(sgd_gpu, 0.05, 0.9, 0.0, /*nesterov=*/step == 2, 1e-2, step == 0);
+      kernels::adamw_step_multi_(adamw_cpu, 2e-3, 0.9, 0.95, 1e-8, 0.05, step + 1);
+      kernels::adamw_step_multi_(adamw_gpu, 2e-3, 0.9, 0.95, 1e-8, 0.05, step + 1);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "entry " << i << " of " << sizes[i] << " elements");
+      EXPECT_TRUE(same_bits(sgd_gpu[i].param, sgd_cpu[i].param));
+      EXPECT_TRUE(same_bits(sgd_gpu[i].momentum_buffer, sgd_cpu[i].momentum_buffer));
+      EXPECT_TRUE(same_bits(adamw_gpu[i].param, adamw_cpu[i].param));
+      EXPECT_TRUE(same_bits(adamw_gpu[i].exp_avg, adamw_cpu[i].exp_avg));
+      EXPECT_TRUE(same_bits(adamw_gpu[i].exp_avg_sq, adamw_cpu[i].exp_avg_sq));
+      if (combo.master) {
+        EXPECT_TRUE(same_bits(sgd_gpu[i].master, sgd_cpu[i].master));
+        EXPECT_TRUE(same_bits(adamw_gpu[i].master, adamw_cpu[i].master));
+      }
+    }
+  }
+}
+
+// The clip's scale over lists past one launch, views at odd offsets, every dtype: bitwise the CPU.
+TEST(CudaMultiTensor, ClipScaleIsBitwiseTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Tensor> cpu, gpu;
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+  std::vector<int64_t> sizes = many_sizes();
+  sizes.push_back(3 * 65536 + 5);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const Twin t = twin(sizes[i], dtypes[i % 4], 9000 + i, i % 3 == 0 ? 1 : 0);
+    cpu.push_back(t.cpu);
+    gpu.push_back(t.gpu);
+  }
+  const Tensor scale = from_vector<float>({0.37f}, Shape{1});
+  kernels::scale_multi_(cpu, scale);
+  kernels::scale_multi_(gpu, scale.to(kGpu));
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_TRUE(same_bits(gpu[i], cpu[i])) << "entry " << i;
+  // The sum of squares over the same list (two launches per dtype group) against the CPU's.
+  const double want = kernels::sum_of_squares_multi(cpu), got = kernels::sum_of_squares_multi(gpu);
+  EXPECT_NEAR(got, want, 1e-12 * want);
+  EXPECT_EQ(kernels::sum_of_squares_multi(gpu), got);
 }
 
 // ---- sum of squares -------------------------------------------------------------------------------------------

@@ -164,6 +164,9 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConst
   no_cuda("sgd_step_multi_", {&tensors[0].param, &tensors[0].grad});
 }
 Tensor sum_of_squares_multi(const std::vector<Tensor>&, Device device) { no_cuda("sum_of_squares_multi", device); }
+void widen_to_f32_multi_(const std::vector<Tensor>& sources, const std::vector<Tensor>&) {
+  no_cuda("widen_to_f32_multi_", {&sources[0]});
+}
 ClipScalars clip_scalars(const Tensor& sum_of_squares, double) { no_cuda("clip_scalars", {&sum_of_squares}); }
 void scale_multi_(const std::vector<Tensor>&, const Tensor& scale) { no_cuda("scale_multi_", {&scale}); }
 

@@ -287,6 +287,35 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, double lr, double m
   for (const SgdTensors& t : used) sgd_cpu(op, t, constants);
 }
 
+// ---- f32 master copies ---------------------------------------------------------------------------------------
+
+void widen_to_f32_multi_(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations) {
+  const char* op = "widen_to_f32_multi_";
+  OCTET_CHECK(sources.size() == destinations.size(), op, ": got ", sources.size(), " sources and ",
+              destinations.size(), " destinations; pass one f32 destination per source");
+  if (sources.empty()) return;
+  std::vector<Named> all;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Tensor &src = sources[i], &dst = destinations[i];
+    const std::string entry = entry_op(op, i);
+    check_defined(entry.c_str(), {&src, &dst});
+    OCTET_CHECK(src.dtype() == DType::bf16 || src.dtype() == DType::f16, entry, ": source ", src.describe(),
+                " must be bf16 or f16 (the parameters that get f32 master copies); copy other dtypes with copy_");
+    OCTET_CHECK(dst.dtype() == DType::f32 && dst.shape() == src.shape(), entry, ": destination ", dst.describe(),
+                " must be f32 with the shape of source ", src.describe());
+    check_same_device(entry.c_str(), {&src, &dst});
+    check_one_device(op, sources[0], src, i);
+    all.push_back({&src, i, "source"});
+    all.push_back({&dst, i, "destination"});
+  }
+  check_no_overlap(op, std::move(all));
+  LedgerOp ledger(op);
+  for (size_t i = 0; i < sources.size(); ++i) ledger.read(sources[i]).write(destinations[i]);
+  for (const Tensor& dst : destinations) dst.bump_version();
+  if (sources[0].is_cuda()) return cuda::widen_to_f32_multi_(sources, destinations);
+  for (size_t i = 0; i < sources.size(); ++i) destinations[i].copy_(sources[i]);
+}
+
 // ---- sum of squares ------------------------------------------------------------------------------------------
 
 namespace {

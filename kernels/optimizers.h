@@ -66,6 +66,12 @@ double sum_of_squares(const Tensor& t);
 Tensor sum_of_squares_multi_tensor(const std::vector<Tensor>& tensors, Device device);
 double sum_of_squares_multi(const std::vector<Tensor>& tensors);
 
+// The f32 master copies of low-precision parameters, made in one call: destinations[i] ←
+// sources[i] widened to f32, exactly (bit for bit Tensor::to(DType::f32)). Sources are bf16 or f16,
+// destinations f32 of the same shape; all on one device, no two sharing bytes. An optimizer's first
+// bf16 step makes every master this way: on a GPU one launch instead of one conversion per tensor.
+void widen_to_f32_multi_(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations);
+
 // ---- gradient-norm clipping on the device -----------------------------------------------------------------
 
 // torch.nn.utils.clip_grad_norm_'s coefficient, min(1, max_norm / (norm + 1e-6)), in double. A

@@ -6,6 +6,9 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <vector>
+
+#include "kernels/optimizers.h"
 
 namespace octet::optim {
 namespace {
@@ -122,19 +125,37 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
   check_groups_unchanged("step");
   std::vector<ParamToUpdate> out;
   const ParamGroup& g = groups_[group];
+  // The first step in low precision (or the first after Module::to(bf16)): each master starts as
+  // its parameter's exact value, widened. All of a device's masters are made by one multi-tensor
+  // call (one launch on a GPU rather than one conversion per parameter), and enter the state only
+  // once it has succeeded.
+  struct NewMasters {
+    Device device;
+    std::vector<size_t> index;  // into the group's params
+    std::vector<Tensor> sources, masters;
+  };
+  std::vector<NewMasters> new_masters;  // one per device, almost always one
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const Tensor& p = g.params[i];
+    if (!p.grad().defined() || !needs_master(p) || state_[group][i].buffers.count("master") != 0) continue;
+    auto on_device = std::find_if(new_masters.begin(), new_masters.end(),
+                                  [&](const NewMasters& m) { return m.device == p.device(); });
+    if (on_device == new_masters.end()) on_device = new_masters.insert(on_device, NewMasters{p.device(), {}, {}, {}});
+    on_device->index.push_back(i);
+    on_device->sources.push_back(p.detach());
+    on_device->masters.push_back(empty(p.shape(), DType::f32, p.device()));
+  }
+  for (const NewMasters& m : new_masters) kernels::widen_to_f32_multi_(m.sources, m.masters);
+  for (const NewMasters& m : new_masters) {
+    for (size_t k = 0; k < m.index.size(); ++k) state_[group][m.index[k]].buffers["master"] = m.masters[k];
+  }
   for (size_t i = 0; i < g.params.size(); ++i) {
     const Tensor& p = g.params[i];
     if (!p.grad().defined()) continue;
     ParamState& s = state_[group][i];
-    const bool has_master = s.buffers.count("master") != 0;
-    if (needs_master(p) && !has_master) {
-      // The first step in low precision (or the first after Module::to(bf16)): the master starts as
-      // the parameter's exact value, widened.
-      s.buffers["master"] = p.detach().to(DType::f32);
-    }
-    OCTET_CHECK(needs_master(p) || !has_master, name_, ".step: parameter ", i, " of group ", group, " is ",
-                p.describe(), " but was trained through an f32 master copy, which converting the model back "
-                "discarded; keep the model in the dtype it was optimized in, or build a new optimizer");
+    OCTET_CHECK(needs_master(p) || s.buffers.count("master") == 0, name_, ".step: parameter ", i, " of group ",
+                group, " is ", p.describe(), " but was trained through an f32 master copy, which converting the "
+                "model back discarded; keep the model in the dtype it was optimized in, or build a new optimizer");
     out.push_back({p, &s});
   }
   return out;

@@ -1,5 +1,5 @@
-// Multi-tensor AdamW and SGD updates, and the sum of squares and the scale of the gradient clip, on
-// the GPU.
+// Multi-tensor AdamW and SGD updates, the f32 master copies of a first step, and the sum of squares
+// and the scale of the gradient clip, on the GPU.
 //
 // All of these are memory-bound: an update does a dozen flops per element and moves 20 (SGD) or 28
 // (AdamW) bytes of it, so its speed is the rate at which it moves bytes, and the goal is the rate
@@ -45,6 +45,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/float_formats.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/optimizers_cuda.h"
 
@@ -326,6 +327,41 @@ __global__ void __launch_bounds__(kUpdateThreads) sgd_multi_kernel(ChunkTable<4>
   }
 }
 
+// ---- f32 master copies -------------------------------------------------------------------------------------
+
+// The host's bf16 and f16 widenings (core/float_formats.h), so a master is Tensor::to(f32)'s bits.
+struct Bf16BitsToF32 {
+  __device__ float operator()(uint16_t b) const { return bf16_bits_to_float(b); }
+};
+struct F16BitsToF32 {
+  __device__ float operator()(uint16_t b) const { return f16_bits_to_float(b); }
+};
+
+// dst = f32(src) on one chunk per block: 8 elements per 16-byte load, two 16-byte stores.
+template <class Widen>
+__global__ void __launch_bounds__(kUpdateThreads) widen_to_f32_kernel(ChunkTable<2> table, Widen widen_bits) {
+  const Chunk chunk = find_chunk(table, kUpdateChunk);
+  const uint16_t* __restrict__ src = chunk_stream<const uint16_t>(table, 0, chunk);
+  float* __restrict__ dst = chunk_stream<float>(table, 1, chunk);
+  int done = 0;
+  if (table.aligned[chunk.tensor]) {
+    const int packs = chunk.n / kPack;
+    for (int p = threadIdx.x; p < packs; p += kUpdateThreads) {
+      const Pack<uint16_t> in = load_pack(src + p * kPack);
+      Pack<float> lo, hi;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        lo.v[k] = widen_bits(in.v[k]);
+        hi.v[k] = widen_bits(in.v[k + 4]);
+      }
+      store_pack(dst + p * kPack, lo);
+      store_pack(dst + p * kPack + 4, hi);
+    }
+    done = packs * kPack;
+  }
+  for (int i = done + static_cast<int>(threadIdx.x); i < chunk.n; i += kUpdateThreads) dst[i] = widen_bits(src[i]);
+}
+
 // ---- sum of squares ------------------------------------------------------------------------------------
 
 constexpr int kSumThreads = 512;
@@ -473,6 +509,31 @@ void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConst
         sgd_multi_kernel<T, G, P, kMaster><<<chunks, kUpdateThreads, 0, stream>>>(table, c);
         check_launch("sgd_step_multi_");
       });
+    });
+  }
+}
+
+void widen_to_f32_multi_(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations) {
+  if (sources.empty()) return;
+  cudaStream_t stream = stream_for(sources[0]);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    std::vector<std::array<void*, 2>> ptrs;
+    std::vector<int64_t> numels;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i].dtype() != dtype) continue;
+      ptrs.push_back({sources[i].data_ptr(), destinations[i].data_ptr()});
+      numels.push_back(sources[i].numel());
+    }
+    if (ptrs.empty()) continue;
+    for_each_launch<2>(ptrs, numels, kUpdateChunk, [&](const ChunkTable<2>& table, unsigned chunks, int64_t) {
+      // Bytes per element: read 2, write 4. The masters of ViT-H/16's 632 M bf16 parameters: 3.8 GB,
+      // 0.88 ms at 4.3 TB/s, once, on the first step (it was 392 conversions of one tensor each).
+      if (dtype == DType::bf16) {
+        widen_to_f32_kernel<<<chunks, kUpdateThreads, 0, stream>>>(table, Bf16BitsToF32{});
+      } else {
+        widen_to_f32_kernel<<<chunks, kUpdateThreads, 0, stream>>>(table, F16BitsToF32{});
+      }
+      check_launch("widen_to_f32_multi_");
     });
   }
 }

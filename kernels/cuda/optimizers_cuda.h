@@ -16,6 +16,8 @@ namespace octet::kernels::cuda {
 void adamw_step_multi_(const std::vector<AdamWTensors>& tensors, const cpu::AdamWConstants<double>& constants);
 // momentum_buffer must be undefined in every entry when momentum is 0, defined in every entry otherwise.
 void sgd_step_multi_(const std::vector<SgdTensors>& tensors, const cpu::SgdConstants<double>& constants);
+// One launch per source dtype (bf16, f16) and 512 tensors; the entry point has checked the pairs.
+void widen_to_f32_multi_(const std::vector<Tensor>& sources, const std::vector<Tensor>& destinations);
 // Fixed chunks, block sums in double, a fixed-order final sum on the device, left there: a one-element
 // f64 tensor on `device` (0 for an empty list).
 Tensor sum_of_squares_multi(const std::vector<Tensor>& tensors, Device device);

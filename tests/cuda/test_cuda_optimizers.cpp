@@ -244,6 +244,34 @@ TEST(CudaMultiTensor, StepsOnViewsAndManyTensorsAreBitwiseTheCpu) {
   }
 }
 
+// The f32 masters of a first bf16 step, one multi-tensor launch per 512 tensors: bitwise the
+// single-tensor conversion (Tensor::to(f32) on the GPU) and the CPU's, for bf16 and f16 in one call,
+// odd sizes, views at odd offsets, and the values a widening must keep (inf, NaN, subnormals, -0).
+TEST(CudaMultiTensor, WidenToF32IsTheSingleTensorConversionBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const Tensor specials = from_vector<float>(
+      {INFINITY, -INFINITY, NAN, 1e-40f, -3e-39f, -0.0f, 3.3e38f, 65504.f, 6e-8f, 1.0f / 3}, {10});
+  std::vector<Tensor> sources;
+  for (DType dtype : {DType::bf16, DType::f16}) sources.push_back(specials.to(dtype).to(kGpu));
+  const std::vector<int64_t> sizes = many_sizes();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const DType dtype = i % 2 == 0 ? DType::bf16 : DType::f16;
+    sources.push_back(twin(sizes[i], dtype, 8000 + i, i % 3 == 0 ? 1 : 0).gpu);
+  }
+  std::vector<Tensor> destinations;
+  for (const Tensor& s : sources) {
+    // Views at odd offsets for the destinations too, of every fourth.
+    const int64_t odd = destinations.size() % 4 == 1 ? 1 : 0;
+    destinations.push_back(full({s.numel() + odd}, 7.0, DType::f32, kGpu).narrow(odd, s.numel()));
+  }
+  kernels::widen_to_f32_multi_(sources, destinations);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "entry " << i);
+    EXPECT_TRUE(same_bits(destinations[i], sources[i].to(DType::f32)));
+    EXPECT_TRUE(same_bits(destinations[i], sources[i].to(Device::cpu()).to(DType::f32)));
+  }
+}
+
 // The clip's scale over lists past one launch, views at odd offsets, every dtype: bitwise the CPU.
 TEST(CudaMultiTensor, ClipScaleIsBitwiseTheCpu) {
   SKIP_WITHOUT_GPU();

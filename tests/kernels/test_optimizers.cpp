@@ -326,6 +326,46 @@ TEST(MultiTensorSteps, SumOfSquaresIsTheSumOverTensorsInOrder) {
   EXPECT_EQ(kernels::sum_of_squares_multi({}), 0.0);
 }
 
+// The f32 master copies of a first bf16 step: widen_to_f32_multi_ gives Tensor::to(f32)'s bits for
+// every source, bf16 and f16 in one call, of odd sizes, views at odd offsets, and the values a
+// widening must keep exactly (infinities, NaN, subnormals, -0, the largest finite).
+TEST(MultiTensorSteps, WidenToF32IsToF32BitForBit) {
+  const Tensor specials = from_vector<float>(
+      {INFINITY, -INFINITY, NAN, 1e-40f, -3e-39f, -0.0f, 3.3e38f, 65504.f, 6e-8f, 1.0f / 3}, {10});
+  std::vector<Tensor> sources, destinations;
+  uint64_t seed = 900;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    sources.push_back(specials.to(dtype));
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{37}, int64_t{4099}, kLarge}) {
+      sources.push_back(random_tensor({n}, dtype, ++seed));
+      sources.push_back(random_tensor({n + 3}, dtype, ++seed).narrow(3, n));  // a view at an odd offset
+    }
+  }
+  sources.push_back(random_tensor({5, 3, 2}, DType::bf16, ++seed));
+  for (const Tensor& s : sources) destinations.push_back(full(s.shape(), 7.0, DType::f32));
+  kernels::widen_to_f32_multi_(sources, destinations);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    EXPECT_TRUE(octet::testing::same_bits(destinations[i], sources[i].to(DType::f32))) << "entry " << i;
+  }
+  EXPECT_NO_THROW(kernels::widen_to_f32_multi_({}, {}));
+}
+
+TEST(MultiTensorStepErrors, WidenToF32NamesTheEntryAndTheFix) {
+  const Tensor b = random_tensor({6}, DType::bf16), d = zeros({6});
+  EXPECT_TRUE(throws_with([&] { kernels::widen_to_f32_multi_({b, b.clone()}, {d}); },
+                          {"widen_to_f32_multi_", "2 sources and 1 destinations"}));
+  EXPECT_TRUE(throws_with([&] { kernels::widen_to_f32_multi_({b, random_tensor({6})}, {d, zeros({6})}); },
+                          {"widen_to_f32_multi_ on tensors[1]", "f32[6]", "bf16 or f16"}));
+  EXPECT_TRUE(throws_with([&] { kernels::widen_to_f32_multi_({b}, {zeros({6}, DType::f64)}); },
+                          {"widen_to_f32_multi_ on tensors[0]", "f64[6]", "must be f32"}));
+  EXPECT_TRUE(throws_with([&] { kernels::widen_to_f32_multi_({b}, {zeros({2, 3})}); },
+                          {"widen_to_f32_multi_ on tensors[0]", "f32[2, 3]", "shape"}));
+  EXPECT_TRUE(throws_with([&] { kernels::widen_to_f32_multi_({b, b.clone()}, {d, d}); },
+                          {"widen_to_f32_multi_", "tensors[0].destination and tensors[1].destination share memory"}));
+  EXPECT_TRUE(throws_with([&] { kernels::widen_to_f32_multi_({b}, {fake_cuda_tensor({6})}); },
+                          {"widen_to_f32_multi_ on tensors[0]", "cuda:0"}));
+}
+
 TEST(MultiTensorSteps, EmptyListsAreNoOps) {
   EXPECT_NO_THROW(kernels::adamw_step_multi_({}, 1e-3, 0.9, 0.999, 1e-8, 0.0, 1));
   EXPECT_NO_THROW(kernels::sgd_step_multi_({}, 0.1, 0.9, 0.0, false, 0.0, true));

@@ -14,7 +14,8 @@
 //    launch. (The 4 KiB table this replaces held 36 tensors and 320 blocks, and an SGD step over
 //    ViT-H took 31 launches of 320 blocks each, too few to keep 132 SMs busy to the end.) The launch
 //    copies its arguments, so the host refills the table at once: no device buffer, no pinned
-//    staging buffer, no event to wait on before reusing it.
+//    staging buffer, no event to wait on before reusing it. The table is a __grid_constant__
+//    argument: read in place from the constant bank, never copied to a thread's local memory.
 // 2. One block per chunk (kUpdateChunk elements: ViT-H's SGD step is ~19,500 blocks), scheduled by
 //    the hardware over every SM, so all SMs stay busy and the last wave is short. A block finds its
 //    tensor by binary search over the tensors' first chunks (9 steps for 392 tensors; every thread
@@ -223,7 +224,7 @@ __device__ __forceinline__ T sgd_element(const cpu::SgdConstants<T>& c, bool has
 // With a master (kMaster), the update runs on the f32 master and P (bf16/f16) receives it rounded;
 // without one, P is T and the param is updated in place.
 template <class T, class G, class P, bool kMaster>
-__global__ void __launch_bounds__(kUpdateThreads) adamw_multi_kernel(ChunkTable<5> table, cpu::AdamWConstants<T> c) {
+__global__ void __launch_bounds__(kUpdateThreads) adamw_multi_kernel(__grid_constant__ const ChunkTable<5> table, cpu::AdamWConstants<T> c) {
   constexpr int U = kUnroll;
   const Chunk chunk = find_chunk(table, kUpdateChunk);
   P* __restrict__ param = chunk_stream<P>(table, 0, chunk);
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(kUpdateThreads) adamw_multi_kernel(ChunkTable<
 // SGD with momentum on one chunk per block; types as for AdamW. The momentum buffer pointer is null
 // for every tensor of a launch when momentum is 0. The first step writes the buffer without reading it.
 template <class T, class G, class P, bool kMaster>
-__global__ void __launch_bounds__(kUpdateThreads) sgd_multi_kernel(ChunkTable<4> table, cpu::SgdConstants<T> c) {
+__global__ void __launch_bounds__(kUpdateThreads) sgd_multi_kernel(__grid_constant__ const ChunkTable<4> table, cpu::SgdConstants<T> c) {
   constexpr int U = kUnroll;
   const Chunk chunk = find_chunk(table, kUpdateChunk);
   P* __restrict__ param = chunk_stream<P>(table, 0, chunk);
@@ -339,7 +340,7 @@ struct F16BitsToF32 {
 
 // dst = f32(src) on one chunk per block: 8 elements per 16-byte load, two 16-byte stores.
 template <class Widen>
-__global__ void __launch_bounds__(kUpdateThreads) widen_to_f32_kernel(ChunkTable<2> table, Widen widen_bits) {
+__global__ void __launch_bounds__(kUpdateThreads) widen_to_f32_kernel(__grid_constant__ const ChunkTable<2> table, Widen widen_bits) {
   const Chunk chunk = find_chunk(table, kUpdateChunk);
   const uint16_t* __restrict__ src = chunk_stream<const uint16_t>(table, 0, chunk);
   float* __restrict__ dst = chunk_stream<float>(table, 1, chunk);
@@ -386,7 +387,7 @@ __device__ __forceinline__ double block_sum_double(double v) {
 // Σ x² of one chunk per block, each element squared in double, into partial[chunks_before + block].
 template <class S>
 __global__ void __launch_bounds__(kSumThreads)
-    sum_of_squares_chunks_kernel(ChunkTable<1> table, double* partial, int64_t chunks_before) {
+    sum_of_squares_chunks_kernel(__grid_constant__ const ChunkTable<1> table, double* partial, int64_t chunks_before) {
   const Chunk chunk = find_chunk(table, kSumChunk);
   const S* __restrict__ x = chunk_stream<const S>(table, 0, chunk);
   double s = 0;
@@ -423,7 +424,7 @@ __global__ void clip_scalars_kernel(const double* sum_of_squares, double max_nor
 // A scale of exactly 1 returns at once: x · 1 is x, so nothing needs writing (the common case of a
 // clip that does not bind).
 template <class S>
-__global__ void __launch_bounds__(kSumThreads) scale_chunks_kernel(ChunkTable<1> table, const double* scale) {
+__global__ void __launch_bounds__(kSumThreads) scale_chunks_kernel(__grid_constant__ const ChunkTable<1> table, const double* scale) {
   using C = std::conditional_t<std::is_same_v<S, double>, double, float>;
   const double s = *scale;
   if (s == 1.0) return;

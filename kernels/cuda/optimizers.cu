@@ -28,7 +28,7 @@
 //    where about 33 KB covers the memory latency at full bandwidth (4.3 TB/s ÷ 132 SMs × ~1 µs of
 //    latency under load). Two packs (kUnroll = 2) keep the
 //    same bytes in flight with half the warps (91 and 120 registers, 2 blocks per SM); which is
-//    faster is for bench_optimizers to say on the GPU. The last n % 8 elements of a tensor, and all
+//    faster is for bench_kernels to say on the GPU. The last n % 8 elements of a tensor, and all
 //    of a tensor whose pointers are not all 16-byte aligned (a view at an odd offset), take a scalar
 //    loop. Offsets within a chunk are 32-bit; the chunk's start is the one 64-bit product, once per
 //    block.

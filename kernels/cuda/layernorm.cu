@@ -7,22 +7,31 @@
 // The forward's row arithmetic is in layernorm_rows.cuh, which the LayerNorm writing FP8
 // (layernorm_fp8.cu) runs too, so that its statistics and outputs have this kernel's bits.
 //
-// Forward: one warp per row while C <= 1024 (no block-wide synchronisation), one block per row
-// beyond (ViT-H has C = 1280). Each row is read three times (sum, squares, output); the second and
-// third reads hit L1/L2, so DRAM sees x read once and y written once.
+// These kernels move little data per FLOP, so their speed is the bytes they move: the forward is
+// built to read its inputs from DRAM once and write its outputs once, with 16-byte accesses, and
+// enough of them in flight to keep HBM busy. Beside each launch: the bytes it must move for ViT-H at
+// batch 64 (12,608 rows of C = 1280, bf16) and the time that takes at 4.3 TB/s, a device-to-device
+// copy's rate on an H200.
+//
+// Forward: a warp per row, the row in registers (layernorm_rows.cuh describes the layout), while
+// C <= 2048 (bf16/f16) or 1024 (f32). The warp loads its row with every load in flight at once, sums
+// it, sums the squares from the same registers, and writes the output: x is read once, y written
+// once. Blocks of 4 independent warps, one row each; at 64 registers a thread an SM holds 32 such
+// warps, each with its whole row in flight (2.5 KB for ViT-H in bf16): far more than HBM's latency
+// needs. Longer rows take a block per row (the old kernel: the row is read three times, the second
+// and third from L1/L2).
 //
 // Backward: a block walks a fixed run of rows, its threads across the columns. Each thread owns
 // the same columns in every row, so it adds its rows' dy · xhat and dy into its own slots of a
 // per-block partial sum without atomics; a second small kernel sums the blocks' partials in block
 // order. The result therefore repeats bit for bit, whatever the scheduling.
 //
-// The residual add fused in (add_layernorm_*, as llm.c fuses it) uses the same two kernels:
-// forward's first pass reads x and y instead of x, writes h = x + y rounded to T exactly as the add
-// kernel rounds it (__fadd_rn, then round to nearest even), and sums that rounded h; its second and
-// third passes read h back (the thread's own writes, L1/L2 hits). Backward adds the residual
-// gradient to each dx in f32 with __fadd_rn (never merged into an FMA with the LayerNorm arithmetic)
-// before the one rounding. In f32 on aligned rows the results therefore equal add() then
-// layernorm_forward(), and layernorm_backward() then add(), bit for bit on the GPU too.
+// The residual add fused in (add_layernorm_*, as llm.c fuses it): forward reads x and y instead of x,
+// computes h = x + y rounded to T exactly as the add kernel rounds it (__fadd_rn, then round to nearest
+// even), writes it, and normalizes that rounded h. Backward adds the residual gradient to each dx in
+// f32 with __fadd_rn (never merged into an FMA with the LayerNorm arithmetic) before the one rounding.
+// In f32 on aligned rows the results therefore equal add() then layernorm_forward(), and
+// layernorm_backward() then add(), bit for bit on the GPU too.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/layernorm_rows.cuh"
 #include "kernels/cuda/nn_ops_cuda.h"
@@ -30,7 +39,7 @@
 namespace octet::kernels::cuda {
 namespace {
 
-constexpr int kForwardWarpThreads = 256;  // 8 rows per block in warp-per-row mode
+constexpr int kForwardWarps = 4;  // rows per block of the warp-per-row forward
 // At most this many backward blocks: more would cost more partial sums than it gains in parallelism.
 constexpr int64_t kMaxBackwardBlocks = 512;
 // Per-block partial sums live in shared memory up to this size (under the 48 KiB a block gets
@@ -53,31 +62,60 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
   return make_float2(warp_sum(a), warp_sum(b));
 }
 
-// y = (x - mean) · rstd · weight + bias per row; mean and rstd saved (f32).
-// With kResidual the row normalized is h = x + x2 (rounded to T), which the kernel also writes out;
-// without it x2 and h are null.
-// Bytes: reads x once from DRAM (and weight, bias: C each, cached), writes y plus 8 per row; with
-// kResidual it reads x2 too and writes h (h's second and third reads hit L1/L2).
-template <class T, class W, bool kBlockPerRow, bool kResidual>
-__global__ void __launch_bounds__(1024)
-    layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ h,
-                             const W* __restrict__ weight, const W* __restrict__ bias, T* __restrict__ y,
-                             float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t C, float eps,
-                             bool vectorized) {
-  __shared__ float scratch[32];
-  int64_t row;
-  int lane, lanes;
-  if constexpr (kBlockPerRow) {
-    row = blockIdx.x;
-    lane = threadIdx.x;
-    lanes = blockDim.x;
+// ---- forward --------------------------------------------------------------------------------------
+
+// y = (x - mean) · rstd · weight + bias for row blockIdx.x · kForwardWarps + warp; mean and rstd saved
+// (f32). With kResidual the row normalized is h = x + x2 (rounded to T), which the kernel also writes
+// out; without it x2 and h are null. rows_packed: x, x2, h and y 16-byte aligned and C a multiple of
+// the pack; params_packed: layernorm_params_packed for weight and bias.
+template <class T, class W, bool kResidual>
+__global__ void __launch_bounds__(kForwardWarps * 32)
+    layernorm_forward_rows_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ h,
+                                  const W* __restrict__ weight, const W* __restrict__ bias, T* __restrict__ y,
+                                  float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int C, float eps,
+                                  bool rows_packed, bool params_packed) {
+  constexpr int N = Pack<T>::N;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * kForwardWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp leaves together; nothing here synchronises the block
+  const int64_t offset = row * C;
+  Unit u[kLayerNormRowUnits];
+  if constexpr (kResidual) {
+    load_row_units_residual(x + offset, x2 + offset, h + offset, C, lane, rows_packed, u);
   } else {
-    row = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
-    lane = threadIdx.x % 32;
-    lanes = 32;
-    if (row >= rows) return;  // the whole warp leaves together; no block-wide sync in this mode
+    load_row_units(x + offset, C, lane, rows_packed, u);
   }
-  auto row_sum = [&](float v) { return kBlockPerRow ? block_sum(v, scratch) : warp_sum(v); };
+  const RowStats s = warp_row_stats<T>(u, C, lane, eps);
+#pragma unroll
+  for (int i = 0; i < kLayerNormRowUnits; ++i) {
+    const int c0 = unit_column<T>(i, lane);
+    if (c0 >= C) continue;
+    float v[N];
+    layernorm_unit<T>(u[i], s, weight, bias, c0, C, params_packed, v);
+    Unit o{};
+#pragma unroll
+    for (int k = 0; k < N; ++k) put_unit_bits<T>(o, k, bits_of(from_float<T>(v[k])));
+    store_unit(y + offset, c0, C, rows_packed, o);
+  }
+  if (lane == 0) {
+    mean[row] = s.mean;
+    rstd[row] = s.rstd;
+  }
+}
+
+// The same for rows too long for registers: a block per row (blockIdx.x), the row read three times
+// (sum, squares, output; the second and third from L1/L2). vectorized: 16-byte packs, under the
+// condition of rows_packed above.
+template <class T, class W, bool kResidual>
+__global__ void __launch_bounds__(1024)
+    layernorm_forward_block_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ h,
+                                   const W* __restrict__ weight, const W* __restrict__ bias, T* __restrict__ y,
+                                   float* __restrict__ mean, float* __restrict__ rstd, int64_t C, float eps,
+                                   bool vectorized) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x, lanes = blockDim.x;
+  auto row_sum = [&](float v) { return block_sum(v, scratch); };
   const T* xr = x + row * C;
   T* hr = kResidual ? h + row * C : nullptr;
   const T* x2r = kResidual ? x2 + row * C : nullptr;
@@ -224,19 +262,24 @@ void launch_forward(const char* op, const Tensor& x, const Tensor& x2, const Ten
     with_weight_type(weight, op, [&]<class W>() {
       const bool vectorized = C % Pack<T>::N == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) &&
                               (!residual || (aligned16(x2.data_ptr()) && aligned16(h.data_ptr())));
-      auto launch = [&](auto kernel, unsigned blocks, int threads) {
-        kernel<<<blocks, threads, 0, stream>>>(ptr<T>(x), maybe<T>(x2), residual ? ptr<T>(h) : nullptr,
-                                               maybe<W>(weight), maybe<W>(bias), ptr<T>(y), ptr<float>(mean),
-                                               ptr<float>(rstd), rows, C, static_cast<float>(eps), vectorized);
-      };
       auto launch_mode = [&]<bool kResidual>() {
-        if (C <= kLayerNormWarpPerRowMaxC) {
-          const int64_t rows_per_block = kForwardWarpThreads / 32;
-          launch(layernorm_forward_kernel<T, W, false, kResidual>,
-                 static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kForwardWarpThreads);
+        if (layernorm_row_in_registers<T>(C, kLayerNormRowUnits)) {
+          // Bytes (ViT-H, bf16): reads x (32.3 MB), writes y (32.3 MB) and 8 per row of statistics:
+          // 64.6 MB, 15.0 µs at 4.3 TB/s. With the residual it also reads x2 and writes h: 129.2 MB,
+          // 30.1 µs. weight and bias (C each) come from L1/L2.
+          const bool params_packed = layernorm_params_packed<T, W>(maybe<W>(weight), C) &&
+                                     layernorm_params_packed<T, W>(maybe<W>(bias), C);
+          layernorm_forward_rows_kernel<T, W, kResidual>
+              <<<static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps), kForwardWarps * 32, 0, stream>>>(
+                  ptr<T>(x), maybe<T>(x2), kResidual ? ptr<T>(h) : nullptr, maybe<W>(weight), maybe<W>(bias),
+                  ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), rows, static_cast<int>(C), static_cast<float>(eps),
+                  vectorized, params_packed);
         } else {
-          launch(layernorm_forward_kernel<T, W, true, kResidual>, static_cast<unsigned>(rows),
-                 layernorm_forward_block_threads(C, vectorized, Pack<T>::N));
+          // Bytes: as above from DRAM (the row's second and third reads hit L1/L2).
+          layernorm_forward_block_kernel<T, W, kResidual>
+              <<<static_cast<unsigned>(rows), layernorm_forward_block_threads(C, vectorized, Pack<T>::N), 0, stream>>>(
+                  ptr<T>(x), maybe<T>(x2), kResidual ? ptr<T>(h) : nullptr, maybe<W>(weight), maybe<W>(bias),
+                  ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), C, static_cast<float>(eps), vectorized);
         }
       };
       if (residual) {

@@ -105,7 +105,10 @@ void PrintTo(const Shape2& s, std::ostream* os) { *os << s.rows << "x" << s.cols
 class CudaLayerNormFp8 : public ::testing::TestWithParam<Shape2> {};
 
 // Rows below, at and past one 32-row tile and not a multiple of it; widths below and past the 64-column
-// chunk, not a multiple of it, and 1280 (ViT-H: a block per row).
+// chunk of the block-per-row kernel, not a multiple of it, 1280 (ViT-H; a warp per row for bf16, a
+// block per row for f32), and around the warp-per-row kernel's limits: one element, a unit (8 bf16,
+// 4 f32) not filled, 2048 (the most a warp holds for bf16, a 64 KiB tile) and 2049 (a block per row);
+// 12608 x 1280 is ViT-H's LayerNorm at batch 64.
 TEST_P(CudaLayerNormFp8, EqualsTheUnfusedGpuSequenceBitForBit) {
   SKIP_WITHOUT_GPU();
   const auto [rows, C] = GetParam();
@@ -134,11 +137,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaLayerNormFp8,
                          ::testing::Values(Shape2{1, 16}, Shape2{1, 1280}, Shape2{37, 96}, Shape2{37, 80},
                                            Shape2{37, 144}, Shape2{37, 1280}, Shape2{130, 16}, Shape2{130, 80},
                                            Shape2{130, 144}, Shape2{130, 1280}, Shape2{4097, 96},
-                                           Shape2{4097, 144}, Shape2{4097, 1280}));
+                                           Shape2{4097, 144}, Shape2{4097, 1280}, Shape2{1, 1}, Shape2{33, 7},
+                                           Shape2{65, 2048}, Shape2{65, 2049}, Shape2{12608, 1280}));
 
 // The paths the shapes above do not take: f16 inputs, a weight of another dtype than x, misaligned rows
-// (scalar loads and stores), widths that are not a multiple of 4 in both modes, other row paddings,
-// a leading batch dim, and NaN and inf in x (NaN must reach the amax with the unfused bits).
+// (scalar loads and stores), misaligned weights (loaded one at a time), widths that are not a multiple
+// of 4 in both modes, other row paddings, a leading batch dim, and NaN and inf in x (NaN must reach the
+// amax with the unfused bits).
 TEST(CudaLayerNormFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
@@ -160,6 +165,10 @@ TEST(CudaLayerNormFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
             // A weight without a bias.
             expect_same_as_unfused({x, residual ? y : Tensor(), w_other.to(kGpu), Tensor()}, DType::e5m2,
                                    {false, true}, pad);
+            // Weight and bias one element past a 16-byte boundary.
+            expect_same_as_unfused(
+                {x, residual ? y : Tensor(), misaligned_on_gpu(w_other), misaligned_on_gpu(b_other)}, DType::e4m3,
+                {true, true}, pad);
           }
         }
       }

@@ -120,12 +120,13 @@ TEST(CudaLayerNorm, WeightGradientsRepeatBitForBit) {
 // values agree within the suite's f32 bound, tolerance(f32) = 1e-5, as CudaLayerNorm above shows for
 // the unfused kernels. Rounding two f32 values a, b to nearest in a format whose ulp is at most
 // 2^-(p-1) of the value (p significant bits) gives |round(a) - round(b)| <= |a - b| + ulp, so a
-// result rounded once to bf16 (p = 8) is within 1e-5 + 2^-7 norm-wise; an f32 result within 1e-5.
+// result rounded once to bf16 (p = 8) is within 1e-5 + 2^-7 norm-wise, to f16 (p = 11) within
+// 1e-5 + 2^-10; an f32 result within 1e-5.
 // The backward's dh is dx + dh_residual, with dh_residual the same bits on both devices: only dx
 // differs, so dh's f32 error is 1e-5 · ||dx|| / ||dh|| (plus 2^-24 from the add's own rounding),
-// then the bf16 rounding on top.
+// then the rounding to the dtype on top.
 
-double rounding_bound(DType d) { return d == DType::bf16 ? 0x1p-7 : 0.0; }
+double rounding_bound(DType d) { return d == DType::bf16 ? 0x1p-7 : d == DType::f16 ? 0x1p-10 : 0.0; }
 
 double norm(const Tensor& t) {
   double sq = 0;
@@ -245,6 +246,207 @@ TEST(CudaAddLayerNorm, ViTShapedInputsMatchTheCpu) {
   EXPECT_LE(relative_error_matching_nans(gg.dh, cg.dh), dh_bound);
   EXPECT_LE(relative_error_matching_nans(gg.dweight, cg.dweight), tolerance(DType::f32));
   EXPECT_LE(relative_error_matching_nans(gg.dbias, cg.dbias), tolerance(DType::f32));
+}
+
+// ---- the warp-per-row kernels: where their layout changes ---------------------------------------------
+//
+// The forward holds a row in registers while it fits 8 units of 16 bytes per lane (2048 bf16/f16 or
+// 1024 f32 elements), the backward while it fits 6 (1536 and 768); longer rows take the block-per-row
+// kernels. The widths: one element; units not filled (C not a multiple of 8, or of 4 for f32); lanes
+// holding different numbers of units (255, 257); each capacity and one past it; ViT-H's 1280; and
+// 16384 (a block per row, the backward's partial sums in global memory). The rows: 1, and 5 (a
+// forward block of 4 rows and one more; a backward block of 8 warps not full).
+const std::vector<int64_t> kRowKernelWidths = {1,    5,    8,    9,    255,  256,  257,  768,  769,
+                                               1024, 1025, 1280, 1536, 1537, 2048, 2049, 16384};
+
+constexpr int64_t kForwardRowUnits = 8, kBackwardRowUnits = 6;  // kernels/cuda/layernorm*.{cu,cuh}
+int64_t row_capacity(DType d, int64_t units) { return 32 * units * (16 / static_cast<int64_t>(dtype_size(d))); }
+
+// Which copies of the inputs the GPU reads: all 16-byte aligned (packed loads), the activations one
+// element past that (element loads in the same layout), or the weight and bias one element past it.
+enum class Placement { Aligned, MisalignedRows, MisalignedParams };
+const char* placement_name(Placement p) {
+  return p == Placement::Aligned ? "aligned" : p == Placement::MisalignedRows ? "misaligned rows" : "misaligned params";
+}
+Tensor on_gpu(const Tensor& t, bool misaligned) {
+  if (!t.defined()) return t;
+  return misaligned ? misaligned_on_gpu(t) : t.to(kGpu);
+}
+
+// scale · N(0, 1) + offset, drawn in f64 and rounded to d.
+Tensor offset_random(const Shape& shape, DType d, uint64_t seed, double scale, double offset) {
+  Tensor t = random_tensor(shape, DType::f64, seed, scale);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] += offset;
+  return t.to(d);
+}
+
+Tensor zeros(DType d, int64_t rows) { return full({rows, 1}, 0.0, d); }
+
+// Every output of the four LayerNorm entry points against the CPU's, with the bounds derived above:
+// f32 arithmetic within 1e-5, then one rounding to the output's dtype. The weights are of the other
+// width (f32 for 16-bit x, bf16 for f32 x), so that both kinds of weight loads run. x sits around 3,
+// so that the means' relative errors are not those of sums that happen to cancel (one row of 1024
+// f32 draws can have a mean 100 times smaller than its spread).
+TEST(CudaLayerNormRowKernels, WidthsAroundTheRegisterCapacityMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const double f32_bound = tolerance(DType::f32);
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    const DType wd = d == DType::f32 ? DType::bf16 : DType::f32;
+    for (int64_t C : kRowKernelWidths) {
+      for (int64_t rows : {int64_t{1}, int64_t{5}}) {
+        const uint64_t seed = 1000 + 7 * static_cast<uint64_t>(C) + static_cast<uint64_t>(rows);
+        const Tensor x = offset_random({rows, C}, d, seed, 2.0, 3.0), y = random_tensor({rows, C}, d, seed + 1);
+        const Tensor dy = random_tensor({rows, C}, d, seed + 2), dres = random_tensor({rows, C}, d, seed + 3);
+        const Tensor w = random_tensor({C}, wd, seed + 4), b = random_tensor({C}, wd, seed + 5);
+        const auto cpu = kernels::layernorm_forward(x, w, b, 1e-5);
+        const auto cpu_grads = kernels::layernorm_backward(dy, x, w, cpu.mean, cpu.rstd);
+        const auto cpu_add = kernels::add_layernorm_forward(x, y, w, b, 1e-5);
+        const auto cpu_add_grads = kernels::add_layernorm_backward(dy, dres, cpu_add.h, w, cpu_add.mean, cpu_add.rstd);
+        const Tensor dx_of_h = kernels::layernorm_backward(dy, cpu_add.h, w, cpu_add.mean, cpu_add.rstd).dx;
+        const double dh_bound = f32_bound * norm(dx_of_h) / norm(cpu_add_grads.dh) + 0x1p-24 + rounding_bound(d);
+        const double out_bound = f32_bound + rounding_bound(d), param_bound = f32_bound + rounding_bound(wd);
+        for (Placement p : {Placement::Aligned, Placement::MisalignedRows, Placement::MisalignedParams}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << rows << " C " << C << " weight "
+                                            << dtype_name(wd) << ", " << placement_name(p));
+          const bool mr = p == Placement::MisalignedRows, mp = p == Placement::MisalignedParams;
+          const Tensor xg = on_gpu(x, mr), yg = on_gpu(y, mr), dyg = on_gpu(dy, mr), dresg = on_gpu(dres, mr);
+          const Tensor wg = on_gpu(w, mp), bg = on_gpu(b, mp);
+
+          const auto gpu = kernels::layernorm_forward(xg, wg, bg, 1e-5);
+          EXPECT_LE(relative_error_matching_nans(gpu.y, cpu.y), out_bound);
+          EXPECT_LE(relative_error_matching_nans(gpu.mean, cpu.mean), f32_bound);
+          EXPECT_LE(relative_error_matching_nans(gpu.rstd, cpu.rstd), f32_bound);
+          const auto grads = kernels::layernorm_backward(dyg, xg, wg, gpu.mean, gpu.rstd);
+          if (C == 1) {
+            // x - mean and g - mean(g) are exactly 0, and so is dx; the CPU's (contracted) arithmetic
+            // leaves rounding noise there, which is no reference for a relative error.
+            EXPECT_TRUE(same_bits(grads.dx, zeros(d, rows)));
+          } else {
+            EXPECT_LE(relative_error_matching_nans(grads.dx, cpu_grads.dx), out_bound);
+          }
+          EXPECT_LE(relative_error_matching_nans(grads.dweight, cpu_grads.dweight), param_bound);
+          EXPECT_LE(relative_error_matching_nans(grads.dbias, cpu_grads.dbias), param_bound);
+
+          const auto add = kernels::add_layernorm_forward(xg, yg, wg, bg, 1e-5);
+          EXPECT_TRUE(same_bits(add.h, cpu_add.h));
+          EXPECT_LE(relative_error_matching_nans(add.y, cpu_add.y), out_bound);
+          EXPECT_LE(relative_error_matching_nans(add.mean, cpu_add.mean), f32_bound);
+          EXPECT_LE(relative_error_matching_nans(add.rstd, cpu_add.rstd), f32_bound);
+          const auto add_grads = kernels::add_layernorm_backward(dyg, dresg, add.h, wg, add.mean, add.rstd);
+          if (C == 1) {
+            EXPECT_TRUE(same_bits(add_grads.dh, dres));  // 0 + dh_residual
+          } else {
+            EXPECT_LE(relative_error_matching_nans(add_grads.dh, cpu_add_grads.dh), dh_bound);
+          }
+          EXPECT_LE(relative_error_matching_nans(add_grads.dweight, cpu_add_grads.dweight), param_bound);
+          EXPECT_LE(relative_error_matching_nans(add_grads.dbias, cpu_add_grads.dbias), param_bound);
+        }
+        // Without affine parameters.
+        SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << rows << " C " << C << ", no weight");
+        const auto plain = kernels::layernorm_forward(x, Tensor(), Tensor(), 1e-5);
+        const auto gpu = kernels::layernorm_forward(x.to(kGpu), Tensor(), Tensor(), 1e-5);
+        EXPECT_LE(relative_error_matching_nans(gpu.y, plain.y), out_bound);
+        const auto plain_grads = kernels::layernorm_backward(dy, x, Tensor(), plain.mean, plain.rstd);
+        const auto grads = kernels::layernorm_backward(dy.to(kGpu), x.to(kGpu), Tensor(), gpu.mean, gpu.rstd);
+        if (C == 1) {
+          EXPECT_TRUE(same_bits(grads.dx, zeros(d, rows)));
+        } else {
+          EXPECT_LE(relative_error_matching_nans(grads.dx, plain_grads.dx), out_bound);
+        }
+        EXPECT_FALSE(grads.dweight.defined() || grads.dbias.defined());
+      }
+    }
+  }
+}
+
+// On the register path each lane adds the same elements in the same order however its row was loaded
+// (16-byte packs or one element at a time) and however the weights were: an aligned and a misaligned
+// copy of the same inputs give the same bits, forward and backward. And, on every path, the residual
+// add fused in gives add() then layernorm_forward()'s bits (f16 and bf16 too, since h is rounded before
+// it is normalized); in f32 the backward gives layernorm_backward() then add()'s.
+TEST(CudaLayerNormRowKernels, BitsDependOnTheValuesOnly) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t C : {1, 9, 100, 257, 768, 1024, 1280, 2048, 2049}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << " C " << C);
+      const int64_t rows = 13;
+      const Tensor x = random_tensor({rows, C}, d, 2000 + C, 2.0), y = random_tensor({rows, C}, d, 2100 + C);
+      const Tensor dy = random_tensor({rows, C}, d, 2200 + C), dres = random_tensor({rows, C}, d, 2300 + C);
+      const Tensor w = random_tensor({C}, DType::f32, 2400 + C), b = random_tensor({C}, DType::f32, 2500 + C);
+      const Tensor xa = x.to(kGpu), dya = dy.to(kGpu), wa = w.to(kGpu), ba = b.to(kGpu);
+      const Tensor xm = misaligned_on_gpu(x), dym = misaligned_on_gpu(dy);
+      const Tensor wm = misaligned_on_gpu(w), bm = misaligned_on_gpu(b);
+
+      const auto fa = kernels::layernorm_forward(xa, wa, ba);
+      const auto ba_grads = kernels::layernorm_backward(dya, xa, wa, fa.mean, fa.rstd);
+      if (C <= row_capacity(d, kForwardRowUnits)) {
+        for (const auto& other : {kernels::layernorm_forward(xm, wa, ba), kernels::layernorm_forward(xa, wm, bm)}) {
+          EXPECT_TRUE(same_bits(other.y, fa.y));
+          EXPECT_TRUE(same_bits(other.mean, fa.mean));
+          EXPECT_TRUE(same_bits(other.rstd, fa.rstd));
+        }
+      }
+      if (C <= row_capacity(d, kBackwardRowUnits)) {
+        for (const auto& other : {kernels::layernorm_backward(dym, xm, wa, fa.mean, fa.rstd),
+                                  kernels::layernorm_backward(dya, xa, wm, fa.mean, fa.rstd)}) {
+          EXPECT_TRUE(same_bits(other.dx, ba_grads.dx));
+          EXPECT_TRUE(same_bits(other.dweight, ba_grads.dweight));
+          EXPECT_TRUE(same_bits(other.dbias, ba_grads.dbias));
+        }
+      }
+
+      const Tensor ya = y.to(kGpu), dresa = dres.to(kGpu);
+      const auto fused = kernels::add_layernorm_forward(xa, ya, wa, ba);
+      const Tensor h = kernels::add(xa, ya);
+      const auto unfused = kernels::layernorm_forward(h, wa, ba);
+      EXPECT_TRUE(same_bits(fused.h, h));
+      EXPECT_TRUE(same_bits(fused.y, unfused.y));
+      EXPECT_TRUE(same_bits(fused.mean, unfused.mean));
+      EXPECT_TRUE(same_bits(fused.rstd, unfused.rstd));
+      const auto fused_grads = kernels::add_layernorm_backward(dya, dresa, fused.h, wa, fused.mean, fused.rstd);
+      const auto ln = kernels::layernorm_backward(dya, h, wa, unfused.mean, unfused.rstd);
+      if (d == DType::f32) {
+        EXPECT_TRUE(same_bits(fused_grads.dh, kernels::add(ln.dx, dresa)));
+      }
+      EXPECT_TRUE(same_bits(fused_grads.dweight, ln.dweight));
+      EXPECT_TRUE(same_bits(fused_grads.dbias, ln.dbias));
+      const auto no_residual = kernels::add_layernorm_backward(dya, Tensor(), fused.h, wa, fused.mean, fused.rstd);
+      EXPECT_TRUE(same_bits(no_residual.dh, ln.dx));
+    }
+  }
+}
+
+// Past 8 · 264 = 2112 rows each backward warp takes more than one row (4097: two, and the last block
+// a single row), adding them into its slots before the block's partial is written; the weight
+// gradients repeat bit for bit.
+TEST(CudaLayerNormRowKernels, ManyRowsPerWarpMatchTheCpuAndRepeat) {
+  SKIP_WITHOUT_GPU();
+  const double f32_bound = tolerance(DType::f32);
+  for (DType d : {DType::bf16, DType::f32}) {
+    const int64_t rows = 4097, C = d == DType::bf16 ? 1280 : 768;
+    SCOPED_TRACE(::testing::Message() << dtype_name(d) << " " << rows << "x" << C);
+    const Tensor x = random_tensor({rows, C}, d, 2600, 3.0), dy = random_tensor({rows, C}, d, 2601);
+    const Tensor dres = random_tensor({rows, C}, d, 2602);
+    const Tensor w = random_tensor({C}, d, 2603), b = random_tensor({C}, d, 2604);
+    const auto cpu = kernels::layernorm_forward(x, w, b);
+    const auto cpu_grads = kernels::add_layernorm_backward(dy, dres, x, w, cpu.mean, cpu.rstd);
+    const Tensor xg = x.to(kGpu), dyg = dy.to(kGpu), dresg = dres.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu);
+    const auto gpu = kernels::layernorm_forward(xg, wg, bg);
+    EXPECT_LE(relative_error_matching_nans(gpu.y, cpu.y), f32_bound + rounding_bound(d));
+    EXPECT_LE(relative_error_matching_nans(gpu.mean, cpu.mean), f32_bound);
+    EXPECT_LE(relative_error_matching_nans(gpu.rstd, cpu.rstd), f32_bound);
+    const auto first = kernels::add_layernorm_backward(dyg, dresg, xg, wg, gpu.mean, gpu.rstd);
+    const Tensor dx = kernels::layernorm_backward(dy, x, w, cpu.mean, cpu.rstd).dx;
+    const double dh_bound = f32_bound * norm(dx) / norm(cpu_grads.dh) + 0x1p-24 + rounding_bound(d);
+    EXPECT_LE(relative_error_matching_nans(first.dh, cpu_grads.dh), dh_bound);
+    EXPECT_LE(relative_error_matching_nans(first.dweight, cpu_grads.dweight), f32_bound + rounding_bound(d));
+    EXPECT_LE(relative_error_matching_nans(first.dbias, cpu_grads.dbias), f32_bound + rounding_bound(d));
+    const auto second = kernels::add_layernorm_backward(dyg, dresg, xg, wg, gpu.mean, gpu.rstd);
+    EXPECT_TRUE(same_bits(second.dh, first.dh));
+    EXPECT_TRUE(same_bits(second.dweight, first.dweight));
+    EXPECT_TRUE(same_bits(second.dbias, first.dbias));
+  }
 }
 
 // ---- GELU ---------------------------------------------------------------------------------------------

@@ -131,6 +131,9 @@ mpirun_part() {  # run inside the namespace (or not): prove which mpirun, then l
   fi
   (cd "$work" && traced mpirun mpirun -np 2 --oversubscribe "$bundle/bin/test_collectives" --gtest_brief=1)
 }
+# Debian's PMIx stays visible: a GPU machine may have a PMIx of its own (of another version) in the
+# same place, and the bundle's PMIx must not load its plugins (the origins part below fails if it
+# does). The first GPU run's mpirun did, until env.sh set PMIX_PKGLIBDIR.
 hide_debian_openmpi() {  # in a private mount namespace: empty folders over OpenMPI's, /dev/null over its files
   local empty f d
   empty=$(mktemp -d)
@@ -138,7 +141,7 @@ hide_debian_openmpi() {  # in a private mount namespace: empty folders over Open
            /usr/lib/x86_64-linux-gnu/lib{mpi,mpi_cxx,open-rte,open-pal}.so.40.*; do
     [[ -f $f && ! -L $f ]] && mount --bind /dev/null "$f"
   done
-  for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /etc/openmpi /usr/share/openmpi; do
+  for d in /usr/lib/x86_64-linux-gnu/openmpi /etc/openmpi /usr/share/openmpi; do
     [[ -d $d ]] && mount --bind "$empty" "$d"
   done
   # Debian's libmpi now reads as empty, or there was none.

@@ -82,6 +82,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                          double eps = 1e-6);
 Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::None);
+// linear(gelu(h), weight, bias) as one node that keeps h for backward but not the GELU's output (the
+// Linear's input, as large as h): backward makes it again from h for the weight gradient. An MLP's
+// act -> fc2 then saves one [tokens, hidden] tensor instead of two, at the cost of one more pass over
+// h in backward. The values and gradients are those of the two functions, bit for bit.
+Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, const Tensor& weight,
+                   const Tensor& bias = Tensor());
 // Mean softmax cross-entropy of logits [N, C] against class indices [N]; returns shape [].
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
                      int64_t ignore_index = -100);

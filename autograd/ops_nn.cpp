@@ -129,6 +129,32 @@ Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation) {
   });
 }
 
+// The GELU's output lives only inside this call in forward, and again inside the backward closure,
+// between the dgrad GEMM (which needs the weight, not the activation) and the wgrad GEMM.
+Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, const Tensor& weight,
+                   const Tensor& bias) {
+  OCTET_CHECK(h.dim() >= 1 && weight.dim() == 2 && h.size(-1) == weight.size(1), "gelu_linear: h must be [..., in] "
+              "and weight [out, in], got ", h.describe(), " and ", weight.describe());
+  const Tensor hd = h.detach(), wd = weight.detach(), bd = detached(bias);
+  const Tensor y = k::linear_forward(k::gelu_forward(hd, approximation), wd, bd);
+  const bool nh = h.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
+  const DType b_dtype = bd.defined() ? bd.dtype() : h.dtype();
+  return record("gelu_linear", y, {h, weight, bias}, [=](const Grads& g) -> Grads {
+    Tensor dh, dweight, dbias;
+    if (nh) {
+      // dgrad: d(gelu(h)) = dy·W (hd stands in for the activation: the same shape and dtype).
+      const Tensor dact = k::linear_backward(g[0], hd, wd, true, false, false).dx;
+      dh = k::gelu_backward(dact, hd, approximation);
+    }
+    if (nw || nb) {
+      const k::LinearGrads d = k::linear_backward(g[0], k::gelu_forward(hd, approximation), wd, false, nw, nb);
+      dweight = d.dweight;
+      if (nb) dbias = d.dbias.to(b_dtype);
+    }
+    return {dh, dweight, dbias};
+  });
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index) {
   const Tensor ld = logits.detach(), td = targets.detach();
   k::CrossEntropyOutput r = k::cross_entropy_forward(ld, td, label_smoothing, ignore_index);

@@ -39,14 +39,22 @@ TEST(MemoryInUse, CountsTheHostStoragesOctetAllocated) {
 constexpr int64_t kBatch = 4, kTokens = 5, kDim = 16;
 
 // The second step's figure (the first also makes what FP8 keeps across steps: its scaling state).
-int64_t saved_bytes(int64_t depth, bool recompute, DType dtype, bool fp8) {
+// drop_rate: the MLP's dropout; at 0 its GELU and fc2 run as autograd's gelu_linear, unless
+// `split_mlp` puts a (no-op) hook on each MLP's GELU, which runs the modules one after the other.
+int64_t saved_bytes(int64_t depth, bool recompute, DType dtype, bool fp8, double drop_rate = 0.1,
+                    bool split_mlp = false) {
   const models::ViTConfig config{.name = "tiny_saved", .img_size = 8, .patch_size = 4, .in_chans = 1, .num_classes = 5,
                                  .embed_dim = kDim, .depth = depth, .num_heads = 2, .mlp_ratio = 2.0,
-                                 .drop_rate = 0.1, .drop_path_rate = 0.2};
+                                 .drop_rate = drop_rate, .drop_path_rate = 0.2};
   Generator gen(5);
   models::VisionTransformer model(config, true, &gen);
   model.to(dtype);
-  for (const auto& block : model.transformer_blocks()) block->recompute = recompute;
+  for (const auto& block : model.transformer_blocks()) {
+    block->recompute = recompute;
+    if (split_mlp) {
+      block->mlp->act->register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+    }
+  }
   optim::SGD optimizer(model.parameters(), 1e-2);
   const TrainStep step{.model = model,
                        .criterion = nn::CrossEntropyLoss(),
@@ -84,6 +92,20 @@ TEST(SavedActivations, RecomputeKeepsOneBlockInputPerBlockBf16) { expect_one_inp
 // floats.
 TEST(SavedActivations, RecomputeKeepsOneBlockInputPerBlockFp8) {
   expect_one_input_per_block(DType::bf16, true, 4 * 2 * 2 * 4);
+}
+
+// An MLP whose GELU feeds fc2 directly keeps the GELU's input for backward but not its output
+// (autograd's gelu_linear makes it again): each block saves one [tokens, hidden] tensor less than the
+// modules one after the other, exactly. hidden = 2 × 16.
+TEST(SavedActivations, AnMlpKeepsTheGeluInputButNotItsOutput) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const int64_t hidden_tensor = kBatch * kTokens * 2 * kDim * static_cast<int64_t>(dtype_size(dtype));
+    for (int64_t depth : {1, 3}) {
+      const int64_t fused = saved_bytes(depth, false, dtype, false, 0.0);
+      const int64_t split = saved_bytes(depth, false, dtype, false, 0.0, /*split_mlp=*/true);
+      EXPECT_EQ(split - fused, depth * hidden_tensor) << dtype_name(dtype) << ", depth " << depth;
+    }
+  }
 }
 
 }  // namespace

@@ -302,6 +302,15 @@ TEST(OpsGradcheck, Gelu) {
   EXPECT_GRADCHECK([](const Inputs& t) { return gelu(t[0], kernels::GeluApproximation::Tanh); }, {x});
 }
 
+TEST(OpsGradcheck, GeluLinear) {
+  const Tensor h = param({2, 3, 5}, 71), w = param({4, 5}, 72), b = param({4}, 73);
+  for (auto approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    EXPECT_GRADCHECK([approximation](const Inputs& t) { return gelu_linear(t[0], approximation, t[1], t[2]); },
+                     {h, w, b});
+    EXPECT_GRADCHECK([approximation](const Inputs& t) { return gelu_linear(t[0], approximation, t[1]); }, {h, w});
+  }
+}
+
 TEST(OpsGradcheck, CrossEntropy) {
   const Tensor logits = param({4, 5}, 70);
   const Tensor targets = from_vector<int64_t>({3, 0, -100, 4}, {4});  // row 2 is ignored

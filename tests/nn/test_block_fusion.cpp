@@ -85,6 +85,54 @@ TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
   }
 }
 
+// An MLP's GELU and fc2 run as autograd's gelu_linear when nothing sits between them (drop1 the
+// identity, no hooks): the output and every gradient bit for bit those of the modules one after the
+// other, in f32 and bf16, under both GELU forms; with dropout on in training they run as modules.
+TEST(BlockFusion, MlpGeluLinearEqualsTheModulesBitForBit) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (auto approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) +
+                   (approximation == kernels::GeluApproximation::Tanh ? ", tanh" : ", erf"));
+      Mlp mlp(D, 4 * D, D);
+      randomise(mlp, 60);
+      // (The member, which after_fc1 reads; the registered child stays the erf GELU and is not called.)
+      mlp.act = std::make_shared<GELU>(approximation);
+      mlp.to(dtype);
+      struct Out {
+        Tensor y, dx;
+        std::map<std::string, Tensor> grads;
+      };
+      auto run_mlp = [&](bool modules) {
+        mlp.zero_grad();
+        Tensor x = random_tensor({B, N, D}, dtype, 7, 2.0);
+        x.requires_grad_();
+        Out o;
+        o.y = modules ? (*mlp.fc2)((*mlp.drop1)((*mlp.act)((*mlp.fc1)(x)))) : mlp(x);
+        autograd::backward({o.y}, {random_tensor({B, N, D}, dtype, 8)});
+        o.dx = x.grad();
+        for (const auto& [name, p] : mlp.named_parameters()) o.grads[name] = p.grad();
+        return o;
+      };
+      const Out fused = run_mlp(false), modules = run_mlp(true);
+      ASSERT_TRUE(fused.y.grad_fn() != nullptr);
+      EXPECT_EQ(fused.y.grad_fn()->name(), "gelu_linear");
+      EXPECT_EQ(modules.y.grad_fn()->name(), "linear");
+      EXPECT_TRUE(same_bits(fused.y, modules.y));
+      EXPECT_TRUE(same_bits(fused.dx, modules.dx));
+      ASSERT_EQ(fused.grads.size(), 4u);
+      for (const auto& [name, g] : modules.grads) EXPECT_TRUE(same_bits(fused.grads.at(name), g)) << name;
+    }
+  }
+  // With dropout between the GELU and fc2 (training), the modules: drop2's input comes from a plain linear.
+  Generator gen;
+  Mlp with_dropout(D, 4 * D, D, /*drop=*/0.3, &gen);
+  with_dropout.train();
+  const Tensor out = with_dropout(random_tensor({B, N, D}, DType::f32, 9));
+  ASSERT_EQ(out.grad_fn()->name(), "dropout");  // drop2
+  ASSERT_FALSE(out.grad_fn()->next_edges.empty());
+  EXPECT_EQ(out.grad_fn()->next_edges[0].node->name(), "linear");
+}
+
 // A hook on norm2 runs the block unfused (h = x + branch, then norm2 as a module), so hooks see the
 // input h and the output as before; a pre-hook's replacement input and a forward hook's replacement
 // output take effect.

@@ -8,6 +8,7 @@
 // run on cuDNN's fused kernels (kernels::attention_path_counts).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -74,9 +75,13 @@ StepResult train_step(Device device, DType dtype, bool adamw) {
 // compared norm-wise only where the step is well conditioned: |g_cpu| at least 0.2 × the tensor's
 // rms gradient, i.e. 4× the per-element error the gradient tolerance (5% of the norm) allows on
 // average. Elsewhere each element must still have moved by at most the largest AdamW step, 2·lr
-// apart (opposite signs), plus one bf16 rounding of the parameter.
-void expect_adamw_params_close(const std::string& name, const Tensor& grad_cpu, const Tensor& gpu, const Tensor& cpu,
-                               double param_tol) {
+// apart (opposite signs), plus one bf16 ulp of the parameter: the two masters are within 2·lr and
+// each is rounded to bf16 by at most half an ulp, which is at most 2^-7 of the larger magnitude.
+// (Half an ulp, 2^-8, was too tight: an H200 run had weights ~0.02 apart by 2·lr + one ulp, 2^-13.)
+// Returns the elements compared norm-wise; gradients are heavy-tailed, so on an H200 that was a
+// third of qkv.weight and 12% of pos_embed: the caller checks the count over the whole model.
+int64_t expect_adamw_params_close(const std::string& name, const Tensor& grad_cpu, const Tensor& gpu,
+                                  const Tensor& cpu, double param_tol) {
   const std::vector<double> g = grad_cpu.to_vector<double>(), pg = gpu.to_vector<double>(),
                             pc = cpu.to_vector<double>();
   double sum_sq = 0.0;
@@ -91,25 +96,25 @@ void expect_adamw_params_close(const std::string& name, const Tensor& grad_cpu, 
       ref_sq += pc[i] * pc[i];
       ++conditioned;
     } else {
-      const double allowed = 2.0 * kAdamWLr * 1.001 + std::ldexp(std::abs(pc[i]), -8);
+      const double allowed = 2.0 * kAdamWLr * 1.001 + std::ldexp(std::max(std::abs(pc[i]), std::abs(pg[i])), -7);
       const double excess = std::abs(pg[i] - pc[i]) - allowed;
       if (excess > worst_excess) worst_excess = excess, worst_at = static_cast<int64_t>(i);
     }
   }
   EXPECT_EQ(worst_at, -1) << name << ": element " << worst_at << " moved " << worst_excess
                           << " more than any AdamW step can";
-  // Most elements are well conditioned (the key third of qkv.bias is the exception), so the check
-  // below is not of a handful of elements.
-  EXPECT_GE(conditioned, static_cast<int64_t>(g.size()) / 2) << name;
+  EXPECT_GT(conditioned, 0) << name << ": no element's gradient stands out of the rounding noise";
   if (ref_sq > 0.0) {
     EXPECT_LT(std::sqrt(diff_sq / ref_sq), param_tol) << name << " (well-conditioned elements)";
   }
+  return conditioned;
 }
 
 void expect_close(const StepResult& gpu, const StepResult& cpu, double loss_tol, double grad_tol, double param_tol,
                   bool adamw) {
   EXPECT_LT(std::abs(gpu.loss - cpu.loss) / std::abs(cpu.loss), loss_tol) << gpu.loss << " vs " << cpu.loss;
   ASSERT_EQ(gpu.params.size(), cpu.params.size());
+  int64_t conditioned = 0, elements = 0;
   for (size_t i = 0; i < cpu.params.size(); ++i) {
     const std::string& name = cpu.params[i].first;
     ASSERT_EQ(gpu.params[i].first, name);
@@ -119,11 +124,15 @@ void expect_close(const StepResult& gpu, const StepResult& cpu, double loss_tol,
       EXPECT_LT(relative_error(gpu.grads.at(name), cpu.grads.at(name)), grad_tol) << name;
     }
     if (adamw && name != "cls_token") {
-      expect_adamw_params_close(name, cpu.grads.at(name), gpu.params[i].second, cpu.params[i].second, param_tol);
+      conditioned +=
+          expect_adamw_params_close(name, cpu.grads.at(name), gpu.params[i].second, cpu.params[i].second, param_tol);
+      elements += cpu.params[i].second.numel();
     } else {
       EXPECT_LT(relative_error(gpu.params[i].second, cpu.params[i].second), param_tol) << name;
     }
   }
+  // The norm-wise comparison covers a good part of the model, not a handful of elements.
+  if (adamw) EXPECT_GE(4 * conditioned, elements) << conditioned << " of " << elements << " elements compared";
 }
 
 TEST(CudaViTStep, F32StepMatchesTheCpu) {

@@ -41,6 +41,10 @@ void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cons
   if (n == 0) return;
   const bool vectorized = aligned16(a.data_ptr()) && aligned16(out.data_ptr()) && (!kBinary || aligned16(b.data_ptr()));
   const int64_t work = vectorized ? (n + Pack<T>::N - 1) / Pack<T>::N : n;
+  // Bytes: reads a (and b), writes out. ViT-H's MLP, 12,608 × 5120 bf16: forward 258.2 MB, 60.0 µs at
+  // 4.3 TB/s; backward 387.3 MB, 90.1 µs. The erf form's arithmetic (gelu_elements.cuh) is ~32 (forward)
+  // and ~39 (backward) PTX instructions per element here, ~1.9 µs each at that size: near the bytes' time,
+  // so these kernels sit at the edge of issue-bound.
   map_kernel<T, kBinary, Op><<<blocks_for(work), kThreads, 0, stream_for(out)>>>(
       ptr<T>(a), kBinary ? ptr<T>(b) : nullptr, ptr<T>(out), n, vectorized, op);
   check_launch(what);

@@ -270,6 +270,40 @@ TEST(CudaGelu, BothFormsMatchTheCpu) {
   }
 }
 
+// The erf form's f32 error against the exact GELU (the CPU's f64 kernel), element by element, over
+// [-14, 14] in steps of 2^-12 (the whole left tail, where Φ = ½ + ½·erf cancels, included) and the
+// bounds derived in kernels/cuda/gelu_elements.cuh: Φ within 1.1e-7 absolutely (erff's 2 ulp, the
+// argument's and the FMA's roundings), φ within 3.3e-7 + 7.5e-8·x² relatively, so
+//   forward:   |y - x·Φ(x)|            <= 1.1e-7·|x| + 2^-24·|y|
+//   backward:  |g - (Φ(x) + x·φ(x))|   <= 1.1e-7 + 0.242·3.3e-7 + 0.464·7.5e-8 + 2^-24·|g|
+// (max |x|·φ(x) = 0.242, max |x|³·φ(x) = 0.464), each with 10% slack for the f64 reference's own rounding
+// to a comparison. dy = 1, so the backward returns dy/dx itself.
+TEST(CudaGelu, ErfFormWithinItsErrorBoundsOfTheExactGelu) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> xs;
+  for (int k = -14 * 4096; k <= 14 * 4096; ++k) xs.push_back(static_cast<float>(k) / 4096.0f);
+  const int64_t n = static_cast<int64_t>(xs.size());
+  const Tensor x = from_vector(xs, {n}, DType::f32);
+  const Tensor x64 = x.to(DType::f64), ones = full({n}, 1.0, DType::f32);
+  const std::vector<double> y_ref = kernels::gelu_forward(x64).to_vector<double>();
+  const std::vector<double> g_ref = kernels::gelu_backward(ones.to(DType::f64), x64).to_vector<double>();
+  const std::vector<double> y = kernels::gelu_forward(x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+  const std::vector<double> g =
+      kernels::gelu_backward(ones.to(kGpu), x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+  const double u = std::ldexp(1.0, -24);
+  int reported = 0;
+  for (int64_t i = 0; i < n && reported < 10; ++i) {
+    const double xi = xs[static_cast<size_t>(i)];
+    const double y_bound = 1.1 * (1.1e-7 * std::abs(xi) + u * std::abs(y_ref[i]));
+    const double g_bound = 1.1 * (1.1e-7 + 0.242 * 3.3e-7 + 0.464 * 7.5e-8 + u * std::abs(g_ref[i]));
+    if (!(std::abs(y[i] - y_ref[i]) <= y_bound) || !(std::abs(g[i] - g_ref[i]) <= g_bound)) {
+      ++reported;
+      ADD_FAILURE() << "x = " << xi << ": y " << y[i] << " (exact " << y_ref[i] << "), dy/dx " << g[i] << " (exact "
+                    << g_ref[i] << ")";
+    }
+  }
+}
+
 // ---- cross-entropy ------------------------------------------------------------------------------------------
 
 TEST(CudaCrossEntropy, LossLseAndGradientMatchTheCpu) {

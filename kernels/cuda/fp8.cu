@@ -187,12 +187,12 @@ CastArgs prepare_cast(Device device, int64_t rows, int64_t cols, const Tensor& s
   a.amax_bits = amax.defined() ? ptr<unsigned int>(amax) : nullptr;
   a.scale_inv = ptr<float>(out.scale_inv);
   a.column_partials = column_partials;
-  a.quad_transposed = transposed && padded_rows % 4 == 0 && aligned_to(a.transposed, 4);
+  a.vector_transposed = transposed && padded_rows % 16 == 0 && aligned_to(a.transposed, 16);
   return a;
 }
 
 unsigned cast_blocks(const CastArgs& a, int device_index) {
-  const int64_t max_blocks = int64_t{8} * sm_count(device_index);
+  const int64_t max_blocks = int64_t{kCastBlocksPerSm} * sm_count(device_index);
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(a.tiles, max_blocks)));
 }
 
@@ -223,6 +223,10 @@ Fp8Cast fp8_cast(const Tensor& x, int64_t rows, int64_t cols, const Tensor& scal
   Fp8Cast out;
   const CastArgs a =
       prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, nullptr, out);
+  // Bytes: reads x once, writes rows·cols bytes per copy (+ the transposed padding). ViT-H at batch 64,
+  // 12,608 × 1280 bf16 with both copies: 32.3 MB + 2 × 16.1 MB = 64.6 MB, 15.0 µs at 4.3 TB/s
+  // (12,608 × 3840: 193.7 MB, 45 µs). The weights, both copies, no amax: 3840 × 1280 19.7 MB, 4.6 µs;
+  // 5120 × 1280 and 1280 × 5120 26.2 MB, 6.1 µs; 1280 × 1280 6.6 MB, 1.5 µs.
   with_input_type(x.dtype(), [&]<class X>() {
     run_fp8_cast_kernel<StoredInput<X>>(ptr<const X>(x), nullptr, a, fp8_dtype, x.device().index, stream_for(x),
                                         "fp8_cast");
@@ -237,6 +241,9 @@ Fp8CastWithBiasGrad fp8_cast_dbias(const Tensor& x, int64_t rows, int64_t cols, 
   Fp8CastWithBiasGrad out;
   const CastArgs a = prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows,
                                   ptr<float>(partials), out);
+  // Bytes: fp8_cast's, plus the partials (4 bytes per column per 64 rows) written here and read back by
+  // dbias_from_column_partials. 12,608 × 1280 bf16, both copies: 64.6 MB + 2 × 1.0 MB, 15.5 µs at
+  // 4.3 TB/s; 12,608 × 3840: 193.7 MB + 2 × 3.0 MB, 46 µs.
   with_input_type(x.dtype(), [&]<class X>() {
     run_fp8_cast_kernel<StoredInput<X>>(ptr<const X>(x), nullptr, a, fp8_dtype, x.device().index, stream_for(x),
                                         "fp8_cast_dbias");

@@ -26,15 +26,17 @@ namespace {
 template <class T, bool kTanh>
 struct GeluInput {
   using Element = T;
+  static constexpr int kMinBlocksPerSm = 5;  // at most 96 registers
+  using Loaded = Eight<T>;
   static __device__ __forceinline__ float stored(T x) {
     return widen_stored(from_float<T>(GeluForward<kTanh>{}(to_float(x), 0.f)));
   }
-  static __device__ __forceinline__ float one(const T* x, const T*, int64_t i) { return stored(x[i]); }
-  static __device__ __forceinline__ void quad(const T* x, const T*, int64_t i, float v[4]) {
-    const Quad<T> q = *reinterpret_cast<const Quad<T>*>(x + i);
+  static __device__ __forceinline__ Loaded load(const T* x, const T*, int64_t i) { return load_eight(x + i); }
+  static __device__ __forceinline__ void values(const Loaded& in, float v[kSegment]) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = stored(q.v[j]);
+    for (int j = 0; j < kSegment; ++j) v[j] = stored(in[j]);
   }
+  static __device__ __forceinline__ float one(const T* x, const T*, int64_t i) { return stored(x[i]); }
 };
 
 // gelu_backward(dact, x)[i] as fp8_cast (fp8_cast_dbias) reads it from gelu_backward's output: the
@@ -42,16 +44,21 @@ struct GeluInput {
 template <class T, bool kTanh>
 struct DgeluInput {
   using Element = T;
+  static constexpr int kMinBlocksPerSm = 4;  // at most 128 registers
+  struct Loaded {
+    Eight<T> dact, x;
+  };
   static __device__ __forceinline__ float stored(T dact, T x) {
     return widen_stored(from_float<T>(GeluBackward<kTanh>{}(to_float(dact), to_float(x))));
   }
-  static __device__ __forceinline__ float one(const T* dact, const T* x, int64_t i) { return stored(dact[i], x[i]); }
-  static __device__ __forceinline__ void quad(const T* dact, const T* x, int64_t i, float v[4]) {
-    const Quad<T> d = *reinterpret_cast<const Quad<T>*>(dact + i);
-    const Quad<T> q = *reinterpret_cast<const Quad<T>*>(x + i);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = stored(d.v[j], q.v[j]);
+  static __device__ __forceinline__ Loaded load(const T* dact, const T* x, int64_t i) {
+    return {load_eight(dact + i), load_eight(x + i)};
   }
+  static __device__ __forceinline__ void values(const Loaded& in, float v[kSegment]) {
+#pragma unroll
+    for (int j = 0; j < kSegment; ++j) v[j] = stored(in.dact[j], in.x[j]);
+  }
+  static __device__ __forceinline__ float one(const T* dact, const T* x, int64_t i) { return stored(dact[i], x[i]); }
 };
 
 // Runs the tile kernel with Input<T, kTanh> for x's dtype and the approximation.
@@ -77,6 +84,8 @@ Fp8Cast gelu_fp8_forward(const Tensor& x, int64_t rows, int64_t cols, GeluApprox
   Fp8Cast out;
   const CastArgs a =
       prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows, nullptr, out);
+  // Bytes: reads x, writes fp8_cast's copies. ViT-H's fc2 input, 12,608 × 5120 bf16 with both copies:
+  // 129.1 MB + 2 × 64.6 MB = 258.2 MB, 60.0 µs at 4.3 TB/s (the unfused pair: 516 MB, 120 µs).
   run_gelu_cast<GeluInput>(x, Tensor(), approximation, a, fp8_dtype, "gelu_fp8_forward");
   return out;
 }
@@ -92,6 +101,9 @@ Fp8CastWithBiasGrad dgelu_fp8_cast_dbias(const Tensor& dact, const Tensor& x, in
   Fp8CastWithBiasGrad out;
   const CastArgs a = prepare_cast(x.device(), rows, cols, scale, amax, fp8_dtype, rowwise, transposed, padded_rows,
                                   dbias_dtype ? ptr<float>(partials) : nullptr, out);
+  // Bytes: reads dact and x, writes fp8_cast_dbias's copies and partials. fc1's output gradient,
+  // 12,608 × 5120 bf16 with both copies and dbias: 2 × 129.1 MB + 2 × 64.6 MB + 2 × 4.0 MB = 395 MB,
+  // 92 µs at 4.3 TB/s (the unfused pair: 653 MB, 152 µs).
   run_gelu_cast<DgeluInput>(dact, x, approximation, a, fp8_dtype, op);
   // dy has x's dtype: its column sums are rounded to it, as fp8_cast_dbias rounds its input's.
   if (dbias_dtype) out.dbias = dbias_from_column_partials(partials, cols, x.dtype(), *dbias_dtype);

@@ -3,8 +3,8 @@
 // computes each element instead of reading it, so the GELU's output (its backward's dy) in x's dtype is
 // never stored.
 //
-// Bits. An element is what the unfused sequence writes and then reads back: GeluForward (GeluBackward)
-// of gelu_elements.cuh, the very code gelu.cu maps, on x (dact, x) widened as gelu.cu widens them
+// Bits. An element is what the unfused sequence writes and then reads back: GeluForwardOf<T>
+// (GeluBackwardOf<T>) of gelu_elements.cuh, the very code gelu.cu maps for x's dtype T, on x (dact, x) widened as gelu.cu widens them
 // (to_float of the device types), rounded to x's dtype T as gelu.cu stores it (from_float<T>), then
 // widened as fp8_cast reads a stored element (widen_stored: the bits of StoredInput's widening, NaN
 // included). The rest -- bytes, transposed copy and padding, amax, scale_inv, the per-tile column sums
@@ -29,7 +29,7 @@ struct GeluInput {
   static constexpr int kMinBlocksPerSm = 5;  // at most 96 registers
   using Loaded = Eight<T>;
   static __device__ __forceinline__ float stored(T x) {
-    return widen_stored(from_float<T>(GeluForward<kTanh>{}(to_float(x), 0.f)));
+    return widen_stored(from_float<T>(GeluForwardOf<T, kTanh>{}(to_float(x), 0.f)));
   }
   static __device__ __forceinline__ Loaded load(const T* x, const T*, int64_t i) { return load_eight(x + i); }
   static __device__ __forceinline__ void values(const Loaded& in, float v[kSegment]) {
@@ -49,7 +49,7 @@ struct DgeluInput {
     Eight<T> dact, x;
   };
   static __device__ __forceinline__ float stored(T dact, T x) {
-    return widen_stored(from_float<T>(GeluBackward<kTanh>{}(to_float(dact), to_float(x))));
+    return widen_stored(from_float<T>(GeluBackwardOf<T, kTanh>{}(to_float(dact), to_float(x))));
   }
   static __device__ __forceinline__ Loaded load(const T* dact, const T* x, int64_t i) {
     return {load_eight(dact + i), load_eight(x + i)};

@@ -5,7 +5,9 @@
 // for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/elementwise.h"
@@ -300,6 +302,65 @@ TEST(CudaGelu, ErfFormWithinItsErrorBoundsOfTheExactGelu) {
       ++reported;
       ADD_FAILURE() << "x = " << xi << ": y " << y[i] << " (exact " << y_ref[i] << "), dy/dx " << g[i] << " (exact "
                     << g_ref[i] << ")";
+    }
+  }
+}
+
+// bf16 and f16 outputs take the erf form's cheaper Φ (kernels/cuda/gelu_elements.cuh): before the
+// rounding to 16 bits, y is within 1e-6·|x| of the exact GELU and dy/dx within 1.2e-6, plus f32's own
+// rounding. So for every finite 16-bit x, the output lies between the 16-bit roundings of the exact
+// result minus and plus that bound (half again as wide, for the first-order analysis): the exact
+// result's own rounding unless it lies that close to a rounding boundary. dy = 1, so the backward
+// returns dy/dx itself, rounded.
+TEST(CudaGelu, Narrow16BitOutputsRoundTheExactGelu) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(d));
+    // Every 16-bit pattern read as d, then the finite ones.
+    const int64_t n = int64_t{1} << 16;
+    Tensor x16 = empty({n}, d);
+    auto* raw = static_cast<uint16_t*>(x16.data_ptr());
+    for (int64_t i = 0; i < n; ++i) raw[i] = static_cast<uint16_t>(i);
+    const std::vector<double> all = x16.to_vector<double>();
+    std::vector<double> xs;
+    std::vector<uint16_t> finite_bits;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isfinite(all[static_cast<size_t>(i)])) {
+        finite_bits.push_back(static_cast<uint16_t>(i));
+        xs.push_back(all[static_cast<size_t>(i)]);
+      }
+    }
+    const int64_t m = static_cast<int64_t>(xs.size());
+    Tensor x = empty({m}, d);
+    std::copy(finite_bits.begin(), finite_bits.end(), static_cast<uint16_t*>(x.data_ptr()));
+    const Tensor x64 = x.to(DType::f64), ones = full({m}, 1.0, d);
+    const std::vector<double> y_ref = kernels::gelu_forward(x64).to_vector<double>();
+    const std::vector<double> g_ref = kernels::gelu_backward(ones.to(DType::f64), x64).to_vector<double>();
+    std::vector<double> y_lo(y_ref.size()), y_hi(y_ref.size()), g_lo(g_ref.size()), g_hi(g_ref.size());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double dy = 1.5 * (1e-6 * std::abs(xs[i]) + std::ldexp(std::abs(y_ref[i]), -24));
+      const double dg = 1.5 * (1.2e-6 + std::ldexp(std::abs(g_ref[i]), -24));
+      y_lo[i] = y_ref[i] - dy;
+      y_hi[i] = y_ref[i] + dy;
+      g_lo[i] = g_ref[i] - dg;
+      g_hi[i] = g_ref[i] + dg;
+    }
+    // The 16-bit roundings of the bounds (rounding is monotone: the output lies between them).
+    auto rounded = [&](const std::vector<double>& v) {
+      return from_vector(v, {m}, DType::f64).to(d).to_vector<double>();
+    };
+    const std::vector<double> ylo = rounded(y_lo), yhi = rounded(y_hi), glo = rounded(g_lo), ghi = rounded(g_hi);
+    const std::vector<double> y = kernels::gelu_forward(x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+    const std::vector<double> g =
+        kernels::gelu_backward(ones.to(kGpu), x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+    int reported = 0;
+    for (size_t i = 0; i < xs.size() && reported < 10; ++i) {
+      if (!(ylo[i] <= y[i] && y[i] <= yhi[i]) || !(glo[i] <= g[i] && g[i] <= ghi[i])) {
+        ++reported;
+        ADD_FAILURE() << "x = " << xs[i] << ": y " << y[i] << " (exact " << y_ref[i] << ", allowed " << ylo[i] << " .. "
+                      << yhi[i] << "), dy/dx " << g[i] << " (exact " << g_ref[i] << ", allowed " << glo[i] << " .. "
+                      << ghi[i] << ")";
+      }
     }
   }
 }

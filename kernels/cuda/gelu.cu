@@ -42,8 +42,8 @@ void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cons
   const bool vectorized = aligned16(a.data_ptr()) && aligned16(out.data_ptr()) && (!kBinary || aligned16(b.data_ptr()));
   const int64_t work = vectorized ? (n + Pack<T>::N - 1) / Pack<T>::N : n;
   // Bytes: reads a (and b), writes out. ViT-H's MLP, 12,608 × 5120 bf16: forward 258.2 MB, 60.0 µs at
-  // 4.3 TB/s; backward 387.3 MB, 90.1 µs. The bf16 loop over a 16-byte pack is 161 (forward) and 184
-  // (backward) PTX instructions, 20 and 23 per element with the erf form's 16-bit arithmetic
+  // 4.3 TB/s; backward 387.3 MB, 90.1 µs. The bf16 loop over a 16-byte pack is 152 (forward) and 175
+  // (backward) PTX instructions, 19 and 22 per element with the erf form's 16-bit arithmetic
   // (gelu_elements.cuh), each instruction per element ~1.9 µs at that size: under the bytes' time.
   map_kernel<T, kBinary, Op><<<blocks_for(work), kThreads, 0, stream_for(out)>>>(
       ptr<T>(a), kBinary ? ptr<T>(b) : nullptr, ptr<T>(out), n, vectorized, op);

@@ -20,7 +20,7 @@
 //     a = |x|/√2; e^(−a²) is e^(−x²/2), so the backward's φ comes with it. One reciprocal and one ex2
 //     (both the hardware's approximations), five FMAs, a handful of multiplies.
 // PTX instructions per element of the erf form's math (`nvcc -ptx`, constant moves included): forward
-// 94 -> 33 (f32) and 26 (16-bit), backward 119 -> 39 (f32) and 30 (16-bit); 9 and 10 of the 16-bit
+// 94 -> 33 (f32) and 24 (16-bit), backward 119 -> 39 (f32) and 28 (16-bit); 8 and 9 of the 16-bit
 // forms' are constant moves, which become immediates in the machine code.
 //
 // Accuracy, f32. erff is within 2 ulp, so Φ is within 1.1e-7 absolutely everywhere (with the roundings
@@ -37,9 +37,9 @@
 // Accuracy, 16-bit outputs. Φ = ½·erfc(|x|/√2) or 1 minus it, within 1e-6 absolutely, to first order:
 // the formula's 0.75e-7; the reciprocal's 2 ulp and its argument's rounding, 3e-7 relative on t, which
 // is a shift of a by 3e-7·(1 + p·a)/p and moves Φ by at most 5.3e-7 (max of e^(−a²)(1 + p·a)/(p√π)
-// is 1.77); P's five roundings, 1.7e-7; e^(−a²) through an argument rounded twice (3.3e-7·a²
-// relative) and ex2's 2 ulp, 1.5e-7; the last two roundings, 0.6e-7. φ = e^(−x²/2)/√(2π) is within
-// 3.3e-7 + 1.7e-7·x² relatively. So y is within 1e-6·|x| and dy/dx within 1.2e-6 (+ f32's rounding)
+// is 1.77); P's five roundings, 1.7e-7; e^(−x²/2) through an argument rounded twice (7.5e-8·x²
+// relative on the result) and ex2's 2 ulp, 1.3e-7; the last two roundings, 0.6e-7. φ = e^(−x²/2)/√(2π)
+// is within 3.3e-7 + 7.5e-8·x² relatively. So y is within 1e-6·|x| and dy/dx within 1.2e-6 (+ f32's rounding)
 // of the exact values before the rounding to bf16 (2^-9 relative) or f16 (2^-12): at most one of the
 // two 16-bit neighbours of the exact result, and the nearest one unless the exact result lies that
 // close to a rounding boundary; CudaGelu.Narrow16BitOutputsRoundTheExactGelu checks it for every
@@ -91,18 +91,17 @@ __device__ __forceinline__ float gelu_exp2_approx(float g) {
 
 // Φ(x) for 16-bit outputs (Abramowitz & Stegun 7.1.26), and gauss = e^(−x²/2) on the side: with
 // a = |x|/√2 and t = 1/(1 + p·a), q = ½·erfc(a) = t·(b1 + t·(b2 + t·(b3 + t·(b4 + t·b5))))·e^(−a²), the
-// b's half of A&S's a's; Φ = q below 0 and 1 − q above.
-inline constexpr float kGeluAsP = 0.3275911f;
-inline constexpr float kGeluLog2e = 1.4426950408889634f;
+// b's half of A&S's a's; Φ = q below 0 and 1 − q above. a itself is never formed: p·a = (p/√2)·|x| and
+// a² = x²/2, which saves a multiply and a rounding.
+inline constexpr float kGeluAsPOverSqrt2 = 0.2316418882663604f;  // 0.3275911/√2
 __device__ __forceinline__ float gelu_normal_cdf_narrow(float x, float& gauss) {
-  const float a = __fmul_rn(fabsf(x), kGeluInvSqrt2);
-  const float t = gelu_rcp_approx(__fmaf_rn(kGeluAsP, a, 1.0f));
+  const float t = gelu_rcp_approx(__fmaf_rn(kGeluAsPOverSqrt2, fabsf(x), 1.0f));
   float r = __fmaf_rn(t, 0.5307027145f, -0.7265760135f);
   r = __fmaf_rn(t, r, 0.7107068705f);
   r = __fmaf_rn(t, r, -0.142248368f);
   r = __fmaf_rn(t, r, 0.127414796f);
   r = __fmul_rn(t, r);
-  gauss = gelu_exp2_approx(__fmul_rn(__fmul_rn(a, -kGeluLog2e), a));
+  gauss = gelu_exp2_approx(__fmul_rn(__fmul_rn(x, -kGeluHalfLog2e), x));
   const float q = __fmul_rn(r, gauss);
   return x < 0.0f ? q : __fsub_rn(1.0f, q);
 }

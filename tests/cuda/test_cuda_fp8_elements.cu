@@ -34,8 +34,8 @@ struct Mismatches {
 
 // Every float bit pattern u (u = 0 .. 2^32-1) goes through quantise4 once, in byte position u % 4 of a
 // word whose other three values are patterns derived from u (so every pattern also meets the others'
-// positions): each byte of each word is compared with quantise of its own value. The scale is 1, so the product is the value
-// itself and every float reaches the conversion.
+// positions): each byte of each word is compared with quantise of its own value. The scale is 1, so
+// the product is the value itself and every float reaches the conversion.
 template <bool kE5M2>
 __global__ void compare_every_float(Mismatches* m) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
@@ -185,7 +185,8 @@ TEST(CudaFp8Elements, TransposeBytes4x4) {
 __global__ void tile_words(int* out) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   constexpr int kWords = kernels::cuda::kTile * kernels::cuda::kTileWordsPerColumn;
-  if (k < kWords) out[k] = kernels::cuda::tile_word(k / kernels::cuda::kTileWordsPerColumn, k % kernels::cuda::kTileWordsPerColumn);
+  constexpr int kPerColumn = kernels::cuda::kTileWordsPerColumn;
+  if (k < kWords) out[k] = kernels::cuda::tile_word(k / kPerColumn, k % kPerColumn);
 }
 
 TEST(CudaFp8Elements, TileWordIsAPermutationKeepingChunksWhole) {

@@ -2,18 +2,53 @@
 // The tiled FP8 cast kernel (cast + transpose + amax, + the bias gradient's per-tile column sums),
 // shared by fp8.cu (fp8_cast, fp8_cast_dbias) and the GELU writing FP8 (gelu_fp8.cu).
 //
-// The kernel is a template over its Input: the value it casts for element i, as fp8_cast reads a
-// stored element. StoredInput reads x[i] (fp8_cast itself); gelu_fp8.cu's inputs compute GELU (its
-// backward) of x[i], round it to x's dtype as gelu_forward (gelu_backward) stores it, and widen it as
-// StoredInput widens a stored element. Everything after the element -- the bytes, the transposed copy
-// and its padding, the amax, scale_inv and the order of the column sums -- is this one kernel, so a
-// fused cast writes the bits of the cast of the stored tensor whatever the Input. An Input is
+// The kernel is a template over its Input: the values it casts, as fp8_cast reads stored elements.
+// StoredInput reads x (fp8_cast itself); gelu_fp8.cu's inputs compute GELU (its backward) of x, round it
+// to x's dtype as gelu_forward (gelu_backward) stores it, and widen it as StoredInput widens a stored
+// element. Everything after the values -- the bytes, the transposed copy and its padding, the amax,
+// scale_inv and the order of the column sums -- is this one kernel, so a fused cast writes the bits of
+// the cast of the stored tensor whatever the Input. An Input is
 //   struct Input {
 //     using Element = ...;  // the element type of the kernel's pointers x and x2 (x2 may be unused)
-//     // element i; elements i .. i+3 (i % 4 == 0, every pointer 4-element aligned)
+//     static constexpr int kMinBlocksPerSm = ...;  // __launch_bounds__: the register budget
+//     struct Loaded { ... };  // what load() reads for 8 consecutive elements
+//     // elements i .. i+7: i % 8 == 0, x and x2 16-byte aligned
+//     static __device__ Loaded load(const Element* x, const Element* x2, int64_t i);
+//     static __device__ void values(const Loaded& in, float v[8]);
+//     // element i, any alignment
 //     static __device__ float one(const Element* x, const Element* x2, int64_t i);
-//     static __device__ void quad(const Element* x, const Element* x2, int64_t i, float v[4]);
 //   };
+// An all-zero Loaded is never computed on: rows past the tensor take the value 0 without a load.
+//
+// Design. The cast is memory-bound only if it is cheap: at 4.3 TB/s a bf16 element with both copies
+// (2 bytes read, 2 written) takes ~1 ps, while one instruction per element across the GPU takes ~0.5 ps
+// at ViT-H's 16 M elements. So the kernel keeps the accesses wide and the per-element work to a handful
+// of instructions:
+//   - a block of 128 threads (4 warps) casts a 64 × 64 tile; thread (quad, seg) takes tile rows
+//     4·quad .. 4·quad+3 and columns 8·seg .. 8·seg+7: one 16-byte load per row for a 2-byte input (two
+//     for f32), all four issued before any arithmetic. A warp reads 4 rows × 128 bytes per load;
+//   - four values become one word of FP8 bytes through two hardware conversions (quantise4); the
+//     row-major copy is written as one 8-byte store per row (a warp: 4 rows × 64 bytes);
+//   - for the transposed copy, each thread turns its two 4×4 byte blocks into words that each hold
+//     four rows of one column (transpose_bytes_4x4, eight byte permutes), and stores them in a shared
+//     64 × 64-byte tile kept as [tile column][4-row group] words; the tile is read back as 16-byte
+//     chunks (16 rows of one column) and written with 16-byte stores, a warp writing 8 transposed rows
+//     × 64 bytes. The word layout is swizzled so that neither the stores nor the 16-byte loads of shared
+//     memory conflict on banks (tile_word below);
+//   - amax is the largest magnitude bit pattern seen by the thread, reduced once per block at the end
+//     (shuffles, then one atomicMax on the amax bits);
+//   - column sums (fp8_cast_dbias): each thread adds its four rows in order, the four threads of a warp
+//     sharing columns combine theirs with two xor-shuffles, and the four warps' sums are added in warp
+//     order: column_partials[row tile, c], one f32 per column per 64 rows, then summed over the row tiles
+//     in a fixed order by dbias_from_column_partials. Every step is in a fixed order, so dbias is the
+//     same bits on every run and for the fused and unfused casts.
+// Shapes the fast path does not fit fall back within the same kernel: cols not a multiple of 8 or an
+// unaligned pointer take scalar loads and byte stores (kVector = false); a transposed copy whose rows
+// are not a multiple of 16 bytes (padding to 1, 3, 7 rows) or not 16-byte aligned takes byte stores.
+// Partial tiles (the last rows and columns) skip what lies outside the tensor; rows past `rows` are
+// zeros, which are the transposed copy's padding.
+// The grid: up to kCastBlocksPerSm blocks per SM, each taking tiles t, t + gridDim.x, ...: enough
+// resident warps that their loads cover the memory latency, and at most that many amax atomics.
 // Included by .cu files only.
 #include <algorithm>
 #include <cstdint>
@@ -26,15 +61,16 @@
 
 namespace octet::kernels::cuda {
 
-// A tile of kTile × kTile elements per iteration of a block of kCastThreads threads: thread (tx, ty)
-// handles the 4 consecutive columns 4·tx.. of rows ty, ty + 16, ty + 32, ty + 48. A warp thus reads
-// two 64-element row segments, and writes them back as two 64-byte segments of the row-major copy.
-// The quantised bytes go through shared memory so that the transposed copy is written the same way:
-// a warp writes two 64-byte segments of two rows of the transpose.
-constexpr int kTile = 64;
-constexpr int kCastThreads = 256;
-constexpr int kQuadsPerRow = kTile / 4;                 // 16 threads across a tile row
-constexpr int kRowStride = kCastThreads / kQuadsPerRow;  // 16 tile rows per pass
+constexpr int kTile = 64;         // tile side in rows and columns; also the row band of column_partials
+constexpr int kCastThreads = 128;
+constexpr int kCastWarps = kCastThreads / 32;
+constexpr int kSegment = 8;       // consecutive elements of a row per thread (16 bytes of bf16)
+constexpr int kThreadRows = 4;    // rows per thread: the four bytes of a word of the transposed copy
+constexpr int kSegmentsPerRow = kTile / kSegment;  // 8 threads across a tile row
+constexpr int kTileWordsPerColumn = kTile / kThreadRows;  // 16 words of 4 rows per tile column
+constexpr int kCastBlocksPerSm = 16;
+static_assert(kCastThreads == (kTile / kThreadRows) * kSegmentsPerRow, "a thread per 4 × 8 block of the tile");
+static_assert(kSegmentsPerRow * kThreadRows == 32, "a warp is 4 row groups × 8 segments");
 
 struct CastArgs {
   int64_t rows, cols, padded_rows;  // padded_rows: rows of the tiles the transpose needs (>= rows)
@@ -44,112 +80,174 @@ struct CastArgs {
   uint8_t* transposed;  // [cols, padded_rows] or null
   unsigned int* amax_bits;  // the amax tensor as bits, or null
   float* scale_inv;
-  float* column_partials;  // [row tiles, cols] f32: each tile's column sums (fp8_cast_dbias), or null
-  bool quad_rows;        // x, data: 4-element loads and 4-byte stores (cols % 4 == 0, aligned pointers)
-  bool quad_transposed;  // transposed: 4-byte stores (padded_rows % 4 == 0, aligned pointer)
+  float* column_partials;    // [row tiles, cols] f32: each tile's column sums (fp8_cast_dbias), or null
+  bool vector_transposed;    // transposed: 16-byte stores (padded_rows % 16 == 0, 16-byte aligned pointer)
 };
 
+// The shared word holding rows 4g .. 4g+3 of tile column c. Words 4q .. 4q+3 of a column (one 16-byte
+// chunk, rows 16q .. 16q+15) stay together and in order; the chunk index is XORed with (c / 16) % 4.
+// Banks (32 of 4 bytes, a column's 16 words fill half of them): a quarter-warp reading chunks reads
+// 2 columns × 4 chunks = all 8 chunk positions; a warp storing words stores 4 row groups × 8 columns
+// with the column order flipped for odd seg (the kernel), so the 32 words fall on 32 banks.
+__device__ __forceinline__ int tile_word(int c, int g) {
+  return c * kTileWordsPerColumn + (g ^ (((c >> 4) & 3) << 2));
+}
+
+// Eight consecutive elements of T as 16-byte packs (one for 2-byte types, two for f32).
+template <class T>
+struct Eight {
+  static constexpr int kPacks = kSegment / Pack<T>::N;
+  Pack<T> p[kPacks];
+  __device__ __forceinline__ T operator[](int j) const { return p[j / Pack<T>::N].v[j % Pack<T>::N]; }
+};
+template <class T>
+__device__ __forceinline__ Eight<T> load_eight(const T* p) {
+  Eight<T> e;
+#pragma unroll
+  for (int k = 0; k < Eight<T>::kPacks; ++k) e.p[k] = load_pack(p + k * Pack<T>::N);
+  return e;
+}
+
 // data = fp8(v·scale) row-major and/or transposed = its transpose with zero columns rows..padded_rows,
-// amax ← max(amax, amax(v)), and scale_inv = 1/scale (block 0), for v the elements Input reads from x
+// amax ← max(amax, amax(v)), and scale_inv = 1/scale (block 0), for v the values Input gives for x
 // (and x2). Reads each input once (rows·cols elements) and writes rows·cols bytes per copy plus the
-// transposed padding; one atomic per block.
-// With kColumnSums, also column_partials[tile row, c] = the f32 sum of the tile's rows of column c of v,
-// in a fixed order (each thread adds its 4 rows of the tile in order, then thread lc adds the 16 threads'
-// sums of column lc in order): 4 bytes written per column per 64 rows, no float atomics.
-template <class Input, bool kE5M2, bool kColumnSums>
-__global__ void __launch_bounds__(kCastThreads)
+// transposed padding; one atomic per block. With kColumnSums, also column_partials[row tile, c] = the
+// f32 sum of the tile's rows of column c of v, in the fixed order of the file comment: 4 bytes written
+// per column per 64 rows, no float atomics. kVector: cols % 8 == 0, x and x2 16-byte aligned, data
+// 8-byte aligned (run_fp8_cast_kernel checks).
+template <class Input, bool kE5M2, bool kColumnSums, bool kVector>
+__global__ void __launch_bounds__(kCastThreads, Input::kMinBlocksPerSm)
     fp8_cast_kernel(const typename Input::Element* __restrict__ x, const typename Input::Element* __restrict__ x2,
                     CastArgs a) {
-  __shared__ uint8_t tile[kTile][kTile + 1];  // +1: the transposed reads walk down a column
+  __shared__ alignas(16) uint32_t tile[kTile * kTileWordsPerColumn];  // the transposed bytes, tile_word
+  __shared__ float warp_sums[kColumnSums ? kCastWarps : 1][kTile];     // [warp][tile column]
   __shared__ uint32_t scratch[32];
-  __shared__ float column_sums[kColumnSums ? kRowStride : 1][kTile];  // [ty][tile column]
   const float scale = *a.scale;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = fp8_scale_inv(scale);
-  const int tx = threadIdx.x % kQuadsPerRow, ty = threadIdx.x / kQuadsPerRow;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int seg = lane % kSegmentsPerRow;                            // tile columns 8·seg ..
+  const int quad = warp * (32 / kSegmentsPerRow) + lane / kSegmentsPerRow;  // tile rows 4·quad ..
+  const bool transposed = a.transposed != nullptr;
+  const bool uses_tile = transposed || kColumnSums;
   uint32_t local = 0;
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-    const int64_t r0 = (t / a.tiles_x) * kTile, c0 = (t % a.tiles_x) * kTile;
-    const int64_t c = c0 + 4 * tx;
-    // The previous tile's reads of the shared tile (transposed) and column sums are done.
-    if (a.transposed || kColumnSums) __syncthreads();
-    float sums[4] = {0.f, 0.f, 0.f, 0.f};  // this thread's rows of its 4 columns, added in row order
+    const int64_t row_tile = t / a.tiles_x;
+    const int64_t r0 = row_tile * kTile, c0 = (t - row_tile * a.tiles_x) * kTile;
+    const int64_t r = r0 + kThreadRows * quad, c = c0 + kSegment * seg;  // this thread's first element
+
+    // This thread's loads for the four rows, all issued before any arithmetic (the 16-byte path; the
+    // scalar path loads as it goes). cols % 8 == 0 there, so a segment is wholly inside the columns or
+    // wholly outside.
+    typename Input::Loaded in[kThreadRows];
+    bool inside[kThreadRows];
 #pragma unroll
-    for (int k = 0; k < kTile / kRowStride; ++k) {
-      const int lr = ty + k * kRowStride;
-      const int64_t r = r0 + lr;
-      uint8_t q[4] = {0, 0, 0, 0};  // rows past `rows` are the transpose's zero padding
-      if (r < a.rows) {
-        const int64_t i = r * a.cols + c;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        bool in[4];
-        if (a.quad_rows) {
-          const bool quad_in = c < a.cols;  // cols % 4 == 0: a quad is all in or all out
-          if (quad_in) Input::quad(x, x2, i, v);
+    for (int i = 0; i < kThreadRows; ++i) {
+      inside[i] = r + i < a.rows && c < a.cols;
+      if constexpr (kVector) {
+        if (inside[i]) in[i] = Input::load(x, x2, (r + i) * a.cols + c);
+      }
+    }
+
+    // Row by row (so that one row's values are live at a time): the values v[j] of (r + i, c + j), 0
+    // outside the tensor; their FP8 bytes, columns 4h .. 4h+3 in word bytes[i][h]; the amax; the
+    // row-major copy; and the column sums s[j], the four rows added in order.
+    uint32_t bytes[kThreadRows][2];
+    float s[kSegment];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) in[j] = quad_in;
+    for (int i = 0; i < kThreadRows; ++i) {
+      float v[kSegment];
+      if constexpr (kVector) {
+        if (inside[i]) {
+          Input::values(in[i], v);
         } else {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            in[j] = c + j < a.cols;
-            if (in[j]) v[j] = Input::one(x, x2, i + j);
-          }
+          for (int j = 0; j < kSegment; ++j) v[j] = 0.f;
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (in[j]) {
-            local = max(local, magnitude_bits(v[j]));
-            q[j] = quantise<kE5M2>(v[j], scale);
-            if (kColumnSums) sums[j] = __fadd_rn(sums[j], v[j]);
-          }
-        }
-        if (a.data) {
-          uint8_t* out = a.data + r * a.cols + c;
-          if (a.quad_rows) {
-            if (in[0]) *reinterpret_cast<uint32_t*>(out) = pack_bytes(q);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              if (in[j]) out[j] = q[j];
-            }
-          }
-        }
-      }
-      if (a.transposed) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) tile[lr][4 * tx + j] = q[j];
-      }
-    }
-    if (kColumnSums) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) column_sums[ty][4 * tx + j] = sums[j];
-    }
-    if (!a.transposed && !kColumnSums) continue;
-    __syncthreads();
-    if (kColumnSums && threadIdx.x < kTile) {
-      const int lc = threadIdx.x;
-      float s = 0.f;
-#pragma unroll
-      for (int k = 0; k < kRowStride; ++k) s = __fadd_rn(s, column_sums[k][lc]);
-      if (c0 + lc < a.cols) a.column_partials[(t / a.tiles_x) * a.cols + c0 + lc] = s;
-    }
-    if (!a.transposed) continue;
-    // transposed[cc, r .. r+3] for the tile's columns cc: tile column lc read down four tile rows.
-    const int64_t r = r0 + 4 * tx;
-#pragma unroll
-    for (int k = 0; k < kTile / kRowStride; ++k) {
-      const int lc = ty + k * kRowStride;
-      const int64_t cc = c0 + lc;
-      if (cc >= a.cols || r >= a.padded_rows) continue;
-      uint8_t b[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = tile[4 * tx + j][lc];
-      uint8_t* out = a.transposed + cc * a.padded_rows + r;
-      if (a.quad_transposed) {  // padded_rows % 4 == 0, so r + 3 < padded_rows
-        *reinterpret_cast<uint32_t*>(out) = pack_bytes(b);
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (r + j < a.padded_rows) out[j] = b[j];
+        for (int j = 0; j < kSegment; ++j) {
+          v[j] = r + i < a.rows && c + j < a.cols ? Input::one(x, x2, (r + i) * a.cols + c + j) : 0.f;
+        }
+      }
+      bytes[i][0] = quantise4<kE5M2>(&v[0], scale);
+      bytes[i][1] = quantise4<kE5M2>(&v[4], scale);
+#pragma unroll
+      for (int j = 0; j < kSegment; ++j) {
+        local = max(local, magnitude_bits(v[j]));
+        if constexpr (kColumnSums) s[j] = i == 0 ? v[j] : __fadd_rn(s[j], v[j]);
+      }
+      if (a.data != nullptr && r + i < a.rows) {
+        uint8_t* out = a.data + (r + i) * a.cols + c;
+        if constexpr (kVector) {
+          if (c < a.cols) *reinterpret_cast<uint2*>(out) = make_uint2(bytes[i][0], bytes[i][1]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kSegment; ++j) {
+            if (c + j < a.cols) out[j] = static_cast<uint8_t>(bytes[i][j / 4] >> (8 * (j % 4)));
+          }
+        }
+      }
+    }
+    if (!uses_tile) continue;
+
+    // The previous tile's reads of `tile` and `warp_sums` are done (this tile's loads are already out).
+    __syncthreads();
+    if (transposed) {
+      uint32_t col[kSegment];  // col[j]: rows r .. r+3 of column c + j
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t rows4[kThreadRows] = {bytes[0][h], bytes[1][h], bytes[2][h], bytes[3][h]};
+        transpose_bytes_4x4(rows4, &col[4 * h]);
+      }
+      // Odd segments store their columns in the order 1, 0, 3, 2, ... (see tile_word).
+      const bool odd = seg & 1;
+#pragma unroll
+      for (int j = 0; j < kSegment; ++j) {
+        const int lc = kSegment * seg + (j ^ static_cast<int>(odd));
+        tile[tile_word(lc, quad)] = odd ? col[j ^ 1] : col[j];
+      }
+    }
+    if constexpr (kColumnSums) {
+#pragma unroll
+      for (int j = 0; j < kSegment; ++j) {
+        // Lanes seg, seg + 8, seg + 16, seg + 24 share column c + j; a + b = b + a, so the butterfly
+        // leaves the same sum in all four.
+        s[j] = __fadd_rn(s[j], __shfl_xor_sync(0xffffffffu, s[j], 8));
+        s[j] = __fadd_rn(s[j], __shfl_xor_sync(0xffffffffu, s[j], 16));
+      }
+      if (lane < kSegmentsPerRow) {
+#pragma unroll
+        for (int j = 0; j < kSegment; ++j) warp_sums[warp][kSegment * seg + j] = s[j];
+      }
+    }
+    __syncthreads();
+    if constexpr (kColumnSums) {
+      if (threadIdx.x < kTile && c0 + threadIdx.x < a.cols) {
+        const int lc = threadIdx.x;
+        float total = warp_sums[0][lc];
+#pragma unroll
+        for (int w = 1; w < kCastWarps; ++w) total = __fadd_rn(total, warp_sums[w][lc]);
+        a.column_partials[row_tile * a.cols + c0 + lc] = total;
+      }
+    }
+    if (transposed) {
+      // 16-byte chunk k: rows 16q .. 16q+15 of tile column lc, i.e. bytes 16q .. of transposed row c0 + lc.
+#pragma unroll
+      for (int m = 0; m < kTile * kTile / 16 / kCastThreads; ++m) {
+        const int k = threadIdx.x + m * kCastThreads;
+        const int lc = k / 4, q = k % 4;
+        const int64_t tc = c0 + lc, tr = r0 + 16 * q;
+        if (tc >= a.cols || tr >= a.padded_rows) continue;
+        const uint4 chunk = *reinterpret_cast<const uint4*>(&tile[tile_word(lc, 4 * q)]);
+        uint8_t* out = a.transposed + tc * a.padded_rows + tr;
+        if (a.vector_transposed) {  // padded_rows % 16 == 0: the chunk is wholly inside
+          *reinterpret_cast<uint4*>(out) = chunk;
+        } else {
+          const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+          for (int e = 0; e < 16; ++e) {
+            if (tr + e < a.padded_rows) out[e] = static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4)));
+          }
         }
       }
     }
@@ -163,28 +261,29 @@ __global__ void __launch_bounds__(kCastThreads)
 template <class X>
 struct StoredInput {
   using Element = X;
-  static __device__ __forceinline__ float one(const X* x, const X*, int64_t i) { return static_cast<float>(x[i]); }
-  static __device__ __forceinline__ void quad(const X* x, const X*, int64_t i, float v[4]) {
-    const Quad<X> q = *reinterpret_cast<const Quad<X>*>(x + i);
+  static constexpr int kMinBlocksPerSm = 6;  // at most 80 registers
+  using Loaded = Eight<X>;
+  static __device__ __forceinline__ Loaded load(const X* x, const X*, int64_t i) { return load_eight(x + i); }
+  static __device__ __forceinline__ void values(const Loaded& in, float v[kSegment]) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = static_cast<float>(q.v[j]);
+    for (int j = 0; j < kSegment; ++j) v[j] = static_cast<float>(in[j]);
   }
+  static __device__ __forceinline__ float one(const X* x, const X*, int64_t i) { return static_cast<float>(x[i]); }
 };
 
 // ---- host side (defined in fp8.cu, but for the launch template) ------------------------------------
 
 bool aligned_to(const void* p, size_t bytes);
 
-// Allocates out's copies and scale_inv on `device` and fills the arguments of fp8_cast_kernel, but for
-// quad_rows (run_fp8_cast_kernel sets it from the inputs). column_partials: fp8_cast_dbias's scratch
-// (column_partials_for), or null for no column sums.
+// Allocates out's copies and scale_inv on `device` and fills the arguments of fp8_cast_kernel.
+// column_partials: fp8_cast_dbias's scratch (column_partials_for), or null for no column sums.
 CastArgs prepare_cast(Device device, int64_t rows, int64_t cols, const Tensor& scale, const Tensor& amax,
                       DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows, float* column_partials,
                       Fp8Cast& out);
 
-// fp8_cast_kernel's grid: enough blocks to fill every SM (8 resident blocks of 256 threads each), each
-// looping over tiles, which also bounds the atomics on amax to one per block; at least one block,
-// which writes scale_inv.
+// fp8_cast_kernel's grid: a block per tile up to kCastBlocksPerSm blocks per SM (the blocks then loop
+// over the tiles, which also bounds the atomics on amax to one per block); at least one block, which
+// writes scale_inv.
 unsigned cast_blocks(const CastArgs& a, int device_index);
 
 // The [row tiles, cols] f32 scratch of the per-tile column sums (the tiles span padded_rows when the
@@ -196,27 +295,26 @@ Tensor column_partials_for(Device device, int64_t rows, int64_t cols, bool trans
 Tensor dbias_from_column_partials(const Tensor& partials, int64_t cols, DType x_dtype, DType dbias_dtype);
 
 // Launches fp8_cast_kernel<Input> over x (and x2, or null) with the arguments of prepare_cast: the
-// format and the column sums (a.column_partials non-null) pick the instantiation, and the 4-element
-// path is taken when cols % 4 == 0 and every pointer allows it.
+// format and the column sums (a.column_partials non-null) pick the instantiation, and the 16-byte path
+// is taken when cols % 8 == 0 and every pointer allows it.
 template <class Input>
-void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input::Element* x2, CastArgs a,
+void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input::Element* x2, const CastArgs& a,
                          DType fp8_dtype, int device_index, cudaStream_t stream, const char* op) {
-  using E = typename Input::Element;
-  a.quad_rows = a.cols % 4 == 0 && aligned_to(x, 4 * sizeof(E)) && (x2 == nullptr || aligned_to(x2, 4 * sizeof(E))) &&
-                (a.data == nullptr || aligned_to(a.data, 4));
+  const bool vector = a.cols % kSegment == 0 && aligned_to(x, 16) && (x2 == nullptr || aligned_to(x2, 16)) &&
+                      (a.data == nullptr || aligned_to(a.data, 8));
   const unsigned blocks = cast_blocks(a, device_index);
-  auto launch = [&]<bool kE5M2>() {
-    if (a.column_partials) {
-      fp8_cast_kernel<Input, kE5M2, true><<<blocks, kCastThreads, 0, stream>>>(x, x2, a);
+  auto launch = [&]<bool kE5M2, bool kColumnSums>() {
+    if (vector) {
+      fp8_cast_kernel<Input, kE5M2, kColumnSums, true><<<blocks, kCastThreads, 0, stream>>>(x, x2, a);
     } else {
-      fp8_cast_kernel<Input, kE5M2, false><<<blocks, kCastThreads, 0, stream>>>(x, x2, a);
+      fp8_cast_kernel<Input, kE5M2, kColumnSums, false><<<blocks, kCastThreads, 0, stream>>>(x, x2, a);
     }
   };
-  if (fp8_dtype == DType::e5m2) {
-    launch.template operator()<true>();
-  } else {
-    launch.template operator()<false>();
-  }
+  const bool e5m2 = fp8_dtype == DType::e5m2, sums = a.column_partials != nullptr;
+  if (e5m2 && sums) launch.template operator()<true, true>();
+  else if (e5m2) launch.template operator()<true, false>();
+  else if (sums) launch.template operator()<false, true>();
+  else launch.template operator()<false, false>();
   check_launch(op);
 }
 

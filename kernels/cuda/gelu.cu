@@ -41,6 +41,10 @@ void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cons
   if (n == 0) return;
   const bool vectorized = aligned16(a.data_ptr()) && aligned16(out.data_ptr()) && (!kBinary || aligned16(b.data_ptr()));
   const int64_t work = vectorized ? (n + Pack<T>::N - 1) / Pack<T>::N : n;
+  // Bytes: reads a (and b), writes out. ViT-H's MLP, 12,608 × 5120 bf16: forward 258.2 MB, 60.0 µs at
+  // 4.3 TB/s; backward 387.3 MB, 90.1 µs. The bf16 loop over a 16-byte pack is 152 (forward) and 175
+  // (backward) PTX instructions, 19 and 22 per element with the erf form's 16-bit arithmetic
+  // (gelu_elements.cuh), each instruction per element ~1.9 µs at that size: under the bytes' time.
   map_kernel<T, kBinary, Op><<<blocks_for(work), kThreads, 0, stream_for(out)>>>(
       ptr<T>(a), kBinary ? ptr<T>(b) : nullptr, ptr<T>(out), n, vectorized, op);
   check_launch(what);
@@ -52,8 +56,8 @@ Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
   constexpr const char* op = "gelu_forward";
   Tensor y = empty(x.shape(), x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    if (approximation == GeluApproximation::Tanh) launch_map<false, GeluForward<true>, T>(x, x, y, {}, op);
-    else launch_map<false, GeluForward<false>, T>(x, x, y, {}, op);
+    if (approximation == GeluApproximation::Tanh) launch_map<false, GeluForwardOf<T, true>, T>(x, x, y, {}, op);
+    else launch_map<false, GeluForwardOf<T, false>, T>(x, x, y, {}, op);
   });
   return y;
 }
@@ -62,8 +66,8 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
   constexpr const char* op = "gelu_backward";
   Tensor dx = empty(x.shape(), x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    if (approximation == GeluApproximation::Tanh) launch_map<true, GeluBackward<true>, T>(dy, x, dx, {}, op);
-    else launch_map<true, GeluBackward<false>, T>(dy, x, dx, {}, op);
+    if (approximation == GeluApproximation::Tanh) launch_map<true, GeluBackwardOf<T, true>, T>(dy, x, dx, {}, op);
+    else launch_map<true, GeluBackwardOf<T, false>, T>(dy, x, dx, {}, op);
   });
   return dx;
 }

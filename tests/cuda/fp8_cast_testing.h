@@ -1,6 +1,6 @@
 #pragma once
-// Helpers shared by the GPU tests of the kernels that write FP8 casts (test_cuda_layernorm_fp8.cpp,
-// test_cuda_gelu_fp8.cpp).
+// Helpers shared by the GPU tests of the kernels that write FP8 casts (test_cuda_fp8.cpp,
+// test_cuda_layernorm_fp8.cpp, test_cuda_gelu_fp8.cpp).
 #include <cstdint>
 #include <vector>
 
@@ -16,11 +16,12 @@ inline std::vector<uint8_t> bytes_of(const Tensor& t) {
   return std::vector<uint8_t>(p, p + h.nbytes());
 }
 
-// A copy of t on the GPU whose data starts one element past a 16-byte boundary, so the kernels take
-// their scalar (unpacked) paths.
-inline Tensor misaligned_on_gpu(const Tensor& t) {
-  const Tensor flat = empty({t.numel() + 1}, t.dtype(), kGpu);
-  const Tensor view = flat.narrow(1, t.numel()).reshape(t.shape());
+// A copy of t on the GPU whose data starts `elements` elements past a 16-byte boundary (the allocation's
+// start), so the kernels take their scalar (unpacked) paths: one element by default; 4 bf16 or 2 f32
+// elements give an 8-byte aligned start that is still not 16-byte aligned.
+inline Tensor misaligned_on_gpu(const Tensor& t, int64_t elements = 1) {
+  const Tensor flat = empty({t.numel() + elements}, t.dtype(), kGpu);
+  const Tensor view = flat.narrow(elements, t.numel()).reshape(t.shape());
   view.copy_(t);
   return view;
 }

@@ -13,6 +13,7 @@
 
 #include "kernels/fp8.h"
 #include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/fp8_cast_testing.h"
 #include "tests/kernels/fp8_cast_case.h"
 #include "tests/testing.h"
 
@@ -22,6 +23,7 @@ namespace {
 using kernels::AmaxCompute;
 using kernels::Fp8ScalingTensors;
 using testing::kGpu;
+using testing::misaligned_on_gpu;
 using testing::random_tensor;
 using testing::same_bits;
 using testing::uniform_tensor;
@@ -39,12 +41,15 @@ Tensor spiky_input(const Shape& shape, DType dtype, uint64_t seed, double spread
 
 using octet::testing::CastCase;
 
-// Casts x on both devices (amax starting from the same non-zero value) and compares everything.
-void expect_same_cast(const Tensor& x_cpu, DType format, bool rowwise, bool transposed, int64_t pad_rows_to) {
+// Casts x on both devices (amax starting from the same non-zero value) and compares everything. x_gpu:
+// x on the GPU, x_cpu.to(kGpu) when undefined (a view at some offset, to take the scalar paths).
+void expect_same_cast(const Tensor& x_cpu, DType format, bool rowwise, bool transposed, int64_t pad_rows_to,
+                      const Tensor& x_gpu = Tensor()) {
   const Tensor scale = full({1}, 37.0);
   const Tensor amax_cpu = full({1}, 0.75), amax_gpu = amax_cpu.to(kGpu);
   const auto cpu = kernels::fp8_cast(x_cpu, scale, amax_cpu, format, rowwise, transposed, pad_rows_to);
-  const auto gpu = kernels::fp8_cast(x_cpu.to(kGpu), scale.to(kGpu), amax_gpu, format, rowwise, transposed, pad_rows_to);
+  const auto gpu = kernels::fp8_cast(x_gpu.defined() ? x_gpu : x_cpu.to(kGpu), scale.to(kGpu), amax_gpu, format,
+                                     rowwise, transposed, pad_rows_to);
   EXPECT_EQ(gpu.data.defined(), rowwise);
   EXPECT_EQ(gpu.transposed.defined(), transposed);
   if (rowwise) {
@@ -82,7 +87,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8CastKernel,
                                            CastCase{{65, 1}, DType::bf16, DType::e5m2, 16},
                                            CastCase{{3, 5, 7}, DType::f16, DType::e4m3, 16},
                                            CastCase{{130, 130}, DType::f16, DType::e5m2, 3},
-                                           CastCase{{0, 64}, DType::bf16, DType::e4m3, 16}));
+                                           CastCase{{0, 64}, DType::bf16, DType::e4m3, 16},
+                                           // The 16-byte path (cols % 8 == 0): rows under one tile, a
+                                           // partial column tile, f16 and f32 inputs, a transposed copy
+                                           // padded by a whole extra chunk of zero rows (pad 64), and
+                                           // one whose rows are not a multiple of 16 bytes (byte stores).
+                                           CastCase{{5, 64}, DType::bf16, DType::e5m2, 16},
+                                           CastCase{{1, 8}, DType::bf16, DType::e4m3, 16},
+                                           CastCase{{33, 24}, DType::f32, DType::e5m2, 16},
+                                           CastCase{{64, 8}, DType::f16, DType::e4m3, 16},
+                                           CastCase{{70, 136}, DType::bf16, DType::e4m3, 64},
+                                           CastCase{{70, 72}, DType::f32, DType::e4m3, 8},
+                                           CastCase{{200, 200}, DType::bf16, DType::e5m2, 48},
+                                           // cols % 8 == 4: the scalar path with a 4-aligned width.
+                                           CastCase{{100, 36}, DType::bf16, DType::e4m3, 16},
+                                           // ViT-H at batch 64 (12,608 tokens): activations, the MLP's
+                                           // hidden width, and the weights.
+                                           CastCase{{12608, 1280}, DType::bf16, DType::e4m3, 16},
+                                           CastCase{{12608, 5120}, DType::bf16, DType::e5m2, 16},
+                                           CastCase{{3840, 1280}, DType::bf16, DType::e4m3, 16},
+                                           CastCase{{1280, 5120}, DType::bf16, DType::e4m3, 16}));
 
 // An input that starts one element into its storage: the GPU takes its unaligned (scalar) path.
 TEST(CudaFp8Cast, UnalignedInputMatchesTheCpu) {
@@ -91,6 +115,42 @@ TEST(CudaFp8Cast, UnalignedInputMatchesTheCpu) {
     const Tensor storage = spiky_input({1 + 96 * 64}, d, 77, 4.0);
     const Tensor x = storage.narrow(1, 96 * 64).reshape({96, 64});
     expect_same_cast(x, DType::e4m3, true, true, 16);
+  }
+}
+
+// Inputs 8 bytes past a 16-byte boundary (4 bf16 or 2 f32 elements): aligned enough for 8-byte
+// accesses but not for the 16-byte path, whose width (cols % 8 == 0) they would otherwise take; with
+// each combination of copies and the transposed copy at two paddings.
+TEST(CudaFp8Cast, InputsOffByEightBytesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::bf16, DType::f32}) {
+    const int64_t offset = static_cast<int64_t>(8 / dtype_size(d));
+    for (const Shape& shape : {Shape{96, 64}, Shape{130, 200}, Shape{12608, 1280}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << " " << shape);
+      const Tensor x = spiky_input(shape, d, 78 + shape.numel(), 4.0);
+      const Tensor x_gpu = misaligned_on_gpu(x, offset);
+      for (int64_t pad : {int64_t{16}, int64_t{5}}) {
+        expect_same_cast(x, DType::e4m3, true, true, pad, x_gpu);
+        expect_same_cast(x, DType::e5m2, true, false, pad, x_gpu);
+        expect_same_cast(x, DType::e4m3, false, true, pad, x_gpu);
+      }
+    }
+  }
+}
+
+// The weights' casts run without an amax (the weight's amax is its own fp8_amax_ pass): the same bytes
+// and scale_inv, on the 16-byte path and the scalar one.
+TEST(CudaFp8Cast, WithoutAmaxMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const Shape& shape : {Shape{1280, 1280}, Shape{5120, 1280}, Shape{37, 53}}) {
+    SCOPED_TRACE(::testing::Message() << shape);
+    const Tensor x = spiky_input(shape, DType::bf16, 79 + shape.numel(), 2.0);
+    const Tensor scale = full({1}, 11.0);
+    const auto cpu = kernels::fp8_cast(x, scale, Tensor(), DType::e4m3, true, true);
+    const auto gpu = kernels::fp8_cast(x.to(kGpu), scale.to(kGpu), Tensor(), DType::e4m3, true, true);
+    EXPECT_TRUE(same_bits(gpu.data, cpu.data)) << "row-major copy";
+    EXPECT_TRUE(same_bits(gpu.transposed, cpu.transposed)) << "transposed copy";
+    EXPECT_TRUE(same_bits(gpu.scale_inv, cpu.scale_inv)) << "scale_inv";
   }
 }
 
@@ -123,10 +183,10 @@ double unit_roundoff(DType d) {
 //                                 <= e_c·(1 + u_out) + 2·u_out·(|dbias_cpu[c]|·(1 + 2·u_out) + e_c),
 // and a GPU run repeated gives the same bits (no float atomics).
 void expect_same_cast_dbias(const Tensor& x_cpu, DType format, bool rowwise, bool transposed, DType dbias_dtype,
-                            int64_t pad_rows_to = kernels::kFp8RowPadding) {
+                            int64_t pad_rows_to = kernels::kFp8RowPadding, const Tensor& x_on_gpu = Tensor()) {
   const Tensor scale = full({1}, 37.0);
   const Tensor amax_cpu = full({1}, 0.75), amax_gpu = amax_cpu.to(kGpu), amax_plain = amax_cpu.to(kGpu);
-  const Tensor x_gpu = x_cpu.to(kGpu);
+  const Tensor x_gpu = x_on_gpu.defined() ? x_on_gpu : x_cpu.to(kGpu);
   const auto cpu =
       kernels::fp8_cast_dbias(x_cpu, scale, amax_cpu, format, rowwise, transposed, dbias_dtype, pad_rows_to);
   const auto gpu = kernels::fp8_cast_dbias(x_gpu, scale.to(kGpu), amax_gpu, format, rowwise, transposed,
@@ -194,7 +254,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8CastDbias,
                                            DbiasCase{{7, 32}, DType::f16, DType::e5m2, DType::f16},
                                            DbiasCase{{1, 16}, DType::bf16, DType::e5m2, DType::bf16},
                                            DbiasCase{{37, 53}, DType::f32, DType::e5m2, DType::f32},
-                                           DbiasCase{{0, 64}, DType::bf16, DType::e5m2, DType::bf16}));
+                                           DbiasCase{{0, 64}, DType::bf16, DType::e5m2, DType::bf16},
+                                           // Rows under one tile, cols % 8 == 4 (the scalar path), a
+                                           // partial column tile of the 16-byte path, and ViT-H's
+                                           // output gradients at batch 64.
+                                           DbiasCase{{5, 64}, DType::bf16, DType::e5m2, DType::bf16},
+                                           DbiasCase{{100, 36}, DType::bf16, DType::e5m2, DType::f32},
+                                           DbiasCase{{300, 72}, DType::f32, DType::e5m2, DType::f32},
+                                           DbiasCase{{12608, 1280}, DType::bf16, DType::e5m2, DType::bf16}));
 
 // Spikes that saturate, NaN and inf, an input one element into its storage (the scalar path) and
 // padding to 7 rows and none.
@@ -206,6 +273,12 @@ TEST(CudaFp8CastDbias, SpikesUnalignedInputAndOtherPaddingsMatchTheCpu) {
     expect_same_cast_dbias(spiky_input({300, 96}, d, 82, 3.0), DType::e4m3, false, true, d, 1);
     const Tensor storage = spiky_input({1 + 96 * 64}, d, 83, 4.0);
     expect_same_cast_dbias(storage.narrow(1, 96 * 64).reshape({96, 64}), DType::e5m2, true, true, d);
+    // 8 bytes past a 16-byte boundary (the scalar path at a width the 16-byte path takes), and padding
+    // 60 rows to 128: the second row tile holds only padding, whose column partials must be zeros.
+    const Tensor x = spiky_input({130, 96}, d, 85, 3.0);
+    expect_same_cast_dbias(x, DType::e5m2, true, true, d, 16,
+                           misaligned_on_gpu(x, static_cast<int64_t>(8 / dtype_size(d))));
+    expect_same_cast_dbias(spiky_input({60, 96}, d, 86, 3.0), DType::e5m2, true, true, d, 128);
   }
   Tensor x = random_tensor({70, 96}, DType::f32, 84);
   x.data<float>()[123] = -kInf;

@@ -173,6 +173,25 @@ TEST(CudaGeluFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
       }
     }
   }
+  // A width the 16-byte path takes (1032 = 16 tiles and 8 columns), with x and dact 8 bytes past a
+  // 16-byte boundary (the scalar path) and aligned (the 16-byte path with a partial column tile).
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+    const int64_t rows = 45, cols = 1032, offset = static_cast<int64_t>(8 / dtype_size(dtype));
+    const Tensor x_host = random_tensor({rows, cols}, dtype, 550, 3.0);
+    const Tensor dact_host = random_tensor({rows, cols}, dtype, 650);
+    for (bool misaligned : {false, true}) {
+      const Tensor x = misaligned ? misaligned_on_gpu(x_host, offset) : x_host.to(kGpu);
+      const Tensor dact = misaligned ? misaligned_on_gpu(dact_host, offset) : dact_host.to(kGpu);
+      for (GeluApproximation approximation : {GeluApproximation::None, GeluApproximation::Tanh}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " cols 1032" << (misaligned ? " 8 bytes off" : "")
+                                          << " " << name(approximation));
+        expect_forward_same_as_unfused(x, approximation, DType::e4m3, {true, true});
+        expect_forward_same_as_unfused(x, approximation, DType::e5m2, {false, true}, 5);
+        expect_backward_same_as_unfused(dact, x, approximation, DType::e5m2, {true, true}, DType::bf16);
+        expect_backward_same_as_unfused(dact, x, approximation, DType::e4m3, {true, false}, DType::f32);
+      }
+    }
+  }
   for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " [3, 33, 96] with NaN and inf");
     Tensor x = random_tensor({3, 33, 96}, DType::f32, 900, 3.0);
@@ -191,6 +210,34 @@ TEST(CudaGeluFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
   const Tensor none = empty({0, 96}, DType::bf16, kGpu);
   expect_forward_same_as_unfused(none, GeluApproximation::None, DType::e4m3, {true, true});
   expect_backward_same_as_unfused(none, none, GeluApproximation::Tanh, DType::e5m2, {true, true}, DType::bf16);
+}
+
+// ViT-H's MLP at batch 64 (12,608 tokens, hidden width 5120, bf16, the erf form): the fused forward and
+// backward against the unfused GPU sequence, bit for bit, and the unfused sequence's casts against the
+// CPU's cast of the same GELU output (gelu_forward's, gelu_backward's, copied to the host), bit for bit
+// but dbias (the bound of test_cuda_fp8.cpp's fp8_cast_dbias, checked there; here the GPU's dbias must
+// equal the unfused sequence's).
+TEST(CudaGeluFp8ViT, HiddenWidthAtBatch64EqualsTheUnfusedSequenceAndTheCpuCast) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 12608, cols = 5120;
+  const Tensor x = random_tensor({rows, cols}, DType::bf16, 1700, 2.0).to(kGpu);
+  const Tensor dact = random_tensor({rows, cols}, DType::bf16, 1701, 0.01).to(kGpu);
+  expect_forward_same_as_unfused(x, GeluApproximation::None, DType::e4m3, {true, true});
+  expect_backward_same_as_unfused(dact, x, GeluApproximation::None, DType::e5m2, {true, true}, DType::bf16);
+  const Tensor scale = full({1}, kScale), scale_gpu = scale.to(kGpu);
+  for (bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "gelu_backward" : "gelu_forward");
+    const Tensor y = backward ? kernels::gelu_backward(dact, x, GeluApproximation::None)
+                              : kernels::gelu_forward(x, GeluApproximation::None);
+    const DType format = backward ? DType::e5m2 : DType::e4m3;
+    const Tensor amax_cpu = full({1}, kAmaxStart), amax_gpu = amax_cpu.to(kGpu);
+    const kernels::Fp8Cast gpu = kernels::fp8_cast(y, scale_gpu, amax_gpu, format, true, true);
+    const kernels::Fp8Cast cpu = kernels::fp8_cast(y.to(Device::cpu()), scale, amax_cpu, format, true, true);
+    EXPECT_TRUE(same_bits(gpu.data, cpu.data)) << "row-major copy";
+    EXPECT_TRUE(same_bits(gpu.transposed, cpu.transposed)) << "transposed copy";
+    EXPECT_TRUE(same_bits(amax_gpu, amax_cpu)) << "amax";
+    EXPECT_TRUE(same_bits(gpu.scale_inv, cpu.scale_inv)) << "scale_inv";
+  }
 }
 
 // |v| as a bit pattern, and the largest over a tensor read as f32 (how the casts measure amax).

@@ -5,7 +5,9 @@
 // for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/elementwise.h"
@@ -467,6 +469,99 @@ TEST(CudaGelu, BothFormsMatchTheCpu) {
           EXPECT_LE(relative_error_matching_nans(kernels::gelu_backward(dyg, xg, form), kernels::gelu_backward(dy, x, form)),
                     tolerance(d));
         }
+      }
+    }
+  }
+}
+
+// The erf form's f32 error against the exact GELU (the CPU's f64 kernel), element by element, over
+// [-14, 14] in steps of 2^-12 (the whole left tail, where Φ = ½ + ½·erf cancels, included) and the
+// bounds derived in kernels/cuda/gelu_elements.cuh: Φ within 1.1e-7 absolutely (erff's 2 ulp, the
+// argument's and the FMA's roundings), φ within 3.3e-7 + 7.5e-8·x² relatively, so
+//   forward:   |y - x·Φ(x)|            <= 1.1e-7·|x| + 2^-24·|y|
+//   backward:  |g - (Φ(x) + x·φ(x))|   <= 1.1e-7 + 0.242·3.3e-7 + 0.464·7.5e-8 + 2^-24·|g|
+// (max |x|·φ(x) = 0.242, max |x|³·φ(x) = 0.464), each with 10% slack for the f64 reference's own rounding
+// to a comparison. dy = 1, so the backward returns dy/dx itself.
+TEST(CudaGelu, ErfFormWithinItsErrorBoundsOfTheExactGelu) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> xs;
+  for (int k = -14 * 4096; k <= 14 * 4096; ++k) xs.push_back(static_cast<float>(k) / 4096.0f);
+  const int64_t n = static_cast<int64_t>(xs.size());
+  const Tensor x = from_vector(xs, {n}, DType::f32);
+  const Tensor x64 = x.to(DType::f64), ones = full({n}, 1.0, DType::f32);
+  const std::vector<double> y_ref = kernels::gelu_forward(x64).to_vector<double>();
+  const std::vector<double> g_ref = kernels::gelu_backward(ones.to(DType::f64), x64).to_vector<double>();
+  const std::vector<double> y = kernels::gelu_forward(x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+  const std::vector<double> g =
+      kernels::gelu_backward(ones.to(kGpu), x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+  const double u = std::ldexp(1.0, -24);
+  int reported = 0;
+  for (int64_t i = 0; i < n && reported < 10; ++i) {
+    const double xi = xs[static_cast<size_t>(i)];
+    const double y_bound = 1.1 * (1.1e-7 * std::abs(xi) + u * std::abs(y_ref[i]));
+    const double g_bound = 1.1 * (1.1e-7 + 0.242 * 3.3e-7 + 0.464 * 7.5e-8 + u * std::abs(g_ref[i]));
+    if (!(std::abs(y[i] - y_ref[i]) <= y_bound) || !(std::abs(g[i] - g_ref[i]) <= g_bound)) {
+      ++reported;
+      ADD_FAILURE() << "x = " << xi << ": y " << y[i] << " (exact " << y_ref[i] << "), dy/dx " << g[i] << " (exact "
+                    << g_ref[i] << ")";
+    }
+  }
+}
+
+// bf16 and f16 outputs take the erf form's cheaper Φ (kernels/cuda/gelu_elements.cuh): before the
+// rounding to 16 bits, y is within 1e-6·|x| of the exact GELU and dy/dx within 1.2e-6, plus f32's own
+// rounding. So for every finite 16-bit x, the output lies between the 16-bit roundings of the exact
+// result minus and plus that bound (half again as wide, for the first-order analysis): the exact
+// result's own rounding unless it lies that close to a rounding boundary. dy = 1, so the backward
+// returns dy/dx itself, rounded.
+TEST(CudaGelu, Narrow16BitOutputsRoundTheExactGelu) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(d));
+    // Every 16-bit pattern read as d, then the finite ones.
+    const int64_t n = int64_t{1} << 16;
+    Tensor x16 = empty({n}, d);
+    auto* raw = static_cast<uint16_t*>(x16.data_ptr());
+    for (int64_t i = 0; i < n; ++i) raw[i] = static_cast<uint16_t>(i);
+    const std::vector<double> all = x16.to_vector<double>();
+    std::vector<double> xs;
+    std::vector<uint16_t> finite_bits;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isfinite(all[static_cast<size_t>(i)])) {
+        finite_bits.push_back(static_cast<uint16_t>(i));
+        xs.push_back(all[static_cast<size_t>(i)]);
+      }
+    }
+    const int64_t m = static_cast<int64_t>(xs.size());
+    Tensor x = empty({m}, d);
+    std::copy(finite_bits.begin(), finite_bits.end(), static_cast<uint16_t*>(x.data_ptr()));
+    const Tensor x64 = x.to(DType::f64), ones = full({m}, 1.0, d);
+    const std::vector<double> y_ref = kernels::gelu_forward(x64).to_vector<double>();
+    const std::vector<double> g_ref = kernels::gelu_backward(ones.to(DType::f64), x64).to_vector<double>();
+    std::vector<double> y_lo(y_ref.size()), y_hi(y_ref.size()), g_lo(g_ref.size()), g_hi(g_ref.size());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double dy = 1.5 * (1e-6 * std::abs(xs[i]) + std::ldexp(std::abs(y_ref[i]), -24));
+      const double dg = 1.5 * (1.2e-6 + std::ldexp(std::abs(g_ref[i]), -24));
+      y_lo[i] = y_ref[i] - dy;
+      y_hi[i] = y_ref[i] + dy;
+      g_lo[i] = g_ref[i] - dg;
+      g_hi[i] = g_ref[i] + dg;
+    }
+    // The 16-bit roundings of the bounds (rounding is monotone: the output lies between them).
+    auto rounded = [&](const std::vector<double>& v) {
+      return from_vector(v, {m}, DType::f64).to(d).to_vector<double>();
+    };
+    const std::vector<double> ylo = rounded(y_lo), yhi = rounded(y_hi), glo = rounded(g_lo), ghi = rounded(g_hi);
+    const std::vector<double> y = kernels::gelu_forward(x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+    const std::vector<double> g =
+        kernels::gelu_backward(ones.to(kGpu), x.to(kGpu)).to(Device::cpu()).to_vector<double>();
+    int reported = 0;
+    for (size_t i = 0; i < xs.size() && reported < 10; ++i) {
+      if (!(ylo[i] <= y[i] && y[i] <= yhi[i]) || !(glo[i] <= g[i] && g[i] <= ghi[i])) {
+        ++reported;
+        ADD_FAILURE() << "x = " << xs[i] << ": y " << y[i] << " (exact " << y_ref[i] << ", allowed " << ylo[i] << " .. "
+                      << yhi[i] << "), dy/dx " << g[i] << " (exact " << g_ref[i] << ", allowed " << glo[i] << " .. "
+                      << ghi[i] << ")";
       }
     }
   }

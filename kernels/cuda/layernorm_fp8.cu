@@ -30,11 +30,12 @@
 // Bytes: reads x (and the residual) once from DRAM, and weight and bias (C each, cached). Writes
 // rows·C per FP8 copy plus the padding, 8 per row for the statistics, and h.
 //
-// Time. The cast (fp8_elements.cuh's quantise: integer code shared with the CPU, branching on NaN,
-// inf and subnormals) takes about 35 of the ~48 instructions an element costs here. At ViT-H's 16.1 M
-// elements that is ~24 M warp instructions: ~23 µs of issue on an H200 (132 SMs, 4 schedulers each,
-// 1.98 GHz), more than the 15 µs its 64.6 MB take at 4.3 TB/s. So without the residual the cast, not
-// HBM, sets this kernel's pace; with it (129 MB) the bytes do again.
+// Time. The cast by fp8_elements.cuh's quantise (integer code shared with the CPU, branching on NaN,
+// inf and subnormals) took about 35 of the ~48 instructions an element costs here: at ViT-H's 16.1 M
+// elements ~23 µs of issue on an H200, more than the 15 µs its 64.6 MB take at 4.3 TB/s. The
+// warp-per-row kernel therefore converts with quantise4, the hardware conversion two values an
+// instruction, which gives quantise's byte for every float (a GPU test checks all 2^32): the bytes,
+// not the instructions, set its pace. The block-per-row kernel (long rows) keeps quantise.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -125,18 +126,22 @@ __global__ void __launch_bounds__(kRowWarps * 32, 2)
         if (c0 >= C) continue;
         float v[N];
         layernorm_unit<T>(u[i], s, weight, bias, c0, C, a.params_packed, v);
-        uint8_t b[N];
+        float y[N];
 #pragma unroll
-        for (int k = 0; k < N; ++k) b[k] = 0;  // past C: the tile row's slack
+        for (int k = 0; k < N; ++k) y[k] = 0.f;  // past C: the tile row's slack, zero bytes
         for_unit_elements<T>(c0, C, [&](int k) {
           // Rounded to T as layernorm_forward stores it, then read back as fp8_cast reads it.
-          const float y = widen_stored(from_float<T>(v[k]));
-          local = max(local, magnitude_bits(y));
-          b[k] = quantise<kE5M2>(y, scale);
+          y[k] = widen_stored(from_float<T>(v[k]));
+          local = max(local, magnitude_bits(y[k]));
         });
+        // quantise's bytes, four at a time by the hardware conversion (fp8_elements.cuh: the same
+        // byte for every float), as fp8_cast converts.
         uint32_t words[N / 4];
 #pragma unroll
-        for (int j = 0; j < N / 4; ++j) words[j] = pack_bytes(b + 4 * j);
+        for (int j = 0; j < N / 4; ++j) words[j] = quantise4<kE5M2>(y + 4 * j, scale);
+        uint8_t b[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) b[k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
         if (a.data) {
           uint8_t* out = a.data + offset + c0;
           if (a.data_packed) {

@@ -132,7 +132,9 @@ void expect_close(const StepResult& gpu, const StepResult& cpu, double loss_tol,
     }
   }
   // The norm-wise comparison covers a good part of the model, not a handful of elements.
-  if (adamw) EXPECT_GE(4 * conditioned, elements) << conditioned << " of " << elements << " elements compared";
+  if (adamw) {
+    EXPECT_GE(4 * conditioned, elements) << conditioned << " of " << elements << " elements compared";
+  }
 }
 
 TEST(CudaViTStep, F32StepMatchesTheCpu) {

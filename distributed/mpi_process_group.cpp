@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/trace.h"
 #include "distributed/launch.h"
 
@@ -137,25 +138,41 @@ struct Task {
   std::exception_ptr error;
 };
 
+class MpiWork;
+
+// The results of the group's collectives on CUDA tensors that are still to be copied back into device
+// memory, in issue order. A staged collective's result reaches its tensor only by a copy, so the group
+// delivers them the way NCCL's one communication stream orders collectives: waiting on a collective
+// (or a barrier) delivers every earlier result too, and a handle the caller dropped still gets its
+// result delivered by the next wait. FSDP relies on that: it keeps only the last handle of a unit's
+// gathers and waits on it. Shared by the group and its works; touched by the issuing threads only.
+struct StagedResults {
+  std::mutex mutex;
+  std::deque<std::shared_ptr<MpiWork>> pending;  // issue order; each holds a result not yet copied back
+  uint64_t issued = 0;                            // sequence numbers, from 1
+  // Copies back every pending result issued up to `through`, oldest first, on the caller's stream.
+  void deliver_through(uint64_t through);
+};
+
 class MpiWork : public Work {
  public:
   // `device_tensor` and `host` are set when a CUDA tensor was staged: the result is copied back
-  // from `host` into `device_tensor` when the work is waited on.
-  MpiWork(std::shared_ptr<Task> task, std::chrono::seconds timeout, int rank, Tensor device_tensor, Tensor host)
+  // from `host` into `device_tensor` when this work, or a later one of the group, is waited on.
+  MpiWork(std::shared_ptr<Task> task, std::chrono::seconds timeout, int rank, Tensor device_tensor, Tensor host,
+          std::shared_ptr<StagedResults> staged, uint64_t sequence)
       : task_(std::move(task)),
         timeout_(timeout),
         rank_(rank),
         device_tensor_(std::move(device_tensor)),
-        host_(std::move(host)) {}
+        host_(std::move(host)),
+        staged_(std::move(staged)),
+        sequence_(sequence) {}
 
   void wait() override {
-    wait_for_thread();
-    if (device_tensor_.defined() && !copied_back_) {
-      device_tensor_.copy_(host_);  // on the caller's current stream
-      copied_back_ = true;
-    }
+    wait_for_thread();  // the thread runs collectives in issue order: every earlier one is done too
+    staged_->deliver_through(sequence_);
   }
-  // Whether wait() has a result still to copy back into device memory that overlaps `t`'s bytes.
+  // Whether this work's result is still to be copied back, and overlaps `t`'s bytes.
   bool pending_result_overlaps(const Tensor& t) const {
     if (!device_tensor_.defined() || copied_back_ || !t.defined() || t.storage() != device_tensor_.storage()) {
       return false;
@@ -164,12 +181,21 @@ class MpiWork : public Work {
     return a < b + t.nbytes() && b < a + device_tensor_.nbytes();
   }
   bool result_pending() const { return device_tensor_.defined() && !copied_back_; }
+  uint64_t sequence() const { return sequence_; }
   void synchronize() override { wait(); }
   bool is_completed() override {
     std::lock_guard lock(task_->mutex);
     return task_->done;
   }
   std::string describe() const override { return task_->what; }
+
+  // Under StagedResults::mutex.
+  void copy_back() {
+    wait_for_thread();
+    device_tensor_.copy_(host_);  // on the caller's current stream
+    copied_back_ = true;
+    host_ = Tensor();  // the pinned buffer goes back now
+  }
 
  private:
   void wait_for_thread() {
@@ -187,8 +213,19 @@ class MpiWork : public Work {
   std::chrono::seconds timeout_;
   int rank_;
   Tensor device_tensor_, host_;
+  std::shared_ptr<StagedResults> staged_;
+  uint64_t sequence_;
   bool copied_back_ = false;
 };
+
+void StagedResults::deliver_through(uint64_t through) {
+  std::lock_guard lock(mutex);
+  while (!pending.empty() && pending.front()->sequence() <= through) {
+    const std::shared_ptr<MpiWork> work = std::move(pending.front());
+    pending.pop_front();
+    work->copy_back();
+  }
+}
 
 }  // namespace
 
@@ -199,38 +236,22 @@ struct MpiProcessGroup::State {
   std::deque<std::shared_ptr<Task>> queue;
   bool stopping = false;
   std::thread thread;
-  // The issued collectives on CUDA tensors whose results wait() has not yet copied back (handles the
-  // caller has dropped fall out). Only the issuing threads touch it, under staged_mutex.
-  std::mutex staged_mutex;
-  std::vector<std::weak_ptr<MpiWork>> staged;
+  std::shared_ptr<StagedResults> staged = std::make_shared<StagedResults>();
 
-  // Staging keeps issue order on the device (see stage_after_earlier): every collective still to copy
-  // a result back into the bytes of `tensors` finishes now, its result copied back on the caller's
-  // stream, before the new collective stages its own copies.
+  // Staging keeps issue order on the device (see stage_after_earlier): every result still to be
+  // copied back into the bytes of `tensors` is delivered now, with every result issued before it, on
+  // the caller's stream, before the new collective stages its own copies.
   void settle_results_overlapping(std::initializer_list<const Tensor*> tensors) {
-    std::vector<std::shared_ptr<MpiWork>> earlier;
+    uint64_t through = 0;
     {
-      std::lock_guard lock(staged_mutex);
-      std::erase_if(staged, [](const std::weak_ptr<MpiWork>& w) {
-        const auto work = w.lock();
-        return work == nullptr || !work->result_pending();
-      });
-      for (const auto& w : staged) {
-        const auto work = w.lock();
+      std::lock_guard lock(staged->mutex);
+      for (const auto& work : staged->pending) {
         for (const Tensor* t : tensors) {
-          if (work->pending_result_overlaps(*t)) {
-            earlier.push_back(work);
-            break;
-          }
+          if (work->pending_result_overlaps(*t)) through = work->sequence();
         }
       }
     }
-    for (const auto& work : earlier) work->wait();  // in issue order
-  }
-  void remember_staged(const std::shared_ptr<MpiWork>& work) {
-    if (!work->result_pending()) return;
-    std::lock_guard lock(staged_mutex);
-    staged.push_back(work);
+    if (through > 0) staged->deliver_through(through);
   }
 
   void loop() {
@@ -302,6 +323,16 @@ MpiProcessGroup::~MpiProcessGroup() {
   }
   state_->has_work.notify_all();
   state_->thread.join();
+  // Every collective has run: the results nobody waited for reach their tensors now, and the pending
+  // list, which holds its works (as they hold it), empties.
+  try {
+    state_->staged->deliver_through(state_->staged->issued);
+  } catch (const std::exception& e) {
+    logging::error("MpiProcessGroup: copying the last collectives' results back to the device failed at the "
+                   "group's end: {}", e.what());
+    std::lock_guard lock(state_->staged->mutex);
+    state_->staged->pending.clear();
+  }
   if (mpi_initialized()) MPI_Comm_free(&state_->comm);
 }
 
@@ -341,14 +372,18 @@ static WorkHandle enqueue(MpiProcessGroup::State& state, std::function<void()> r
   auto task = std::make_shared<Task>();
   task->run = std::move(run);
   task->what = std::move(what);
+  const bool staged = result.defined() && result.is_cuda();
+  std::shared_ptr<MpiWork> work;
   {
-    std::lock_guard lock(state.mutex);
+    // The sequence number and the pending entry go with the queue's order: one lock for both.
+    std::lock_guard queue_lock(state.mutex);
+    std::lock_guard staged_lock(state.staged->mutex);
+    work = std::make_shared<MpiWork>(task, timeout, rank, staged ? result : Tensor(), staged ? result_host : Tensor(),
+                                     state.staged, ++state.staged->issued);
+    if (staged) state.staged->pending.push_back(work);
     state.queue.push_back(task);
   }
   state.has_work.notify_one();
-  auto work = std::make_shared<MpiWork>(task, timeout, rank, result.defined() && result.is_cuda() ? result : Tensor(),
-                                        result.defined() && result.is_cuda() ? result_host : Tensor());
-  state.remember_staged(work);
   return work;
 }
 

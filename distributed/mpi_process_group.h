@@ -1,10 +1,11 @@
 #pragma once
 // Collectives over MPI (OpenMPI), on CPU tensors, and on CUDA tensors staged through host memory so
 // that several ranks can share one GPU (tests, and GPUs without NCCL). Staging copies the tensor to
-// pinned host memory when the collective is issued (which waits for the caller's stream) and back
-// into it on wait(): simple and correct, not fast; NCCL is the GPU path for speed. A collective
-// whose tensors overlap the pending result of an earlier one first finishes that one (its wait()),
-// so the device sees collectives on one buffer in issue order, as the CPU and NCCL do.
+// pinned host memory when the collective is issued (which waits for the caller's stream), and its result
+// back into it when waited on: simple and correct, not fast; NCCL is the GPU path for speed. The
+// results reach the device in issue order, as NCCL's one stream orders collectives: waiting on a
+// collective (or a barrier) copies back every earlier result too, whether or not its handle was kept,
+// and a collective whose tensors overlap an earlier one's pending result first delivers that one.
 //
 // Like PyTorch's MPI backend, one communication thread per group runs the collectives, in the
 // order they were issued, on a duplicate of MPI_COMM_WORLD (a subgroup: the communicator

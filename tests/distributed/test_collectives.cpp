@@ -296,6 +296,31 @@ TEST(Async, AResultFeedsTheNextCollectiveBeforeItIsWaitedOn) {
   EXPECT_TRUE(reduced_correctly(twice, sums, 0, ReduceOp::Sum));
 }
 
+// Waiting on a collective completes every earlier one of the group, whose handles the caller may have
+// dropped: FSDP gathers a unit's flat parameters one after the other, keeps the last handle and waits
+// on it alone. With CUDA tensors over MPI each result reaches its tensor by a copy, which the group
+// must still make for a dropped handle (distributed/mpi_process_group.cpp, StagedResults); a barrier's
+// wait does the same.
+TEST(Async, WaitingOnTheLastCollectiveCompletesTheDroppedOnes) {
+  const int n_ranks = world_size(), me = my_rank();
+  const std::vector<Tensor> first = all_rank_inputs(n_ranks, {301}, DType::f32, 6400),
+                            second = all_rank_inputs(n_ranks, {77}, DType::bf16, 6401);
+  const Tensor gathered_first = sentinel({n_ranks * 301}, DType::f32), gathered_second = sentinel({n_ranks * 77},
+                                                                                                  DType::bf16);
+  (void)world().all_gather(gathered_first, first[me]);
+  world().all_gather(gathered_second, second[me])->wait();
+  for (int r = 0; r < n_ranks; ++r) {
+    EXPECT_TRUE(equals_exactly(gathered_first.narrow(r * 301, 301), first[r])) << "first, chunk " << r;
+    EXPECT_TRUE(equals_exactly(gathered_second.narrow(r * 77, 77), second[r])) << "second, chunk " << r;
+  }
+
+  const std::vector<Tensor> summed_in = all_rank_inputs(n_ranks, {1001}, DType::f64, 6402);
+  const Tensor summed = summed_in[me].clone();
+  (void)world().all_reduce(summed, ReduceOp::Sum);
+  world().barrier()->wait();
+  EXPECT_TRUE(reduced_correctly(summed, summed_in, 0, ReduceOp::Sum)) << "an all_reduce before a barrier";
+}
+
 TEST(Async, SynchronizeAlsoFinishesTheWork) {
   const std::vector<Tensor> inputs = all_rank_inputs(world_size(), {4099}, DType::f32, 6300);
   const Tensor tensor = inputs[my_rank()].clone();

@@ -330,15 +330,26 @@ optim::GradNorm FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
   return optim::clip_grads_by_total_(grads, total, max_norm, /*error_if_nonfinite=*/false, op);
 }
 
+namespace {
+
+// A flat parameter at full (padded) size in f32, gathered from the shard group's shards: every rank
+// of that group must call this for the same flat.
+Tensor gather_flat_f32(const fsdp::Flat& flat, const FullyShardedDataParallel::State& state) {
+  const Tensor full = empty({flat.padded}, DType::f32, flat.shard.device());
+  if (state.sharded) {
+    state.shard_group->all_gather(full, flat.shard.detach())->wait();
+  } else {
+    full.copy_(flat.shard.detach());
+  }
+  return full;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Tensor>> FullyShardedDataParallel::full_parameters() {
   std::map<std::string, Tensor> by_name;
   for (const auto& flat : state_->flats) {
-    const Tensor full = empty({flat.padded}, DType::f32, flat.shard.device());
-    if (state_->sharded) {
-      state_->shard_group->all_gather(full, flat.shard.detach())->wait();
-    } else {
-      full.copy_(flat.shard.detach());
-    }
+    const Tensor full = gather_flat_f32(flat, *state_);
     for (const fsdp::Slot& slot : flat.slots) {
       by_name[slot.name] = full.narrow(slot.offset, slot.parameter.numel()).reshape(slot.parameter.shape()).clone();
     }
@@ -346,6 +357,18 @@ std::vector<std::pair<std::string, Tensor>> FullyShardedDataParallel::full_param
   std::vector<std::pair<std::string, Tensor>> out;  // in the module's registration order
   for (const auto& p : module_->named_parameters()) out.emplace_back(p.first, by_name.at(p.first));
   return out;
+}
+
+Tensor FullyShardedDataParallel::full_parameter(const std::string& name) {
+  for (const auto& flat : state_->flats) {
+    for (const fsdp::Slot& slot : flat.slots) {
+      if (slot.name != name) continue;
+      const Tensor full = gather_flat_f32(flat, *state_);
+      return full.narrow(slot.offset, slot.parameter.numel()).reshape(slot.parameter.shape()).clone();
+    }
+  }
+  OCTET_FAIL("FullyShardedDataParallel::full_parameter: the module has no parameter ", name,
+             "; pass a dotted name from module().named_parameters()");
 }
 
 int FullyShardedDataParallel::units_gathered() const { return state_->gatherer->gathered_now(); }

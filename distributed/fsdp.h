@@ -156,6 +156,10 @@ class FullyShardedDataParallel {
   // Every parameter at full size in f32, by dotted name in the module's registration order,
   // gathered from all ranks' shards (from the shard group's; a collective: every rank must call it).
   std::vector<std::pair<std::string, Tensor>> full_parameters();
+  // One parameter at full size in f32, by dotted name: its flat alone is gathered (a collective on
+  // the shard group, as above). For code that needs a weight outside its unit's gathered window, or
+  // in FP8 passes under fp8_all_gather, where the Linears' weights hold no data.
+  Tensor full_parameter(const std::string& name);
 
   int units_gathered() const;      // non-root units gathered now
   int max_units_gathered() const;  // the most at once since construction

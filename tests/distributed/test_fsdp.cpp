@@ -287,5 +287,23 @@ TEST(Fsdp, FrozenParametersStayUnchangedAndTheRestMatchesOneProcess) {
   }
 }
 
+// full_parameter(name) gathers one parameter's flat alone and gives what full_parameters() gives for
+// it, bit for bit, after training has made every rank's shard different; an unknown name is an error
+// on every rank (before any collective, so no rank waits for another).
+TEST(Fsdp, FullParameterIsTheGatheredParameter) {
+  const int rank = world().rank(), n = world().size();
+  FullyShardedDataParallel fsdp(make_vit(kTinyVit, 21), world_group());
+  optim::AdamW opt(fsdp.parameters(), 1e-2);
+  const Batch all = kBatches.global_batch(2 * n, 0);
+  cross_entropy(fsdp(all.images.narrow(rank * 2, 2)), all.labels.narrow(rank * 2, 2)).backward();
+  opt.step(), opt.zero_grad();
+  for (const auto& [name, expected] : fsdp.full_parameters()) {
+    const Tensor got = fsdp.full_parameter(name);
+    EXPECT_EQ(got.shape(), expected.shape()) << name;
+    EXPECT_EQ(got.to_vector<float>(), expected.to_vector<float>()) << name;
+  }
+  EXPECT_THROW(fsdp.full_parameter("blocks.0.mlp.no_such_layer.weight"), Error);
+}
+
 }  // namespace
 }  // namespace octet

@@ -73,19 +73,32 @@ std::string trace_path(const std::string& path, int rank, int world) {
 // The FP8 numbers of one Linear (--fp8-log-layer) on log steps: its scales and amaxes, and how far
 // its FP8 output is from the bf16 output of the same input and weights, measured by a forward hook
 // (the extra GEMM and reductions are counted in those steps' step_ms).
+//
+// The error is ||y_fp8 - y_bf16|| / ||y_bf16|| over the log step's first micro-batch on every rank:
+// each rank sums the two squares over its own images, and under DDP and FSDP the sums are added over
+// the ranks, so the number describes the whole global batch, as the logged loss and the
+// (max-reduced) amaxes do, and one process at --batch-size N·B logs the same number to rounding.
+// Under FSDP the hook runs inside the unit's forward, while the unit is gathered, so the weight it
+// reads is the gathered one. With --fp8-all-gather the FP8 pass gathers that weight as E4M3 bytes
+// only and the parameter holds no data: on log steps the monitor gathers the bf16 weight itself
+// before the step (one flat's all-gather, every rank), the values the bf16 gather would have given.
 class Fp8LayerMonitor {
  public:
-  Fp8LayerMonitor(std::shared_ptr<nn::Linear> layer, std::string name)
-      : layer_(std::move(layer)), name_(std::move(name)) {
+  Fp8LayerMonitor(std::shared_ptr<nn::Linear> layer, std::string name, distributed::ProcessGroup* group,
+                  distributed::FullyShardedDataParallel* fp8_all_gather_fsdp)
+      : layer_(std::move(layer)), name_(std::move(name)), group_(group), fp8_all_gather_fsdp_(fp8_all_gather_fsdp) {
     hook_ = layer_->register_forward_hook([this](nn::Module&, const Tensor& input, const Tensor& output) {
       if (measure_next_forward_) {
         measure_next_forward_ = false;
-        // FSDP's FP8 all-gather hands the layer its weight in FP8 only: there is no bf16 weight to
-        // compare with, and the error is reported as null.
-        if (!layer_->weight.storage()->allocated()) return Tensor();
+        const Tensor weight = layer_->weight.storage()->allocated() ? layer_->weight : gathered_weight_;
+        OCTET_CHECK(weight.defined(), "--fp8-log-layer ", name_, ": the layer's weight holds no data in its forward "
+                    "and none was gathered for it; the FP8 monitor cannot compute the bf16 output");
         NoGradGuard no_grad;
         // The plain path of Linear::forward: bf16 GEMM, f32 accumulation.
-        rel_error_ = relative_error(output, linear(input, layer_->weight, layer_->bias));
+        const Tensor reference = linear(input, weight, layer_->bias);
+        diff_squares_ = kernels::sum_of_squares(kernels::sub(output, reference));
+        reference_squares_ = kernels::sum_of_squares(reference);
+        gathered_weight_ = Tensor();
       }
       return Tensor();  // the layer's output goes on unchanged
     });
@@ -95,16 +108,29 @@ class Fp8LayerMonitor {
   Fp8LayerMonitor& operator=(const Fp8LayerMonitor&) = delete;
 
   // The layer's next forward also computes its bf16 output (once: a log step's training forward).
+  // Before the step, on every rank: under --fp8-all-gather it gathers the layer's weight.
   void measure_next_forward() {
     measure_next_forward_ = true;
-    rel_error_ = std::numeric_limits<double>::quiet_NaN();
+    diff_squares_ = reference_squares_ = std::numeric_limits<double>::quiet_NaN();
+    if (fp8_all_gather_fsdp_) {
+      gathered_weight_ = fp8_all_gather_fsdp_->full_parameter(name_ + ".weight").to(layer_->weight.dtype());
+    }
   }
 
-  // Reads the layer's state (a host sync): call it on log steps only, after the step.
+  // Reads the layer's state (a host sync) and adds the squares over the ranks (a collective): call
+  // it on every rank on log steps only, after the step.
   json numbers() const {
     OCTET_CHECK(layer_->fp8_state != nullptr, "--fp8-log-layer ", name_, " has not run in FP8; pass a Linear "
                 "of the transformer blocks");
     const nn::Fp8LinearState::Snapshot s = layer_->fp8_state->snapshot();
+    double diff = diff_squares_, ref = reference_squares_;
+    if (group_ && group_->size() > 1) {
+      const Tensor sums = from_vector<double>({diff, ref}, {2}, DType::f64, group_->device());
+      group_->all_reduce(sums, distributed::ReduceOp::Sum)->wait();
+      const std::vector<double> summed = sums.to_vector<double>();
+      diff = summed[0], ref = summed[1];
+    }
+    const double rel_error = ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
     return {{"layer", name_},
             {"input_scale", s.input_scale},
             {"weight_scale", s.weight_scale},
@@ -112,22 +138,20 @@ class Fp8LayerMonitor {
             {"input_amax", s.input_amax},
             {"weight_amax", s.weight_amax},
             {"grad_output_amax", s.grad_output_amax},
-            {"output_rel_error_vs_bf16", std::isnan(rel_error_) ? json(nullptr) : json(rel_error_)}};
+            {"output_rel_error_vs_bf16", std::isnan(rel_error) ? json(nullptr) : json(rel_error)}};
   }
 
  private:
-  // ||a - b|| / ||b|| over all elements: the difference (in a's dtype) and both sums of squares (in
-  // double) on the tensors' device, so only two numbers come back to the host.
-  static double relative_error(const Tensor& a, const Tensor& b) {
-    const double diff = kernels::sum_of_squares(kernels::sub(a, b)), ref = kernels::sum_of_squares(b);
-    return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
-  }
-
   std::shared_ptr<nn::Linear> layer_;
   std::string name_;
+  distributed::ProcessGroup* group_;                          // null in one process
+  distributed::FullyShardedDataParallel* fp8_all_gather_fsdp_;  // set under FSDP with --fp8-all-gather
   size_t hook_ = 0;
   bool measure_next_forward_ = false;
-  double rel_error_ = std::numeric_limits<double>::quiet_NaN();
+  Tensor gathered_weight_;  // the bf16 weight for the next measurement, under --fp8-all-gather
+  // The measured forward's sums of squares on this rank: of y_fp8 - y_bf16 and of y_bf16 (NaN unmeasured).
+  double diff_squares_ = std::numeric_limits<double>::quiet_NaN();
+  double reference_squares_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 // How long each step took, measured without a host sync. On a GPU: CUDA events recorded on the
@@ -187,7 +211,10 @@ TrainReport::TrainReport(const RunOptions& o, models::VisionTransformer& model, 
     metrics_.open(o.metrics, o.resume.empty() ? std::ios::trunc : std::ios::app);
     OCTET_CHECK(metrics_.good(), "cannot open --metrics file ", o.metrics, " for writing; pass a writable path");
   }
-  if (fp8_layer) fp8_monitor_ = std::make_unique<Fp8LayerMonitor>(std::move(fp8_layer), o.fp8_log_layer);
+  if (fp8_layer) {
+    fp8_monitor_ = std::make_unique<Fp8LayerMonitor>(std::move(fp8_layer), o.fp8_log_layer, group,
+                                                     o.fp8_all_gather ? parallel.fsdp() : nullptr);
+  }
   if (!o.trace.empty()) module_tracer_ = std::make_unique<nn::ModuleTracer>(model, /*max_depth=*/2);
   trace_first_ = first_step + 1 < total_steps ? first_step + 1 : first_step;
   trace_end_ = trace_first_ + o.trace_steps;

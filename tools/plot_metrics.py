@@ -15,17 +15,79 @@ Panels with nothing to show are left out. Each run is labelled by --labels, or e
 name and its precision.
 
 Uses matplotlib (Debian's python3-matplotlib, which tools/setup.sh installs); nothing else outside
-the standard library.
+the standard library. When the python3 running this script has no matplotlib (pyenv, conda and
+virtual environments come first on PATH and do not see Debian's packages), the script runs itself
+again with the first python3 on PATH that has it; where none has, it says which package to install.
 """
 import argparse
 import json
 import os
+import subprocess
 import sys
 
-import matplotlib
+INSTALL_HINT = ("install Debian's python3-matplotlib (sudo apt-get install python3-matplotlib, or bash "
+                "tools/setup.sh), or pip install matplotlib into the environment of the python3 you run")
+# Interpreters already tried by an earlier run of this script, so that it never runs itself in a loop.
+TRIED_ENV = "OCTET_PLOT_METRICS_TRIED"
 
-matplotlib.use("Agg")  # files only: no display needed
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+def has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pythons_on_path():
+    """Every python3 on PATH, in PATH order, each file once."""
+    seen, found = set(), []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(folder or ".", "python3")
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
+        key = os.path.realpath(candidate)
+        if key not in seen:
+            seen.add(key)
+            found.append(candidate)
+    return found
+
+
+def python_with_matplotlib(exclude=()):
+    """The first python3 on PATH, other than those in `exclude`, that can import matplotlib; or None."""
+    skip = {os.path.realpath(p) for p in exclude}
+    for candidate in pythons_on_path():
+        if os.path.realpath(candidate) in skip:
+            continue
+        try:
+            probe = subprocess.run([candidate, "-c", "import matplotlib"], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+def ensure_matplotlib():
+    """Returns when this interpreter has matplotlib. Else runs this script again under the first
+    python3 on PATH that has it (never returns), or exits with one line naming the package to install.
+    The python3 that runs the script is probed too: the same file may see other packages when run
+    without options. Each interpreter run this way is remembered in the environment and not run again,
+    so the script cannot run itself in a loop."""
+    if has_matplotlib():
+        return
+    tried = [p for p in os.environ.get(TRIED_ENV, "").split(os.pathsep) if p]
+    other = python_with_matplotlib(exclude=tried)
+    if other is None:
+        names = ", ".join(dict.fromkeys([sys.executable] + pythons_on_path()))
+        print(f"plot_metrics: no python3 here has matplotlib (tried {names}); {INSTALL_HINT}", file=sys.stderr)
+        sys.exit(3)
+    env = dict(os.environ, **{TRIED_ENV: os.pathsep.join(tried + [other])})
+    sys.stdout.flush()
+    os.execve(other, [other, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+
 
 
 def read_run(path):
@@ -81,6 +143,12 @@ def main():
         sys.exit(f"plot_metrics: {len(args.labels)} labels for {len(args.metrics)} metrics files; give one each")
 
     runs = [read_run(p) for p in args.metrics]
+    ensure_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
     labels = args.labels or [label_of(p, r) for p, r in zip(args.metrics, runs)]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 

@@ -49,9 +49,11 @@ def errors(name):
     return out
 bf16, fp8, single = errors("bf16_gather"), errors("fp8_gather"), errors("single")
 if bf16 != fp8:
-    sys.exit("FAIL: the two gathers log different errors: " + str([(s, bf16[s], fp8[s]) for s in bf16 if bf16[s] != fp8[s]]))
+    differ = [(s, bf16[s], fp8[s]) for s in bf16 if bf16[s] != fp8[s]]
+    sys.exit(f"FAIL: the two gathers log different errors (step, bf16 gather, FP8 gather): {differ}")
 if bf16[1] != single[1]:
-    sys.exit(f"FAIL: step 1: FSDP logs {bf16[1]!r}, one process {single[1]!r}; the same forward must give the same number")
+    sys.exit(f"FAIL: step 1: FSDP logs {bf16[1]!r}, one process {single[1]!r}; the same forward must give "
+             f"the same number")
 gap, step = max((abs(bf16[s] - single[s]) / single[s], s) for s in single)
 print(f"{steps} steps at 2 ranks: output error vs bf16 of blocks.0.mlp.fc1 finite at every step, the same bit for bit "
       f"with both gathers; step 1 {bf16[1]:.6e} as one process; later within {gap:.2e} of one process (step {step})")

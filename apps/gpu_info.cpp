@@ -2,7 +2,10 @@
 // the versions of the CUDA runtime, cuBLASLt, cuDNN and NCCL as the loaded libraries report them
 // (cudnnGetVersion() and the like, not the headers Octet was compiled with), each with the file
 // it was loaded from. A library older than the headers, or taken from an unexpected folder, is
-// the first thing to rule out when a GPU run misbehaves.
+// the first thing to rule out when a GPU run misbehaves. (The programs are compiled against the CUDA
+// toolkit's NCCL headers and run against whichever libnccl.so.2 the loader finds, the GPU bundle's
+// own where it carries one: NCCL keeps its ABI within major version 2.) Last, whether that NCCL
+// lets several ranks share one GPU, given NCCL_MULTI_RANK_GPU_ENABLE (distributed/nccl_shared_device.h).
 //
 //   build/bin/gpu_info                 human-readable
 //   build/bin/gpu_info --json          one JSON object (tools/gpu_check.sh keeps it with its logs)
@@ -15,9 +18,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "distributed/nccl_shared_device.h"
 
 namespace {
 
@@ -27,9 +33,6 @@ std::string cudnn_version(size_t v) {  // 9.x: major·10000 + minor·100 + patch
   return std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." + std::to_string(v % 100);
 }
 std::string cublas_version(size_t v) {  // major·10000 + minor·100 + patch
-  return std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." + std::to_string(v % 100);
-}
-std::string nccl_version(int v) {  // from 2.9: major·10000 + minor·100 + patch
   return std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." + std::to_string(v % 100);
 }
 
@@ -101,8 +104,15 @@ int main(int argc, char** argv) {
                       {"file", loaded_from("libcublasLt")}};
   int nccl = 0;
   ncclGetVersion(&nccl);
-  info["nccl"] = {{"version", nccl_version(nccl)}, {"compiled", nccl_version(NCCL_VERSION_CODE)},
+  info["nccl"] = {{"version", octet::distributed::nccl_version_string(nccl)},
+                  {"compiled", octet::distributed::nccl_version_string(NCCL_VERSION_CODE)},
                   {"file", loaded_from("libnccl")}};
+  // Several ranks on one GPU over NCCL: what NcclProcessGroup would decide here.
+  const char* multi_rank = std::getenv(octet::distributed::kNcclMultiRankGpuVariable);
+  const std::string refusal = octet::distributed::nccl_shared_device_refusal(nccl, multi_rank, "ranks sharing a GPU");
+  info["nccl"]["multi_rank_gpu"] = {{"allowed", refusal.empty()},
+                                    {"variable", multi_rank ? nlohmann::json(multi_rank) : nlohmann::json(nullptr)},
+                                    {"refusal", refusal}};
   info["driver_file"] = loaded_from("libcuda");
 
   if (as_json) {
@@ -125,6 +135,11 @@ int main(int argc, char** argv) {
       std::printf("%-9s %s (compiled against %s) from %s\n", lib, l["version"].get<std::string>().c_str(),
                   l["compiled"].get<std::string>().c_str(), l["file"].get<std::string>().c_str());
     }
+    std::printf("ranks sharing a GPU over NCCL: %s\n",
+                refusal.empty() ? ("allowed (NCCL " + info["nccl"]["version"].get<std::string>() + ", " +
+                                   octet::distributed::kNcclMultiRankGpuVariable + "=" + multi_rank + ")")
+                                      .c_str()
+                                : ("refused: " + refusal).c_str());
   }
   if (require_gpu && count == 0) {
     std::fprintf(stderr, "gpu_info: no CUDA device is visible (%s); check the driver and CUDA_VISIBLE_DEVICES\n",

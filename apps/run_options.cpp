@@ -53,7 +53,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "are logged at every --log-every step")
       ->each([&o](const std::string&) { o.fp8.given.emplace_back("--fp8-log-layer"); })
       ->capture_default_str();
-  app.add_option("--device", o.device, "auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N")
+  app.add_option("--device", o.device, "auto (the first GPU if there is one, else the CPU; under mpirun the local "
+                 "rank's GPU), cpu, cuda or cuda:N (under mpirun: every rank on GPU N)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for weights, shuffling and dropout")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
@@ -142,8 +143,10 @@ void check_run_options(RunOptions& o) {
   o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;
   OCTET_CHECK(o.world_size == 1 || o.parallel != "none", "mpirun started ", o.world_size, " ranks but --parallel is "
               "none, so each would train alone on the same data; pass --parallel ddp or fsdp");
-  // One GPU per rank: the local rank's.
-  if (o.device == "auto") o.device = cuda::is_available() ? fmt::format("cuda:{}", launch.local_rank) : "cpu";
+  // One GPU per rank: the local rank's. An explicit --device cuda:N puts every rank on GPU N (under
+  // NCCL that needs NCCL 2.30 or newer with NCCL_MULTI_RANK_GPU_ENABLE=1: distributed/nccl_shared_device.h).
+  const bool auto_device = o.device == "auto";
+  if (auto_device) o.device = cuda::is_available() ? fmt::format("cuda:{}", launch.local_rank) : "cpu";
   Device device;
   try {
     device = Device::parse(o.device);
@@ -155,6 +158,11 @@ void check_run_options(RunOptions& o) {
                 OCTET_HAS_CUDA ? "no CUDA device is visible on this machine"
                                : "this build has no CUDA backend (configured with OCTET_CUDA=OFF)",
                 "; pass --device cpu");
+    OCTET_CHECK(!auto_device || device.index < cuda::device_count(), "--device auto: rank ", launch.rank,
+                " is local rank ", launch.local_rank, " on its node, so its GPU is ", o.device, ", but this machine "
+                "has ", cuda::device_count(), " CUDA device(s); start at most ", cuda::device_count(),
+                " ranks per node, or put every rank on one GPU with --device cuda:0 (with --dist-backend mpi, or "
+                "NCCL 2.30 or newer and NCCL_MULTI_RANK_GPU_ENABLE=1)");
     OCTET_CHECK(device.index < cuda::device_count(), "--device ", o.device, ": this machine has ",
                 cuda::device_count(), " CUDA device(s); pick one of cuda:0..cuda:", cuda::device_count() - 1);
   }

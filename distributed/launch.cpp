@@ -131,10 +131,8 @@ std::shared_ptr<ProcessGroup> init_process_group(Device device, Backend backend,
 #if OCTET_HAS_CUDA
     OCTET_CHECK(device.is_cuda(), "the NCCL backend needs a CUDA device, not ", device.str(),
                 "; use the MPI backend on the CPU");
-    OCTET_CHECK(!info.under_mpirun || device.index == info.local_rank, "rank ", info.rank, " is local rank ",
-                info.local_rank, " on its node but asked NCCL for ", device.str(),
-                "; NCCL takes one GPU per rank: use cuda:", info.local_rank,
-                " (or let the device default), or the MPI backend to share a GPU between ranks");
+    // Any device: ranks that share one are checked against what the NCCL loaded allows, on every
+    // rank alike, by NcclProcessGroup (distributed/nccl_shared_device.h).
     group = std::make_shared<NcclProcessGroup>(device, options);
 #else
     OCTET_FAIL("the NCCL backend needs a CUDA build of Octet (this one has OCTET_CUDA=OFF); use the MPI backend");

@@ -31,9 +31,11 @@ Backend parse_backend(const std::string& name);
 
 // The job's process group for `device`:
 //   - under mpirun: initialises MPI (MPI_THREAD_MULTIPLE; finalised at exit), then Auto means NCCL
-//     for a CUDA device and MPI for the CPU. A CUDA device under NCCL must be the local rank's
-//     (cuda:<local_rank>): one GPU per rank. The MPI backend also takes CUDA tensors, staging them
-//     through host memory, so several ranks may share one GPU.
+//     for a CUDA device and MPI for the CPU. Under NCCL a rank usually takes its local rank's GPU
+//     (cuda:<local_rank>, what train_vit's --device auto picks); ranks given the same GPU need
+//     NCCL 2.30 or newer with NCCL_MULTI_RANK_GPU_ENABLE=1, and are refused with the fixes
+//     otherwise (nccl_process_group.h). The MPI backend also takes CUDA tensors, staging them
+//     through host memory, so any number of ranks may share one GPU with it.
 //   - without mpirun: world size 1. NCCL still works there (a one-rank communicator); Mpi and
 //     Auto on the CPU give a LocalProcessGroup.
 // Also sets the log prefix to "[rank r/w]" and registers the group with abort_job.

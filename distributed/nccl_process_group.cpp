@@ -15,14 +15,18 @@
 #include <fmt/format.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +37,7 @@
 #include "core/trace.h"
 #include "distributed/launch.h"
 #include "distributed/nccl_reduction.h"
+#include "distributed/nccl_shared_device.h"
 #include "kernels/cuda/elementwise_cuda.h"
 
 namespace octet::distributed {
@@ -47,24 +52,29 @@ constexpr std::chrono::milliseconds kWatchdogPeriod{200};
 // and the host's steady clock drift apart slowly, by far less than a microsecond in this time.
 constexpr std::chrono::seconds kClockAnchorLifetime{10};
 
-// Throws an octet::Error naming the NCCL call, the rank and NCCL's reason, and what to try.
-void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, int rank) {
+// Throws an octet::Error naming the NCCL call, the rank and NCCL's reason, and what to try (`hint`
+// when given, else one chosen from the result).
+void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm, int rank, const std::string& hint = "") {
   if (result == ncclSuccess) return;
   std::string detail;
-  // NCCL's last-error text is specific for these (which peer, which socket or CUDA call); for the
-  // others ncclGetErrorString says it all, and the last error may belong to an earlier call.
-  if (result == ncclSystemError || result == ncclRemoteError || result == ncclInternalError) {
+  // NCCL's last-error text is specific for these (which peer, which socket or CUDA call), and for any
+  // failure to make a communicator (no communicator yet: the call that just failed set it, e.g.
+  // "Multiple Ranks are using the same GPU/Partition. ..."); for the others ncclGetErrorString says
+  // it all, and the last error may belong to an earlier call.
+  if (comm == nullptr || result == ncclSystemError || result == ncclRemoteError || result == ncclInternalError) {
     const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last != '\0') detail = fmt::format(" ({})", last);
+    if (last != nullptr && *last != '\0') detail = fmt::format(" (NCCL: {})", last);
   }
-  const char* hint = result == ncclRemoteError || result == ncclSystemError
-                         ? "a peer rank may have died or the network failed; run with NCCL_DEBUG=WARN for details"
-                     : result == ncclInvalidUsage
-                         ? "every rank must issue the same collectives in the same order with the same sizes; "
-                           "run with NCCL_DEBUG=WARN for details"
-                         : "run with NCCL_DEBUG=WARN for NCCL's own log";
+  const std::string chosen =
+      !hint.empty() ? hint
+      : result == ncclRemoteError || result == ncclSystemError
+          ? "a peer rank may have died or the network failed; run with NCCL_DEBUG=WARN for details"
+      : result == ncclInvalidUsage && comm != nullptr
+          ? "every rank must issue the same collectives in the same order with the same sizes; "
+            "run with NCCL_DEBUG=WARN for details"
+          : "run with NCCL_DEBUG=WARN for NCCL's own log";
   OCTET_FAIL("NcclProcessGroup (rank ", rank, "): ", call, " failed: ", ncclGetErrorString(result), detail, "; ",
-             hint);
+             chosen);
 }
 
 // Rank and size of the job when MPI runs (mpirun), else a world of one. Free functions because the
@@ -350,6 +360,33 @@ struct ClockAnchor {
 
 }  // namespace
 
+// Every rank of the job learns every rank's host and GPU over MPI; all of them run this at the same
+// point (the job's ranks make the world group together), so all reach the same verdict.
+SharedGpuCheck check_shared_gpu(Device device) {
+  SharedGpuCheck check;
+  const int rank = world_rank(), size = world_size();
+  check_nccl(ncclGetVersion(&check.nccl_version), "ncclGetVersion", nullptr, rank);
+  if (size == 1) return check;
+  RankDevice mine;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  mine.host = std::hash<std::string>{}(host);
+  cudaDeviceProp properties{};
+  cuda::check(cudaGetDeviceProperties(&properties, device.index), "cudaGetDeviceProperties");
+  std::copy(std::begin(properties.uuid.bytes), std::end(properties.uuid.bytes), mine.uuid.begin());
+  mine.index = device.index;
+  std::vector<RankDevice> all(static_cast<size_t>(size));
+  OCTET_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, MPI_COMM_WORLD) ==
+                  MPI_SUCCESS,
+              "NcclProcessGroup (rank ", rank, "): MPI_Allgather of the ranks' GPUs failed");
+  const std::vector<int> sharing = largest_device_sharing(all);
+  if (sharing.size() < 2) return check;
+  check.who = fmt::format("{} share one GPU (cuda:{} of rank {})", describe_ranks(sharing),
+                          all[static_cast<size_t>(sharing.front())].index, sharing.front());
+  check.refusal = nccl_shared_device_refusal(check.nccl_version, std::getenv(kNcclMultiRankGpuVariable), check.who);
+  return check;
+}
+
 struct NcclProcessGroup::State {
   std::shared_ptr<Communicator> comm;
   // Recorded on the caller's stream before each collective; one event serves them all because the
@@ -466,6 +503,21 @@ NcclProcessGroup::NcclProcessGroup(Device device, ProcessGroupOptions options)
               "; pass a device below that count, or check CUDA_VISIBLE_DEVICES");
   cuda::DeviceGuard guard(device.index);
 
+  // Ranks sharing a GPU: refused here, on every rank alike, when the NCCL loaded will refuse them,
+  // with the fixes in the message (distributed/nccl_shared_device.h); rank 0 logs who shares.
+  const SharedGpuCheck shared = check_shared_gpu(device);
+  OCTET_CHECK(shared.refusal.empty(), "NcclProcessGroup (rank ", rank(), "): ", shared.refusal);
+  const std::string& sharing = shared.who;
+  if (!sharing.empty() && rank() == 0) {
+    const char* max_ctas = std::getenv("NCCL_MAX_CTAS");
+    logging::info("NCCL {}: {}, with {}={} (an experimental NCCL feature: NVIDIA supports up to 2 ranks per GPU "
+                  "with its default settings; {})",
+                  nccl_version_string(shared.nccl_version), sharing, kNcclMultiRankGpuVariable,
+                  std::getenv(kNcclMultiRankGpuVariable),
+                  max_ctas ? fmt::format("NCCL_MAX_CTAS={} here", max_ctas)
+                           : std::string("more may need NCCL_MAX_CTAS lowered"));
+  }
+
   // Rank 0 makes the id that names this communicator; every other rank gets its bytes over MPI.
   ncclUniqueId id{};
   if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", nullptr, rank());
@@ -474,7 +526,21 @@ NcclProcessGroup::NcclProcessGroup(Device device, ProcessGroupOptions options)
                 rank(), "): MPI_Bcast of the ncclUniqueId failed");
   }
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, size(), id, rank()), "ncclCommInitRank", nullptr, rank());
+  {
+    // ncclCommInitRank returns once every rank has joined: a rank that died or never calls it would
+    // leave the others here, where no watchdog looks.
+    const Deadline deadline(
+        options.timeout,
+        fmt::format("ncclCommInitRank of {} ranks has not finished on rank {} after {} s: a rank died or hangs{}",
+                    size(), rank(), options.timeout.count(),
+                    sharing.empty() ? "" : fmt::format(" ({}: NVIDIA's note for more than 2 ranks on one GPU is to "
+                                                       "lower NCCL_MAX_CTAS)", sharing)));
+    check_nccl(ncclCommInitRank(&comm, size(), id, rank()), "ncclCommInitRank", nullptr, rank(),
+               sharing.empty() ? ""
+                               : sharing + ", NCCL_MULTI_RANK_GPU_ENABLE is set, and NCCL refused all the same "
+                                           "(its words are in the parentheses); --dist-backend mpi shares a GPU "
+                                           "without NCCL");
+  }
   start(comm);
 }
 

@@ -1,9 +1,17 @@
 #pragma once
-// Collectives on CUDA tensors with NCCL: one GPU per rank (CUDA builds only).
+// Collectives on CUDA tensors with NCCL (CUDA builds only): one GPU per rank, or several ranks on
+// one GPU where the NCCL loaded allows it.
 //
 // Rank 0 makes the ncclUniqueId and MPI_Bcast sends it to every rank; each then joins with
-// ncclCommInitRank on its device. At world size 1 (no mpirun) the id is made locally and no MPI is
+// ncclCommInitRank on its device, under a deadline of the group's timeout (a rank that never joins
+// ends the job, naming the call). At world size 1 (no mpirun) the id is made locally and no MPI is
 // involved.
+//
+// Several ranks on one GPU (every rank given cuda:0, say): the ranks first exchange their hosts and
+// GPU UUIDs over MPI. If some share a GPU, NCCL 2.30 or newer with NCCL_MULTI_RANK_GPU_ENABLE=1 is
+// needed (an experimental NCCL feature); otherwise every rank throws the same error naming the
+// fixes (that variable, a newer NCCL, or the MPI backend), before NCCL is asked. Octet never sets
+// the variable itself. Rank 0 logs which ranks share a GPU. distributed/nccl_shared_device.h.
 //
 // Streams: every collective runs on this group's communication stream. Before it starts, the comm
 // stream waits for an event recorded on the caller's current stream (so the inputs are ready);
@@ -24,12 +32,25 @@
 // deadline thread ends the job (abort_job) if that takes longer than the group's timeout. The
 // subgroup has a communication stream, events and a watchdog of its own.
 #include <memory>
+#include <string>
 
 #include "distributed/process_group.h"
 
 struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*
 
 namespace octet::distributed {
+
+// Which ranks of the job share a GPU, and whether the NCCL library loaded accepts that
+// (distributed/nccl_shared_device.h): `who` is "" when no two ranks share one ("ranks 0-3 share
+// one GPU (cuda:0 of rank 0)" otherwise), `refusal` "" when NCCL will accept, else the error with
+// its fixes. A collective over MPI_COMM_WORLD when MPI runs (every rank calls it, with its own
+// device); nothing to check at world size 1. NcclProcessGroup runs it first; a test may run it to
+// skip, saying why, where the group would refuse.
+struct SharedGpuCheck {
+  std::string who, refusal;
+  int nccl_version = 0;  // the loaded library's, as ncclGetVersion gives it
+};
+SharedGpuCheck check_shared_gpu(Device device);
 
 class NcclProcessGroup : public ProcessGroup {
  public:

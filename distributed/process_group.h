@@ -7,7 +7,7 @@
 //   group->all_reduce(grads, ReduceOp::Avg)->wait();
 //
 // Backends (one code path above this interface):
-//   NcclProcessGroup (distributed/nccl_process_group.h)  CUDA tensors, one GPU per rank
+//   NcclProcessGroup (distributed/nccl_process_group.h)  CUDA tensors, one GPU per rank (or shared: NCCL ≥ 2.30)
 //   MpiProcessGroup  (distributed/mpi_process_group.h)   CPU tensors; CUDA tensors staged through
 //                                                        pinned host memory (several ranks per GPU)
 //   LocalProcessGroup (below)                            world size 1 without MPI: a program started

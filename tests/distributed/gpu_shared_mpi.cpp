@@ -2,9 +2,10 @@
 //
 //   mpirun -np 2 build/bin/test_gpu_shared_mpi
 //
-// NCCL takes one GPU per rank, so this is how several ranks share one GPU: MpiProcessGroup stages
-// CUDA tensors through host memory. Each rank's input is drawn from a seed that names the rank, so
-// every rank computes on the host, in f64, what all of them hold and what each collective must give.
+// NCCL before 2.30 takes one GPU per rank, so this is how several ranks share one GPU with any NCCL
+// (test_nccl_ranks is the NCCL 2.30 way): MpiProcessGroup stages CUDA tensors through host memory.
+// Each rank's input is drawn from a seed that names the rank, so every rank computes on the host, in
+// f64, what all of them hold and what each collective must give.
 //
 // main() is tests/distributed/mpi_main.cpp's (it starts MPI and reports failures from every rank);
 // these tests make their own group on cuda:0 beside its CPU world group. Started without mpirun

@@ -3,7 +3,8 @@
 // tell a wrong operation or element type. And the rule behind the bf16/f16 average: sum, then divide
 // by N in f32 and round once, which gives the correctly rounded quotient, where NCCL's own average
 // (inputs scaled by 1/N rounded to the dtype) is biased. And ProcessGroup::split's color for
-// ncclCommSplit.
+// ncclCommSplit, and whether ranks sharing a GPU are refused before NCCL is asked
+// (distributed/nccl_shared_device.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "core/float_formats.h"
 #include "distributed/nccl_reduction.h"
+#include "distributed/nccl_shared_device.h"
 #include "tests/testing.h"
 
 namespace octet::distributed {
@@ -156,6 +158,81 @@ TEST(NcclMapping, SumThenDivideHasNoBiasWhereNcclsBf16AverageHas) {
     EXPECT_LT(std::abs(bias_divided / scale), 3e-4) << "N = " << n;
     EXPECT_GT(std::abs(bias_nccl_avg / scale), 8e-4) << "N = " << n;
   }
+}
+
+// ---- several ranks on one GPU (distributed/nccl_shared_device.h) ----------------------------------
+
+RankDevice gpu(uint64_t host, unsigned char id, int index) {
+  RankDevice d;
+  d.host = host;
+  d.uuid.fill(0x5a);
+  d.uuid[15] = id;
+  d.index = index;
+  return d;
+}
+
+// Sharing is the same host and the same UUID, whatever index each rank knows the GPU by
+// (CUDA_VISIBLE_DEVICES renumbers); the same UUID on another host is another GPU.
+TEST(NcclSharedDevice, RanksShareAGpuWhenHostAndUuidAgree) {
+  const std::vector<RankDevice> one_per_rank = {gpu(1, 0, 0), gpu(1, 1, 1), gpu(2, 0, 0), gpu(2, 1, 1)};
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(ranks_sharing_device(one_per_rank, r), std::vector<int>{r});
+  EXPECT_EQ(largest_device_sharing(one_per_rank).size(), 1u);
+
+  const std::vector<RankDevice> all_on_gpu0 = {gpu(1, 0, 0), gpu(1, 0, 0), gpu(1, 0, 0), gpu(1, 0, 0)};
+  EXPECT_EQ(ranks_sharing_device(all_on_gpu0, 2), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(largest_device_sharing(all_on_gpu0), (std::vector<int>{0, 1, 2, 3}));
+
+  // Rank 3 sees GPU 0 as its cuda:0 under another CUDA_VISIBLE_DEVICES; ranks 1 and 2 are on GPU 1.
+  const std::vector<RankDevice> mixed = {gpu(1, 0, 0), gpu(1, 1, 1), gpu(1, 1, 1), gpu(1, 0, 1), gpu(2, 0, 0)};
+  EXPECT_EQ(ranks_sharing_device(mixed, 0), (std::vector<int>{0, 3}));
+  EXPECT_EQ(ranks_sharing_device(mixed, 2), (std::vector<int>{1, 2}));
+  EXPECT_EQ(ranks_sharing_device(mixed, 4), std::vector<int>{4});
+  EXPECT_EQ(largest_device_sharing(mixed), (std::vector<int>{0, 3})) << "ties go to the lowest rank's GPU";
+  EXPECT_EQ(describe_ranks({0, 3}), "ranks 0, 3");
+  EXPECT_EQ(describe_ranks({0, 1}), "ranks 0, 1");
+  EXPECT_EQ(describe_ranks({0, 1, 2, 3, 4, 5, 6, 7}), "ranks 0-7");
+  EXPECT_EQ(describe_ranks({2}), "rank 2");
+}
+
+// NCCL_MULTI_RANK_GPU_ENABLE as NCCL reads it: strtoll, base 0; empty or unparsable is 0.
+TEST(NcclSharedDevice, TheVariableIsReadAsNcclReadsIt) {
+  EXPECT_FALSE(multi_rank_gpu_enabled(nullptr));
+  EXPECT_FALSE(multi_rank_gpu_enabled(""));
+  EXPECT_FALSE(multi_rank_gpu_enabled("0"));
+  EXPECT_FALSE(multi_rank_gpu_enabled("0x0"));
+  EXPECT_FALSE(multi_rank_gpu_enabled("yes")) << "strtoll reads no digits: NCCL's 0";
+  EXPECT_TRUE(multi_rank_gpu_enabled("1"));
+  EXPECT_TRUE(multi_rank_gpu_enabled("2"));
+  EXPECT_TRUE(multi_rank_gpu_enabled("0x1"));
+  EXPECT_TRUE(multi_rank_gpu_enabled("-1"));
+}
+
+// Below 2.30 NCCL refuses whatever the variable says; from 2.30 it accepts with the variable on. Each
+// refusal names the ranks, the version, and the fixes: the variable, a newer NCCL, the MPI backend.
+TEST(NcclSharedDevice, RefusalsNameTheVersionTheVariableAndTheFixes) {
+  const std::string who = "ranks 0-3 share one GPU (cuda:0 of rank 0)";
+  EXPECT_EQ(nccl_version_string(22809), "2.28.9");
+  EXPECT_EQ(nccl_version_string(23007), "2.30.7");
+  for (const char* value : {static_cast<const char*>(nullptr), "1"}) {
+    const std::string old = nccl_shared_device_refusal(22809, value, who);
+    for (const char* part : {"ranks 0-3 share one GPU", "2.28.9", "Duplicate GPU detected", "NCCL 2.30 or newer",
+                             "NCCL_MULTI_RANK_GPU_ENABLE=1", "OCTET_BUNDLE_NCCL", "--dist-backend mpi"}) {
+      EXPECT_NE(old.find(part), std::string::npos) << part << " not in: " << old;
+    }
+  }
+  EXPECT_NE(nccl_shared_device_refusal(22907, "1", who), "") << "2.29.7 has no such switch";
+  for (const char* value : {static_cast<const char*>(nullptr), "0", ""}) {
+    const std::string off = nccl_shared_device_refusal(23007, value, who);
+    for (const char* part : {"ranks 0-3 share one GPU", "NCCL 2.30.7", "mpirun -x NCCL_MULTI_RANK_GPU_ENABLE=1",
+                             "Multiple Ranks are using the same GPU/Partition", "experimental", "NCCL_MAX_CTAS",
+                             "--dist-backend mpi"}) {
+      EXPECT_NE(off.find(part), std::string::npos) << part << " not in: " << off;
+    }
+    EXPECT_NE(off.find(value == nullptr ? "it is unset" : "it is '"), std::string::npos) << off;
+  }
+  EXPECT_EQ(nccl_shared_device_refusal(23000, "1", who), "");
+  EXPECT_EQ(nccl_shared_device_refusal(23007, "1", who), "");
+  EXPECT_EQ(nccl_shared_device_refusal(23203, "1", who), "");
 }
 
 }  // namespace

@@ -2,8 +2,11 @@
 // never finish without it. run_rank_main must end the whole job (MPI_Abort), naming the rank and the
 // exception, long before the group's collective timeout (300 s by default) would.
 //
-//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup
+//   mpirun -np 4 fault_rank_throws FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup [mpi|nccl]
 //
+// mpi (the default): the MPI backend on the CPU. nccl: the NCCL backend with every rank on GPU 0, the
+// case of tools/gpu_check.sh's nccl_ranks stage (NCCL 2.30 or newer with
+// NCCL_MULTI_RANK_GPU_ENABLE=1); the others then wait inside NCCL kernels on the GPU.
 // broadcast uses the failing rank as its root, so the others wait on the rank that died.
 // in_flight: the failing rank throws with an all_reduce issued but not waited on (a DDP bucket in
 // flight during backward), which the others join only 2 s later; its group is destroyed while the
@@ -27,14 +30,16 @@ using namespace octet;
 using namespace octet::distributed;
 
 int usage(const char* program) {
-  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup\n", program);
+  std::fprintf(stderr, "usage: %s FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup [mpi|nccl]\n",
+               program);
   return 2;
 }
 
-int run(int failing_rank, const std::string& stuck_in) {
+int run(int failing_rank, const std::string& stuck_in, bool nccl) {
   // The default options on purpose: their timeout is far beyond the 60 s the job has to end in,
   // so only the failing rank's abort can end it in time.
-  const std::shared_ptr<ProcessGroup> group = init_process_group(Device::cpu(), Backend::Mpi);
+  const Device device = nccl ? Device::cuda(0) : Device::cpu();
+  const std::shared_ptr<ProcessGroup> group = init_process_group(device, nccl ? Backend::Nccl : Backend::Mpi);
   const int rank = group->rank(), n = group->size();
   if (failing_rank < 0 || failing_rank >= n) {
     throw std::invalid_argument("FAILING_RANK " + std::to_string(failing_rank) + " is not a rank of " +
@@ -43,7 +48,7 @@ int run(int failing_rank, const std::string& stuck_in) {
 
   // A few healthy steps first, so the failure comes in the middle of a working job.
   for (int step = 0; step < 3; ++step) {
-    const Tensor t = full({1001}, rank + 1.0);
+    const Tensor t = full({1001}, rank + 1.0, DType::f32, device);
     group->all_reduce(t, ReduceOp::Sum)->wait();
     const double expected = n * (n + 1) / 2.0;
     for (double v : t.to_vector<double>()) {
@@ -51,7 +56,7 @@ int run(int failing_rank, const std::string& stuck_in) {
     }
   }
 
-  const Tensor t = full({1001}, rank + 1.0);
+  const Tensor t = full({1001}, rank + 1.0, DType::f32, device);
   if (stuck_in == "subgroup") {
     const std::shared_ptr<ProcessGroup> pair = group->split(rank / 2, rank);
     pair->all_reduce(t)->wait();  // a healthy one first
@@ -86,12 +91,13 @@ int run(int failing_rank, const std::string& stuck_in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return usage(argv[0]);
-  const std::string stuck_in = argv[2];
-  if (stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast" && stuck_in != "in_flight" &&
-      stuck_in != "subgroup") {
+  if (argc != 3 && argc != 4) return usage(argv[0]);
+  const std::string stuck_in = argv[2], backend = argc == 4 ? argv[3] : "mpi";
+  if ((stuck_in != "all_reduce" && stuck_in != "barrier" && stuck_in != "broadcast" && stuck_in != "in_flight" &&
+       stuck_in != "subgroup") ||
+      (backend != "mpi" && backend != "nccl")) {
     return usage(argv[0]);
   }
   const int failing_rank = std::atoi(argv[1]);
-  return run_rank_main([&] { return run(failing_rank, stuck_in); });
+  return run_rank_main([&] { return run(failing_rank, stuck_in, backend == "nccl"); });
 }

@@ -2,16 +2,18 @@
 # A rank that throws must end the whole mpirun job: non-zero exit, in under 60 s, with a message that
 # names the failing rank and the exception (issue 6, Faults).
 #
-#   fault_test.sh MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup
+#   fault_test.sh MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup [mpi|nccl]
 #
 # FAULT_PROGRAM is fault_rank_throws: every rank runs a few all_reduces, then FAILING_RANK throws
-# std::runtime_error("injected failure") while the others wait in the named collective.
+# std::runtime_error("injected failure") while the others wait in the named collective. The backend
+# is MPI on the CPU (the default; CTest), or NCCL with every rank on GPU 0 (tools/gpu_check.sh's
+# nccl_ranks stage, which also sets NCCL_MULTI_RANK_GPU_ENABLE=1).
 set -u
-if [ $# -ne 5 ]; then
-  echo "usage: $0 MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup" >&2
+if [ $# -ne 5 ] && [ $# -ne 6 ]; then
+  echo "usage: $0 MPIRUN FAULT_PROGRAM NP FAILING_RANK all_reduce|barrier|broadcast|in_flight|subgroup [mpi|nccl]" >&2
   exit 2
 fi
-mpirun=$1 program=$2 np=$3 failing_rank=$4 collective=$5
+mpirun=$1 program=$2 np=$3 failing_rank=$4 collective=$5 backend=${6:-mpi}
 limit_s=60
 
 # OpenMPI refuses to start as root without these (containers, CI).
@@ -25,12 +27,12 @@ trap 'rm -f "$log"' EXIT
 start=$(date +%s.%N)
 # The outer timeout only guards against a hang (exit 124); the test fails well before it matters.
 timeout -k 10 120 "$mpirun" --oversubscribe --bind-to none --mca btl self,vader -np "$np" \
-  "$program" "$failing_rank" "$collective" >"$log" 2>&1
+  "$program" "$failing_rank" "$collective" "$backend" >"$log" 2>&1
 status=$?
 end=$(date +%s.%N)
 elapsed=$(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.1f", e - s }')
 
-echo "---- mpirun -np $np $(basename "$program") $failing_rank $collective: exit $status after ${elapsed} s ----"
+echo "---- mpirun -np $np $(basename "$program") $failing_rank $collective $backend: exit $status after ${elapsed} s ----"
 cat "$log"
 echo "----"
 
@@ -55,4 +57,4 @@ if grep -q "finished without rank" "$log"; then
 fi
 
 if [ "$failures" -gt 0 ]; then exit 1; fi
-echo "PASS: rank $failing_rank's exception ended all $np ranks in ${elapsed} s with exit $status"
+echo "PASS: rank $failing_rank's exception ended all $np ranks ($backend) in ${elapsed} s with exit $status"

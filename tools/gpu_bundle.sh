@@ -2,7 +2,20 @@
 # Packs Octet's CUDA programs, with every library a bare GPU machine lacks, into one file that runs
 # there with no compiler, no Debian packages and no network:
 #
-#   bash tools/gpu_bundle.sh [OUT]        OUT/bundle.tar.xz and OUT/MANIFEST (OUT: build-gpu-bundle)
+#   bash tools/gpu_bundle.sh [--nccl FILE] [OUT]   OUT/bundle.tar.xz and OUT/MANIFEST (OUT: build-gpu-bundle)
+#
+# --nccl FILE (or OCTET_BUNDLE_NCCL=FILE): an NCCL library to carry, libnccl.so.2.* or that file
+# packed with xz (.xz), with its license text beside it as LICENSE.txt (or --nccl-license FILE,
+# OCTET_BUNDLE_NCCL_LICENSE). Without one the bundle carries no NCCL, as below. With one it goes to
+# nccl/lib/libnccl.so.2 with its license in nccl/, env.sh puts it ahead of the machine's NCCL, and
+# MANIFEST's nccl line says which NCCL it is: its version (ncclGetVersion), sha256, the GPU
+# architectures of its kernels, and the file it came from. It must be NCCL 2 (the programs are
+# compiled against the toolkit's NCCL 2 headers; NCCL keeps its ABI within a major version), load
+# nothing but glibc and the GCC runtime, and hold sm_90 kernels. The reason to carry one: NCCL 2.30
+# and later let several ranks share one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1), which the GPU machine's
+# own NCCL may not; built from NCCL's source for sm_90 alone (NVCC_GENCODE="-gencode=arch=compute_90,
+# code=sm_90", and --no-compress so that xz sees the kernels) and stripped, it adds about 5 MiB to
+# the bundle.
 #
 # then, on the GPU machine, from the repository root with OUT beside it:
 #
@@ -13,7 +26,8 @@
 # the targets below that are out of date. The bundle, unpacked:
 #
 #   bin/        the programs: the GPU tests, train_vit, bench_vit, bench_kernels, gpu_info, the CPU
-#               suites and the mpi suites, stripped, with RUNPATH $ORIGIN/../lib
+#               suites, the mpi suites, the NCCL tests at several ranks (test_nccl_ranks) and
+#               fault_rank_throws, stripped, with RUNPATH $ORIGIN/../lib
 #   lib/        the libraries they need that the machine may lack: spdlog, fmt, OpenBLAS and its
 #               Fortran runtime, zlib, the CUDA runtime, OpenMPI's libraries, PMIx, hwloc, libevent
 #   lib-gcc/    the GCC runtime (libstdc++, libgcc_s, libgomp): env.sh uses it unless the machine's
@@ -21,13 +35,19 @@
 #   openmpi/    OpenMPI's launcher (mpirun, orted), its MCA components and help texts, and a
 #               parameter file for one machine without ssh (plm = isolated); pmix/ likewise
 #   fashion-mnist/  the first 12,000 training images and the test set, for the train stage
-#   env.sh      `source` it: PATH, LD_LIBRARY_PATH (the bundle, then the machine's cuBLAS, cuDNN,
-#               NCCL and NVRTC), OPAL_* and PMIX_* so that OpenMPI finds itself in the bundle
-#   MANIFEST    the commit, the build, and every file with the path it was taken from
+#   nccl/       only with --nccl: lib/libnccl.so.2 and NCCL's LICENSE.txt
+#   licenses/   the license of everything else the bundle redistributes: each Debian package's
+#               copyright file (/usr/share/doc/PACKAGE/copyright) for the files taken from it, and the
+#               license files of the wheel a CUDA library came from (the CUDA runtime's EULA)
+#   env.sh      `source` it: PATH, LD_LIBRARY_PATH (the bundle, its NCCL if any, then the machine's
+#               cuBLAS, cuDNN, NCCL and NVRTC), OPAL_* and PMIX_* so that OpenMPI finds itself in the
+#               bundle
+#   MANIFEST    the commit, the build, the NCCL carried (if any), and every file with the path it was
+#               taken from and the license file that covers it
 #
-# Never carried: NCCL, cuBLAS and cuBLASLt, cuDNN, NVRTC and the driver. They are hundreds of MB
-# and the GPU machine has them (its CUDA toolkit, or NVIDIA's wheels beside PyTorch); env.sh finds
-# them. Also left out: OpenMPI's components for fabrics (UCX, libfabric, verbs, PSM), which one
+# Never carried: cuBLAS and cuBLASLt, cuDNN, NVRTC and the driver, and NCCL unless --nccl gives it.
+# They are hundreds of MB and the GPU machine has them (its CUDA toolkit, or NVIDIA's wheels beside
+# PyTorch); env.sh finds them. Also left out: OpenMPI's components for fabrics (UCX, libfabric, verbs, PSM), which one
 # machine does not use and whose libraries are large. The bundle must stay within 40 MiB
 # (OCTET_BUNDLE_MAX_MIB): the programs all hold the same CUDA kernels, so they are compressed
 # together with a dictionary large enough to see that (xz, 256 MiB window; 185 MB -> about 8 MB).
@@ -36,12 +56,34 @@
 # loads comes from, the CPU suites from the unpacked bundle, and mpirun from the bundle at 2 ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-build-gpu-bundle}
+nccl_given=${OCTET_BUNDLE_NCCL:-} nccl_license=${OCTET_BUNDLE_NCCL_LICENSE:-} out=build-gpu-bundle
+while (($#)); do
+  case $1 in
+    --nccl) nccl_given=${2:?--nccl needs a file}; shift 2 ;;
+    --nccl-license) nccl_license=${2:?--nccl-license needs a file}; shift 2 ;;
+    -*) echo "gpu_bundle: unknown flag $1 (flags: --nccl FILE, --nccl-license FILE; then OUT)" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+  esac
+done
+# The NCCL to carry, checked before anything is built: a file, and the license text that must travel
+# with it (Apache-2.0 asks that every copy come with one).
+if [[ -n $nccl_given ]]; then
+  [[ -f $nccl_given ]] || { echo "gpu_bundle: --nccl $nccl_given: no such file" >&2; exit 2; }
+  nccl_given=$(readlink -f "$nccl_given")
+  nccl_license=${nccl_license:-$(dirname "$nccl_given")/LICENSE.txt}
+  if [[ ! -s $nccl_license ]]; then
+    echo "gpu_bundle: no license text for $nccl_given: $nccl_license does not exist. NCCL's license (LICENSE.txt" \
+         "in NCCL's source) must travel with the library; pass it with --nccl-license FILE" >&2
+    exit 2
+  fi
+  nccl_license=$(readlink -f "$nccl_license")
+fi
 build=build
 max_mib=${OCTET_BUNDLE_MAX_MIB:-40}
 programs=(gpu_info test_cuda train_vit bench_vit bench_kernels
           test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps test_local_group test_nccl_mapping
-          test_collectives test_ddp test_fsdp test_fsdp_fp8 test_fsdp_checkpoint test_gpu_shared_mpi)
+          test_collectives test_ddp test_fsdp test_fsdp_fp8 test_fsdp_checkpoint test_gpu_shared_mpi test_nccl_ranks
+          fault_rank_throws)
 # Packed when the build defines them (tools/gpu_check.sh runs each one it finds).
 optional_programs=()
 
@@ -185,17 +227,141 @@ else
        "train stage will use synthetic images" >&2
 fi
 
+# ---- NCCL, when given ----------------------------------------------------------------------------------
+nccl_line=""
+if [[ -n $nccl_given ]]; then
+  nccl_refused() { echo "gpu_bundle: --nccl $nccl_given: $*" >&2; exit 2; }
+  mkdir -p "$stage/nccl/lib"
+  nccl_so=$stage/nccl/lib/libnccl.so.2
+  nccl_how=""
+  if [[ $nccl_given == *.xz ]]; then
+    xz -dc "$nccl_given" > "$nccl_so" || nccl_refused "xz could not unpack it"
+    nccl_how=" (unpacked from xz)"
+  else
+    cp -L "$nccl_given" "$nccl_so"
+  fi
+  chmod 0755 "$nccl_so"
+  soname=$(readelf -d "$nccl_so" 2> /dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+  [[ $soname == libnccl.so.2 ]] ||
+    nccl_refused "its soname is '${soname:-none (not a shared library)}', not libnccl.so.2: the programs load libnccl.so.2"
+  # What it loads besides: glibc and the GCC runtime only, which the bundle and every machine have.
+  nccl_loads=$(ldd "$nccl_so" | awk '$2 == "=>" {print $1}' | { grep -Ev "$glibc|$gcc_runtime" || true; } | paste -sd' ')
+  [[ -z $nccl_loads ]] || nccl_refused "it loads $nccl_loads, which the bundle does not carry"
+  # The version the library itself reports (ncclGetVersion needs no GPU), and the GPU architectures
+  # of its kernels, from the fat binaries in its .nv_fatbin section.
+  nccl_code=$(python3 -c 'import ctypes, sys
+v = ctypes.c_int(0)
+print(v.value if ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v)) == 0 else -1)' "$nccl_so") ||
+    nccl_refused "loading it to ask ncclGetVersion failed"
+  ((nccl_code >= 20900 && nccl_code / 10000 == 2)) ||
+    nccl_refused "ncclGetVersion says $nccl_code: not NCCL 2.9 or newer within major version 2, whose ABI the programs were built for"
+  nccl_version=$((nccl_code / 10000)).$((nccl_code % 10000 / 100)).$((nccl_code % 100))
+  nccl_kernels=$(python3 - "$nccl_so" <<'PY'
+# Each fat binary: a header (magic 0xBA55ED50, version, header size, size), then entries: kind (1 PTX,
+# 2 ELF cubin), header size, payload size, and at byte 28 the architecture (90 for sm_90).
+import struct, subprocess, sys
+path = sys.argv[1]
+sections = subprocess.run(["readelf", "-W", "-S", path], capture_output=True, text=True).stdout
+found = [line.split("]", 1)[1].split() for line in sections.splitlines() if " .nv_fatbin " in line]
+kinds = {}
+if found:
+    offset, size = int(found[0][3], 16), int(found[0][4], 16)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    pos = 0
+    while pos + 16 <= len(data):
+        magic, _, header, fat = struct.unpack_from("<IHHQ", data, pos)
+        if magic != 0xBA55ED50:
+            pos += 8
+            continue
+        entry, end = pos + header, pos + header + fat
+        while entry + 32 <= end:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
+            arch = struct.unpack_from("<I", data, entry + 28)[0]
+            name = {1: "compute", 2: "sm"}.get(kind, f"kind{kind}") + f"_{arch}"
+            kinds[name] = kinds.get(name, 0) + 1
+            if entry_header == 0:
+                break
+            entry += entry_header + payload
+        pos = end
+print(",".join(sorted(kinds, key=lambda k: (int(k.split("_")[-1]), k))))
+PY
+)
+  [[ ,$nccl_kernels, == *,sm_90,* || ,$nccl_kernels, =~ ,compute_([0-8][0-9]|90), ]] ||
+    nccl_refused "it holds no kernels for the GPU machine's sm_90 (H100, H200): ${nccl_kernels:-no fat binaries found}"
+  cp "$nccl_license" "$stage/nccl/LICENSE.txt"
+  printf 'nccl/lib/libnccl.so.2 <- %s%s\n' "$nccl_given" "$nccl_how" >> "$manifest"
+  printf 'nccl/LICENSE.txt <- %s\n' "$nccl_license" >> "$manifest"
+  nccl_line="nccl $nccl_version sha256 $(sha256sum "$nccl_so" | cut -d' ' -f1) kernels $nccl_kernels <- $nccl_given$nccl_how"
+  echo "gpu_bundle: carrying NCCL $nccl_version (kernels $nccl_kernels) from $nccl_given"
+fi
+
+# ---- licenses: the text that covers each file the bundle redistributes ------------------------------------
+# A file from a Debian package: the package's copyright file. A file from a Python wheel (NVIDIA's CUDA
+# libraries, and the CUDA toolkits installed from them): the license files of the wheel's dist-info,
+# found by its RECORD. Octet's own programs and generated files need none; anything else is listed as
+# having none found, in MANIFEST and here.
+mkdir -p "$stage/licenses"
+license_of() {  # SOURCE: prints the bundle path of the license that covers SOURCE (copied once), or nothing
+  local src=$1 alt pkg dir record dist
+  [[ -d $src ]] && src=$(find "$src" -maxdepth 1 -type f | sort | head -n 1)
+  for alt in "$src" "/lib/${src#/usr/lib/}" "/usr/lib/${src#/lib/}" "/bin/${src#/usr/bin/}"; do
+    pkg=$(dpkg -S "$alt" 2> /dev/null | head -n 1 | cut -d: -f1) && [[ -n $pkg ]] && break
+  done
+  if [[ -n $pkg && -f /usr/share/doc/$pkg/copyright ]]; then
+    [[ -f $stage/licenses/$pkg.copyright ]] || cp "/usr/share/doc/$pkg/copyright" "$stage/licenses/$pkg.copyright"
+    echo "licenses/$pkg.copyright"
+    return
+  fi
+  dir=$(dirname "$src")
+  while [[ $dir != / ]]; do
+    for record in "$dir"/dist-info/*/RECORD "$dir"/*.dist-info/RECORD; do
+      [[ -f $record ]] && grep -q "/$(basename "$src")," "$record" || continue
+      dist=$(basename "$(dirname "$record")")
+      dist=${dist%.dist-info}
+      if [[ ! -d $stage/licenses/$dist ]]; then
+        mkdir -p "$stage/licenses/$dist"
+        find "$(dirname "$record")" -maxdepth 2 -type f \( -iname 'licen[cs]e*' -o -iname 'eula*' -o -iname 'notice*' \) \
+          -exec cp {} "$stage/licenses/$dist/" \;
+      fi
+      compgen -G "$stage/licenses/$dist/*" > /dev/null && echo "licenses/$dist" && return
+    done
+    dir=$(dirname "$dir")
+  done
+}
+declare -A license_files=()
+unlicensed=()
+while read -r dest _ src _; do
+  [[ $dest == bin/* || $dest == nccl/* ]] && continue  # Octet's own programs; NCCL's license is in nccl/
+  license=$(license_of "$src") || true
+  if [[ -z $license ]]; then unlicensed+=("$dest"); continue; fi
+  license_files[$license]+=" $dest"
+done < "$manifest"
+license_lines=()
+for license in "${!license_files[@]}"; do
+  read -r -a covered <<< "${license_files[$license]}"
+  license_lines+=("license $license covers ${#covered[@]}: ${covered[*]}")
+done
+if ((${#unlicensed[@]})); then
+  echo "gpu_bundle: no license text found for ${unlicensed[*]} (not from a Debian package or a wheel): see MANIFEST" >&2
+fi
+
 cp tools/gpu_bundle_env.sh "$stage/env.sh"
-glibc_needed=$(for o in "$stage"/bin/* "$stage"/lib/* "$stage"/lib-gcc/* "$stage"/openmpi/bin/*; do
-                 objdump -T "$o" 2> /dev/null | grep -o 'GLIBC_2\.[0-9]*'; done | sort -uV | tail -n 1)
+glibc_needed=$(for o in "$stage"/bin/* "$stage"/lib/* "$stage"/lib-gcc/* "$stage"/openmpi/bin/* "$stage"/nccl/lib/*; do
+                 [[ -f $o ]] || continue
+                 objdump -T "$o" 2> /dev/null | grep -o 'GLIBC_2\.[0-9]*' || true; done | sort -uV | tail -n 1)
 {
   echo "commit $(git rev-parse HEAD 2> /dev/null || echo unknown)$(git diff --quiet HEAD 2> /dev/null || echo ' (with uncommitted changes)')"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(c++ --version | head -n 1)"
   echo "cmake CMAKE_BUILD_TYPE=$(cache_value CMAKE_BUILD_TYPE) OCTET_CUDA_ARCHITECTURES=$(cache_value OCTET_CUDA_ARCHITECTURES) $("$(cache_value CMAKE_CUDA_COMPILER)" --version | tail -n 1)"
   echo "openmpi $ompi_version"
+  [[ -n $nccl_line ]] && echo "$nccl_line"
   echo "glibc_needed ${glibc_needed#GLIBC_}"
   echo "machine_libs $(cat "$stage/machine_libs")"
   echo "skipped_components ${skipped_components[*]}"
+  echo "no_license_found ${unlicensed[*]}"
+  printf '%s\n' "${license_lines[@]}" | sort
   cat "$manifest"
 } > "$stage/MANIFEST"
 rm -f "$manifest" "$stage/needed" "$stage/machine_libs"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Proves the GPU bundle (tools/gpu_bundle.sh) and the GPU check (tools/gpu_check.sh) on a machine
 # without a GPU, so that a GPU machine's minutes go to Octet and not to its packaging. .ci/run runs
-# it after the tests. Six parts:
+# it after the tests. Seven parts:
 #
 #   size      the bundle is within its limit (40 MiB), and the limit check itself fails on a smaller one
 #   origins   every shared library any bundled program loads, as the dynamic loader reports it
@@ -13,6 +13,12 @@
 #   mpirun    the bundled mpirun starts the bundled test_collectives at 2 ranks, with Debian's
 #             OpenMPI out of the way: hidden in a private mount namespace where the machine allows
 #             one (unshare), and always off PATH, with OPAL_PREFIX pointing into the bundle
+#   nccl      only when tools/gpu_bundle.sh is given an NCCL (OCTET_BUNDLE_NCCL=FILE; skipped, saying
+#             so, without one, as in CI): the bundle carries exactly that library with its license, its
+#             MANIFEST line gives its version, sha256 and origin, env.sh puts it ahead of the machine's
+#             (OCTET_BUNDLE_NCCL_RUNTIME=machine the machine's), every process above that loaded an
+#             NCCL loaded it (LD_DEBUG=libs, and ldd), gpu_info reports its version and path, and every
+#             NCCL function a bundled program imports is defined in it (nm -D)
 #   rehearsal the whole GPU check from the bundle on the CPU (OCTET_GPU_CHECK_DEVICE=cpu, a small
 #             model and short train runs): it passes within its deadline, writes at most 8 files,
 #             its summary and log tarball hold every step, the GPU tests skip saying why, PyTorch
@@ -20,8 +26,10 @@
 #             its tests stage past a GoogleTest program that crashes in one test and hangs in
 #             another (tests/tools/fake_gtest.py); torch.compile behind its gate, and cut by the
 #             deadline, with a stand-in for a python with torch (tests/tools/fake_torch_python.py);
-#             and a check stopped by a signal mid-step, which must still leave its summary and logs
-#             and end what it started
+#             the nccl_ranks stage at 2 ranks asked for NCCL, which cannot run here, so that every
+#             part must say why and run again over MPI (fallback runs tracking their twins, the fault
+#             tests, a rank killed mid-step); and a check stopped by a signal mid-step, which must
+#             still leave its summary and logs and end what it started
 #
 #   bash tools/gpu_bundle_check.sh        after a build (bash tools/test.sh); about 5 minutes on 2 cores
 #
@@ -41,7 +49,7 @@ finish() {
 
 if ! grep -q '^OCTET_CUDA:BOOL=ON' build/CMakeCache.txt 2> /dev/null; then
   why="build/ is not a CUDA build (no nvcc when it was configured, or not configured: run bash tools/test.sh first)"
-  for part in size origins cpu gpu mpirun rehearsal; do skip "$part: $why; the bundle holds the CUDA programs"; done
+  for part in size origins cpu gpu mpirun nccl rehearsal; do skip "$part: $why; the bundle holds the CUDA programs"; done
   finish
 fi
 
@@ -113,10 +121,16 @@ for p in gpu_info train_vit bench_vit bench_kernels; do  # (bench_kernels where 
   traced "$p" "$bundle/bin/$p" --help > "$work/$p.log" 2>&1 || { fail "origins: $p --help failed"; cat "$work/$p.log"; }
 done
 traced gpu_info_run "$bundle/bin/gpu_info" > "$work/gpu_info_run.log" 2>&1
-# Every other program loads its libraries by listing its tests (the mpi suites alone, as a world of one).
+# Every other program loads its libraries by listing its tests (the mpi suites alone, as a world of one);
+# fault_rank_throws, no test program, by printing its usage (exit 2).
 for p in "$bundle"/bin/*; do
   name=$(basename "$p")
   compgen -G "$work/ld/$name.*" > /dev/null && continue
+  if [[ $name == fault_rank_throws ]]; then
+    traced "$name" "$p" > "$work/$name.log" 2>&1
+    [[ $? == 2 ]] && grep -q usage "$work/$name.log" || { fail "origins: $name did not print its usage"; cat "$work/$name.log"; }
+    continue
+  fi
   traced "$name" "$p" --gtest_list_tests > "$work/$name.log" 2>&1 || { fail "origins: $name --gtest_list_tests failed"; cat "$work/$name.log"; }
 done
 grep -E '^(cublaslt|cudnn|nccl|runtime) ' "$work/gpu_info_run.log" | sed 's/^/  /'
@@ -188,6 +202,61 @@ else
 fi
 echo "  (on this machine no GPU runs, so the libraries a GPU run loads later, cuDNN's engines and libcuda, are not in these logs)"
 
+# ---- nccl: the bundle's own NCCL, when tools/gpu_bundle.sh was given one -----------------------------------
+nccl_given=${OCTET_BUNDLE_NCCL:-}
+if [[ -z $nccl_given ]]; then
+  if [[ -e $bundle/nccl ]] || grep -q '^nccl ' "$out/MANIFEST"; then
+    fail "nccl: no NCCL library was given, yet the bundle has nccl/ or a MANIFEST nccl line"
+  else
+    skip "nccl: no NCCL library given (OCTET_BUNDLE_NCCL=FILE, libnccl.so.2.* or its .xz, with LICENSE.txt beside it), so the bundle carries none and env.sh takes the machine's ($OCTET_BUNDLE_NCCL_FROM); CI has none"
+  fi
+else
+  problems=()
+  nccl_so=$bundle/nccl/lib/libnccl.so.2
+  read -r _ m_version _ m_sha _ m_kernels _ m_from _ < <(grep '^nccl ' "$out/MANIFEST") || problems+=("MANIFEST has no nccl line")
+  [[ -f $nccl_so ]] || problems+=("the bundle has no nccl/lib/libnccl.so.2")
+  given_sha=$( { if [[ $nccl_given == *.xz ]]; then xz -dc "$nccl_given"; else cat "$nccl_given"; fi; } | sha256sum | cut -d' ' -f1)
+  bundled_sha=$(sha256sum "$nccl_so" 2> /dev/null | cut -d' ' -f1)
+  [[ $bundled_sha == "$given_sha" ]] || problems+=("the bundle's libnccl.so.2 ($bundled_sha) is not the library given ($given_sha)")
+  [[ ${m_sha:-} == "$bundled_sha" ]] || problems+=("MANIFEST's sha256 ${m_sha:-none} is not the bundled library's")
+  [[ ${m_from:-} == "$(readlink -f "$nccl_given")" ]] || problems+=("MANIFEST says it came from ${m_from:-nowhere}, not $nccl_given")
+  code=$(python3 -c 'import ctypes, sys
+v = ctypes.c_int(0); ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v)); print(v.value)' "$nccl_so" 2> /dev/null)
+  loaded_version=$((code / 10000)).$((code % 10000 / 100)).$((code % 100))
+  [[ ${m_version:-} == "$loaded_version" ]] || problems+=("MANIFEST says NCCL ${m_version:-?}; the library says $loaded_version")
+  license=${OCTET_BUNDLE_NCCL_LICENSE:-$(dirname "$(readlink -f "$nccl_given")")/LICENSE.txt}
+  cmp -s "$bundle/nccl/LICENSE.txt" "$license" || problems+=("nccl/LICENSE.txt is not $license")
+  grep -q 'Apache License' "$bundle/nccl/LICENSE.txt" 2> /dev/null || problems+=("nccl/LICENSE.txt holds no Apache License text")
+  # env.sh: the bundle's NCCL, ahead of every folder of the machine's.
+  [[ $OCTET_BUNDLE_NCCL_FROM == "the bundle's: NCCL $loaded_version"* ]] || problems+=("env.sh chose $OCTET_BUNDLE_NCCL_FROM")
+  first_nccl_dir=$(tr ':' '\n' <<< "$LD_LIBRARY_PATH" | while read -r d; do [[ -e $d/libnccl.so.2 ]] && echo "$d" && break; done)
+  [[ $first_nccl_dir == "$bundle/nccl/lib" ]] || problems+=("the first libnccl.so.2 on LD_LIBRARY_PATH is in ${first_nccl_dir:-no folder}")
+  # The loader: ldd, and every process above that loaded an NCCL (LD_DEBUG=libs) loaded the bundle's.
+  ldd_line=$(ldd "$bundle/bin/train_vit" | awk '$1 == "libnccl.so.2" {print $3}')
+  [[ $ldd_line == "$nccl_so" ]] || problems+=("ldd train_vit: libnccl.so.2 => ${ldd_line:-not found}")
+  nccl_loads=$(cat "$work"/ld/* | sed -n 's/.*calling init: \(.*libnccl[^ ]*\)$/\1/p' | sort | uniq -c)
+  grep -v " $nccl_so\$" <<< "$nccl_loads" | grep -q . && problems+=("a process loaded another NCCL: $(grep -v " $nccl_so\$" <<< "$nccl_loads" | paste -sd' ')")
+  nccl_processes=$(grep -l "calling init: $nccl_so\$" "$work"/ld/* 2> /dev/null | wc -l)
+  ((nccl_processes > 0)) || problems+=("no process loaded the bundle's libnccl.so.2")
+  info_line=$(grep '^nccl ' "$work/gpu_info_run.log")
+  [[ $info_line == "nccl      $loaded_version (compiled against "*") from $nccl_so" ]] || problems+=("gpu_info says: $info_line")
+  # The ABI: every NCCL function a bundled program calls is in the bundled library (NCCL keeps its ABI
+  # within major version 2; the programs were compiled against the toolkit's NCCL headers).
+  imported=$(for p in "$bundle"/bin/*; do nm -D --undefined-only "$p" 2> /dev/null; done | awk '{print $NF}' | grep -E '^p?nccl' | sort -u)
+  missing=$(comm -23 <(echo "$imported") <(nm -D --defined-only "$nccl_so" | awk '{print $NF}' | sort -u))
+  [[ -n $imported ]] || problems+=("no bundled program imports an NCCL function (nm -D)")
+  [[ -z $missing ]] || problems+=("the bundled NCCL lacks $(paste -sd' ' <<< "$missing")")
+  # OCTET_BUNDLE_NCCL_RUNTIME=machine: the machine's NCCL, as without one.
+  machine_nccl=$( (export OCTET_BUNDLE_NCCL_RUNTIME=machine && unset LD_LIBRARY_PATH && source "$bundle/env.sh" > /dev/null &&
+                   ldd "$bundle/bin/train_vit" | awk '$1 == "libnccl.so.2" {print $3}') 2>&1)
+  [[ -n $machine_nccl && $machine_nccl != "$nccl_so" ]] || problems+=("with OCTET_BUNDLE_NCCL_RUNTIME=machine, ldd finds ${machine_nccl:-nothing}")
+  if ((${#problems[@]} == 0)); then
+    pass "nccl: the bundle carries NCCL $loaded_version (sha256 ${bundled_sha:0:12}..., kernels $m_kernels, from $nccl_given) with its license; env.sh puts it first ($OCTET_BUNDLE_NCCL_FROM) and $nccl_processes processes loaded it, ldd too; gpu_info: ${info_line#nccl      }; the $(wc -l <<< "$imported") NCCL functions the programs import are all in it; OCTET_BUNDLE_NCCL_RUNTIME=machine takes $machine_nccl"
+  else
+    fail "nccl: $(printf '%s; ' "${problems[@]}")"
+  fi
+fi
+
 # ---- rehearsal: the GPU check from the bundle, on the CPU -------------------------------------------------
 # A slice of the bundle's Fashion-MNIST, so that each train run's closing evaluation is short.
 slice=$work/fashion-mnist-slice
@@ -249,6 +318,44 @@ if ((${#problems[@]} == 0)); then
 else
   sed 's/^/    /' "$summary"
   fail "rehearsal: $(printf '%s; ' "${problems[@]}")"
+fi
+
+# The nccl_ranks stage at 2 ranks with --dist-backend nccl as on a GPU machine: on this machine NCCL
+# refuses (the machine's NCCL is too old for ranks sharing a GPU, or, with a bundled NCCL 2.30, there is
+# no GPU), so every part must say so with NCCL's or Octet's words and run again over MPI, and each
+# fallback must track its twin; the fault tests and the killed rank end their jobs in time.
+problems=()
+check_out=$work/check-out-nccl
+t0=$SECONDS
+OUT=$check_out OCTET_GPU_CHECK_DEVICE=cpu OCTET_CHECK_SECONDS=300 OCTET_CHECK_NCCL_BACKEND=nccl OCTET_CHECK_NCCL_RANKS=2 \
+  OCTET_CHECK_NCCL_STEPS=8 OCTET_CHECK_DATA_DIR=$slice OCTET_BUNDLE_DIR=$out \
+  bash tools/gpu_check.sh nccl_ranks > "$work/check-nccl.log" 2>&1
+rc=$?
+took=$((SECONDS - t0))
+summary=$check_out/summary.txt
+((rc == 1)) || problems+=("it exited $rc, not 1 (NCCL cannot run here, and that must fail the check)")
+expect "$summary" '^INFO  nccl_ranks: the check sets NCCL_MULTI_RANK_GPU_ENABLE=1 .*gpu_info: ranks sharing a GPU over NCCL: ' "no note of the variables it sets and of gpu_info's verdict"
+if ! grep -Eq '^FAIL  nccl_ranks: the NCCL loaded refuses several ranks on one GPU: .*NCCL_MULTI_RANK_GPU_ENABLE' "$summary" &&
+   ! grep -Eq '^INFO  nccl2_ddp over NCCL at 2 ranks: refused; its log says:' "$summary"; then
+  problems+=("neither gpu_info's refusal nor the first run's NCCL words are in the summary")
+fi
+for run in nccl2_ddp nccl2_fsdp nccl2_fsdp_fp8_gather nccl2_hybrid nccl2_hybrid_fp8_gather; do
+  expect "$summary" "^PASS  ${run}_mpi tracks its CPU twin: steps 1-6: .*bit for bit: True" "$run's fallback over MPI does not track its twin"
+  expect "$summary" "^  fell back to the MPI backend: $run\$" "the verdict does not list $run as fallen back"
+done
+expect "$summary" '^PASS  test_nccl_ranks results: 0 passed, 0 failed, [0-9]+ skipped' "no verdict for test_nccl_ranks"
+expect "$summary" '^INFO  test_nccl_ranks: the tests skip on the CPU, saying: no CUDA device' "test_nccl_ranks does not say why it skips"
+for fault in fault_np2_rank1_all_reduce fault_np2_rank1_in_flight fault_np2_rank1_subgroup; do
+  expect "$summary" "^PASS  ${fault}_mpi \\(" "$fault over MPI did not pass"
+done
+expect "$summary" "PASS: rank 1's exception ended all 2 ranks \\(mpi\\) in" "no fault_test.sh verdict in the summary"
+expect "$summary" '^PASS  kill_np2_mpi: rank 1 killed \(SIGKILL\) after [0-9]+ steps; the job of 2 ranks ended [0-9.]+ s later, exit [1-9]' "the killed rank did not end the job in time"
+expect "$summary" '^VERDICT: FAILED' "the verdict is not FAILED"
+if ((${#problems[@]} == 0)); then
+  pass "rehearsal: nccl_ranks at 2 ranks in $took s: NCCL refused here and said why ($(grep -Eo 'NCCL [0-9.]+' "$summary" | head -n 1)), and the 5 runs, the 3 fault tests and the killed rank ran over MPI instead, each run tracking its twin bit for bit"
+else
+  sed 's/^/    /' "$summary"
+  fail "rehearsal (nccl_ranks): $(printf '%s; ' "${problems[@]}")"
 fi
 
 # The tests stage past a crash and a hang: each named with its test, and the tests the shards never

@@ -8,9 +8,12 @@
 # (OCTET_CUDA_LIBS when set, else NVIDIA's wheels beside python3, else a CUDA toolkit under
 # /usr/local), and tells OpenMPI, PMIx and hwloc to look for their plugins in the bundle only.
 # The GCC runtime is the bundle's unless this machine's libstdc++ is newer (OCTET_BUNDLE_GCC_RUNTIME
-# = auto, bundle or machine). It fails, saying why, when this machine's glibc is older than the
-# bundle needs. What it chose is left in OCTET_BUNDLE_GCC, OCTET_BUNDLE_CUDA_DIRS and
-# OCTET_BUNDLE_CUDA_MISSING for the caller to print.
+# = auto, bundle or machine). NCCL is the bundle's own where it carries one (nccl/lib, made with
+# OCTET_BUNDLE_NCCL=FILE; its MANIFEST's nccl line says which), ahead of the machine's, which is
+# then not looked for; else the machine's as above (OCTET_BUNDLE_NCCL_RUNTIME = auto, or machine to
+# take the machine's all the same). It fails, saying why, when this machine's glibc is older than
+# the bundle needs. What it chose is left in OCTET_BUNDLE_GCC, OCTET_BUNDLE_NCCL_FROM,
+# OCTET_BUNDLE_CUDA_DIRS and OCTET_BUNDLE_CUDA_MISSING for the caller to print.
 
 octet_bundle_setup() {
   local root manifest needed have glibc_needed cuda_dirs=() missing=() soname dir found
@@ -26,9 +29,26 @@ octet_bundle_setup() {
     return 1
   fi
 
+  # NCCL: the bundle's own, where it carries one, comes right after the bundle's lib/ (ahead of every
+  # machine folder), and the machine's is not looked for.
+  local nccl_from nccl_mode=${OCTET_BUNDLE_NCCL_RUNTIME:-auto} nccl_dir=""
+  if [[ $nccl_mode != auto && $nccl_mode != machine ]]; then
+    echo "octet bundle: OCTET_BUNDLE_NCCL_RUNTIME is '$nccl_mode'; use auto or machine" >&2
+    return 1
+  fi
+  if [[ -f $root/nccl/lib/libnccl.so.2 && $nccl_mode == auto ]]; then
+    nccl_dir=$root/nccl/lib
+    nccl_from="the bundle's: NCCL $(sed -n 's/^nccl \([^ ]*\) .*/\1/p' "$manifest") ($nccl_dir/libnccl.so.2)"
+  elif [[ -f $root/nccl/lib/libnccl.so.2 ]]; then
+    nccl_from="the machine's (OCTET_BUNDLE_NCCL_RUNTIME=machine; the bundle's NCCL $(sed -n 's/^nccl \([^ ]*\) .*/\1/p' "$manifest") is not used)"
+  else
+    nccl_from="the machine's (the bundle carries none)"
+  fi
+
   # The CUDA libraries the bundle never carries, by soname (the MANIFEST lists what the programs link;
   # cuDNN also loads NVRTC for its runtime-compiled engines).
   needed=$(sed -n 's/^machine_libs //p' "$manifest")
+  [[ -n $nccl_dir ]] && needed=$(tr ' ' '\n' <<< "$needed" | grep -vx 'libnccl\.so\.2' | paste -sd' ')
   local search=()
   if [[ -n ${OCTET_CUDA_LIBS:-} ]]; then
     IFS=: read -r -a search <<< "$OCTET_CUDA_LIBS"
@@ -72,9 +92,10 @@ octet_bundle_setup() {
 
   local path=$root/lib
   [[ $gcc == bundle ]] && path+=:$root/lib-gcc
+  [[ -n $nccl_dir ]] && path+=:$nccl_dir
   local d
   for d in "${cuda_dirs[@]}"; do path+=:$d; done
-  export OCTET_BUNDLE=$root OCTET_BUNDLE_GCC=$gcc
+  export OCTET_BUNDLE=$root OCTET_BUNDLE_GCC=$gcc OCTET_BUNDLE_NCCL_FROM=$nccl_from
   export OCTET_BUNDLE_CUDA_DIRS="${cuda_dirs[*]}" OCTET_BUNDLE_CUDA_MISSING="${missing[*]}"
   export PATH=$root/openmpi/bin:$root/bin:$PATH
   export LD_LIBRARY_PATH=$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -289,7 +289,7 @@ expect() {  # FILE PATTERN WHAT: grep -E PATTERN FILE, else a problem
 ((took <= rehearsal_seconds + 20)) || problems+=("it took $took s against its deadline of $rehearsal_seconds s")
 files=$(find "$check_out" -mindepth 1 | wc -l)
 ((files <= 8)) || problems+=("it wrote $files files to \$OUT: $(ls "$check_out" | paste -sd' ')")
-find "$check_out" -mindepth 1 -not -type f | grep -q . && problems+=("\$OUT holds more than plain files")
+[[ -n $(find "$check_out" -mindepth 1 -not -type f) ]] && problems+=("\$OUT holds more than plain files")
 for f in summary.txt logs.tar.gz results.md; do [[ -s $check_out/$f ]] || problems+=("no $f"); done
 tar -tzf "$check_out/logs.tar.gz" > "$work/check-logs.txt" 2> /dev/null || problems+=("logs.tar.gz does not list")
 for f in gpu_info.txt bench_vit_bf16.log bench_vit_fp8.log bench_vit_fp8_unfused.log bench_vit_bf16_recompute.log \
@@ -424,7 +424,7 @@ rc=$?
 sleep 1
 ((rc == 143)) || problems+=("it exited $rc, not 143")
 expect "$check_out/summary.txt" '^VERDICT: INCOMPLETE, stopped by a signal' "no INCOMPLETE verdict"
-tar -tzf "$check_out/logs.tar.gz" 2> /dev/null | grep -qx './test_cuda_s2.log' || problems+=("logs.tar.gz lacks the hung shard's log")
+grep -qx './test_cuda_s2.log' <<< "$(tar -tzf "$check_out/logs.tar.gz" 2> /dev/null)" || problems+=("logs.tar.gz lacks the hung shard's log")
 pgrep -f "python3 $PWD/tests/tools/fake_gtest.py" > /dev/null && problems+=("the hung shard was left running")
 if ((${#problems[@]} == 0)); then
   pass "rehearsal: stopped by a signal while a shard hung, the check left its summary ($(grep '^VERDICT' "$check_out/summary.txt" | cut -c1-60)...) and logs, and ended the shard"

@@ -790,8 +790,10 @@ nccl_kill_run() {
   done
   local p
   for p in $(pgrep -f "$bin/train_vit"); do
-    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "OCTET_CHECK_KILL_TAG=$tag" || continue
-    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$p && break
+    # grep -z reads the NUL-separated environ itself: no pipe, whose writer grep -q's early exit could
+    # kill with SIGPIPE (and pipefail then turn a match into a miss).
+    grep -qxz "OCTET_CHECK_KILL_TAG=$tag" "/proc/$p/environ" 2> /dev/null || continue
+    grep -qxz "OMPI_COMM_WORLD_RANK=1" "/proc/$p/environ" 2> /dev/null && victim=$p && break
   done
   if ((${steps:-0} < 3)) || [[ -z $victim ]]; then
     kill "$pid" 2> /dev/null

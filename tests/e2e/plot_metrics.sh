@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# End to end: tools/plot_metrics.py draws real runs. Two short train_vit runs, fp32 and fp8 with a
-# logged layer, write their --metrics; the script overlays them, and the test fails unless it wrote
-# a PNG (its signature) of plausible size with every panel it should have drawn.
-#   plot_metrics.sh TRAIN_VIT WORKDIR
+# End to end: tools/plot_metrics.py draws real runs. It overlays two train_vit runs' --metrics, fp32
+# and fp8 with a logged layer (e2e.fashion_mnist_accuracy's and e2e.fashion_mnist_fp8_accuracy's
+# 700-step runs: CTest fixtures, so nothing is trained twice), and the test fails unless it wrote a
+# PNG (its signature) of plausible size with every panel it should have drawn.
+#   plot_metrics.sh FP32_METRICS FP8_METRICS WORKDIR
 set -euo pipefail
-train_vit=$1 work=$2
+fp32=$1 fp8=$2 work=$3
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
-"$train_vit" --steps 12 --eval-every 6 --log-every 3 --metrics "$work/fp32.jsonl" > "$work/fp32.log" 2>&1
-"$train_vit" --steps 12 --eval-every 6 --log-every 3 --precision fp8 --fp8-log-layer blocks.0.mlp.fc1 \
-  --metrics "$work/fp8.jsonl" > "$work/fp8.log" 2>&1
+for run in "$fp32" "$fp8"; do
+  [[ -s $run ]] || { echo "FAIL: no metrics at $run: run the e2e accuracy tests first (ctest adds them as fixtures)"; exit 1; }
+done
+grep -q '"fp8":{' "$fp8" || { echo "FAIL: $fp8 logs no FP8 layer (--fp8-log-layer)"; exit 1; }
 # As the README writes it: plain python3, whichever comes first on PATH (the script finds a python3
 # with matplotlib itself; tests/tools/plot_metrics_python.sh tests that).
-out=$(python3 "$here/../../tools/plot_metrics.py" "$work/fp32.jsonl" "$work/fp8.jsonl" -o "$work/runs.png")
+out=$(python3 "$here/../../tools/plot_metrics.py" "$fp32" "$fp8" -o "$work/runs.png")
 echo "$out"
 for panel in loss lr accuracy throughput amax scale fp8_error; do
   [[ $out == *"$panel"* ]] || { echo "FAIL: no $panel panel"; exit 1; }

@@ -22,7 +22,8 @@ start=$(date +%s.%N)
   { echo "FAIL: the fp8 run failed:"; tail -n 20 "$work/fp8.log"; exit 1; }
 fp8_seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 
-# The two runs' flags, as train_vit resolved them (defaults included), must differ in the precision only.
+# The two runs' flags, as train_vit resolved them (defaults included), must differ in the precision
+# (and the fp8 run's recipe) only.
 python3 - "$fp32_metrics" "$work/fp8.jsonl" <<'PY' || exit 1
 import json, sys
 def flags(path):
@@ -34,7 +35,9 @@ def flags(path):
 a, b = flags(sys.argv[1]), flags(sys.argv[2])
 if a.get("precision") != "fp32":
     sys.exit(f"FAIL: {sys.argv[1]} is a {a.get('precision')} run, not fp32")
-differ = sorted(k for k in set(a) | set(b) if k != "precision" and a.get(k) != b.get(k))
+# The fp8 run also records its recipe (the fp8_* flags), which an fp32 run has none of.
+differ = sorted(k for k in set(a) | set(b)
+                if k != "precision" and not (k.startswith("fp8_") and k not in a) and a.get(k) != b.get(k))
 if differ:
     sys.exit("FAIL: the fp32 run's flags differ from the fp8 run's in " +
              ", ".join(f"{k} ({a.get(k)} vs {b.get(k)})" for k in differ))

@@ -352,7 +352,7 @@ expect "$summary" "PASS: rank 1's exception ended all 2 ranks \\(mpi\\) in" "no 
 expect "$summary" '^PASS  kill_np2_mpi: rank 1 killed \(SIGKILL\) after [0-9]+ steps; the job of 2 ranks ended [0-9.]+ s later, exit [1-9]' "the killed rank did not end the job in time"
 expect "$summary" '^VERDICT: FAILED' "the verdict is not FAILED"
 if ((${#problems[@]} == 0)); then
-  pass "rehearsal: nccl_ranks at 2 ranks in $took s: NCCL refused here and said why ($(grep -Eo 'NCCL [0-9.]+' "$summary" | head -n 1)), and the 5 runs, the 3 fault tests and the killed rank ran over MPI instead, each run tracking its twin bit for bit"
+  pass "rehearsal: nccl_ranks at 2 ranks in $took s: NCCL $(grep -Eom1 '(is|NCCL) [0-9]+\.[0-9]+\.[0-9]+' "$summary" | grep -Eo '[0-9.]+$' | head -n 1) refused here and said why, and the 5 runs, the 3 fault tests and the killed rank ran over MPI instead, each run tracking its twin bit for bit"
 else
   sed 's/^/    /' "$summary"
   fail "rehearsal (nccl_ranks): $(printf '%s; ' "${problems[@]}")"

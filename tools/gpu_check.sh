@@ -2,7 +2,7 @@
 # The GPU check: one command of at most 8 minutes on one H100 or H200 with 16 host cores.
 #
 #   bash tools/gpu_check.sh                  the whole check, in the order below (450 s by default)
-#   bash tools/gpu_check.sh STAGE...         only those stages, in the order given (a longer lease
+#   bash tools/gpu_check.sh STAGE...         only those stages, in the order given (a longer GPU rental
 #                                            can run them one by one, or rerun one)
 #
 # The stages, in the order of the whole check, with the time each took or is expected to take on an
@@ -34,7 +34,7 @@
 #                  category and per kernel (gpu_check_report.py kernels)
 #   table          the benchmark table in bench/RESULTS.md's format, with the goals
 #
-# and one stage that runs only when named, for a lease of its own (it does not fit the whole check's
+# and one stage that runs only when named, for a GPU rental of its own (it does not fit the whole check's
 # 8 minutes): bash tools/gpu_check.sh nccl_ranks
 #
 #   nccl_ranks     NCCL with every rank on the one GPU (NCCL 2.30 or newer: the bundle's, made with

@@ -5,10 +5,16 @@
 //   backward dx = dy·W                  dgrad GEMM
 //            dW = dyᵀ·x                 wgrad GEMM, dbias = Σ_rows dy fused: cuBLASLt BGRADB
 //
-// The CPU composes kernels::gemm, the bias add and kernels::sum. On the GPU an epilogue is used only
-// where its layout rules hold and cuBLASLt offers an algorithm for it; otherwise the same
-// composition runs there.
+// An MLP's fc1 -> GELU -> fc2 has two more, for the tanh form of GELU (cuBLASLt has no erf form):
+//
+//   fc1 forward   pre = x·W1ᵀ + b1, act = gelu(pre)          cuBLASLt GELU_AUX_BIAS
+//   fc2 dgrad     dpre = (dy·W2) ⊙ gelu'(pre), db1 = Σ dpre   cuBLASLt DGELU_BGRAD
+//
+// The CPU composes kernels::gemm, the bias add and kernels::sum (and the GELU kernels). On the GPU an
+// epilogue is used only where its layout rules hold and cuBLASLt offers an algorithm for it;
+// otherwise the same composition runs there.
 #include "core/tensor.h"
+#include "kernels/nn_ops.h"
 
 namespace octet::kernels {
 
@@ -26,5 +32,32 @@ struct LinearGrads {
 // dy: y's shape. Gradients not asked for come back undefined.
 LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, bool need_dx, bool need_dweight,
                             bool need_dbias);
+
+// A Linear then GELU: pre = linear_forward(x, weight, bias) and act = gelu_forward(pre). Both have
+// x's shape with the last dim out, in x's dtype (x not FP8).
+//
+// On the GPU with the tanh form, bf16 or f16 x, a bias and out a multiple of 8, one cuBLASLt GEMM
+// writes both (GELU_AUX_BIAS), where the composition writes pre, reads it back and writes act. Its
+// GELU is cuBLASLt's own code, not gelu_forward's: act can differ from gelu_forward(pre) by the
+// rounding of a 16-bit result (the GPU tests bound it). Elsewhere, the composition.
+struct LinearGeluOutput {
+  Tensor pre, act;
+};
+LinearGeluOutput linear_gelu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                     GeluApproximation approximation);
+
+// The input gradient of act -> Linear(weight) taken on through the GELU: with dact = dy·weight (the
+// Linear's dgrad), dpre = gelu_backward(dact, pre). pre [..., in] is the GELU's input, dy [..., out].
+//
+// On the GPU with the tanh form (16-bit dy and pre, in a multiple of 8), one cuBLASLt GEMM
+// (DGELU_BGRAD) computes dpre from the f32 product, never rounding dact, and also the column sums of
+// dpre: the gradient of the bias that made pre, returned as dbias (pre's dtype) when need_dbias.
+// Elsewhere dbias is undefined and the caller sums dpre itself (linear_backward of the Linear that
+// made pre does, as it would unfused).
+struct LinearDgeluGrads {
+  Tensor dpre, dbias;
+};
+LinearDgeluGrads linear_dgelu_backward(const Tensor& dy, const Tensor& pre, const Tensor& weight,
+                                       GeluApproximation approximation, bool need_dbias);
 
 }  // namespace octet::kernels

@@ -48,7 +48,7 @@ using cublaslt::MatmulDesc;
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
 // follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key.
-using AlgoKey = std::array<int64_t, 16>;
+using AlgoKey = std::array<int64_t, 17>;
 
 AlgoCache<AlgoKey>& algo_cache() {
   static AlgoCache<AlgoKey> cache;
@@ -60,6 +60,8 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue kind) {
     case GemmEpilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
     case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::BiasGradFromA: return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::DGeluBiasGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -79,6 +81,8 @@ const char* epilogue_name(GemmEpilogue kind) {
     case GemmEpilogue::None: return "none";
     case GemmEpilogue::Bias: return "BIAS";
     case GemmEpilogue::BiasGradFromA: return "BGRADB";
+    case GemmEpilogue::GeluAuxBias: return "GELU_AUX_BIAS";
+    case GemmEpilogue::DGeluBiasGrad: return "DGELU_BGRAD";
   }
   return "?";
 }
@@ -122,6 +126,14 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, c_type);
   }
+  // The GELU epilogues' aux matrix has D's layout: our row-major [m, n], cuBLASLt's n × m with
+  // leading dimension n, in D's dtype (cuBLASLt's default for a non-FP8 D).
+  const void* aux_ptr = nullptr;
+  if (epilogue.aux.defined()) {
+    aux_ptr = epilogue.aux.data_ptr();
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{p.n});
+  }
 
   const Layout b_layout(b.dtype(), trans_b ? p.n : p.k, trans_b ? p.k : p.n, p.batch, p.stride_b);
   const Layout a_layout(a.dtype(), trans_a ? p.k : p.m, trans_a ? p.m : p.k, p.batch, p.stride_a);
@@ -144,6 +156,7 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                     align_b,
                     align_c,
                     bias_ptr ? alignment_of(bias_ptr) : 0,
+                    aux_ptr ? alignment_of(aux_ptr) : 0,
                     beta != 0.0};
 
   // NOT_SUPPORTED means "no algorithm for this configuration". An epilogue that cuBLASLt rejects in
@@ -214,6 +227,20 @@ bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool tra
               "gemm: the epilogue's bias vector must have ", length, " elements in ", dtype_name(c.dtype()), " on ",
               c.device().str(), ", got ",
               epilogue.bias.defined() ? epilogue.bias.describe() : std::string("undefined"));
+  const bool gelu = epilogue.kind == GemmEpilogue::GeluAuxBias || epilogue.kind == GemmEpilogue::DGeluBiasGrad;
+  OCTET_CHECK(gelu == epilogue.aux.defined(), "gemm: the ", epilogue_name(epilogue.kind), " epilogue ",
+              gelu ? "needs" : "takes no", " aux matrix");
+  if (gelu) {
+    OCTET_CHECK(epilogue.aux.dtype() == c.dtype() && epilogue.aux.device() == c.device() &&
+                    epilogue.aux.numel() == problem.m * problem.n,
+                "gemm: the ", epilogue_name(epilogue.kind), " epilogue's aux matrix must be a [",
+                problem.m, ", ", problem.n, "] ", dtype_name(c.dtype()), " tensor on ", c.device().str(), ", got ",
+                epilogue.aux.describe());
+    // cuBLASLt's rules for the aux matrix: its leading dimension a multiple of 8 elements (and, as
+    // for every matrix, the pointer's alignment is passed in the algorithm's key). The tanh GELU in
+    // 16-bit only: in f32 cuBLASLt's GELU would be less accurate than the unfused kernel's.
+    if (problem.n % 8 != 0 || c.dtype() == DType::f32) return false;
+  }
   return run_lt(a, trans_a, b, trans_b, c, problem, alpha, beta, epilogue);
 }
 

@@ -19,18 +19,24 @@ struct GemmProblem {
 };
 
 // What cuBLASLt does to the product on its way out, in Octet's row-major terms (C = op(A)·op(B),
-// before alpha/beta), with the cuBLASLt epilogue that does it.
+// before alpha/beta), with the cuBLASLt epilogue that does it. gelu_tanh is the tanh form of GELU
+// (kernels/nn_ops.h GeluApproximation::Tanh): cuBLASLt's GELU epilogues have no erf form.
 enum class GemmEpilogue {
   None,
   Bias,           // C[i, j] += bias[j]                                          BIAS
   BiasGradFromA,  // bias[i] = Σ_k op(A)[i, k]: the wgrad's dbias when A = dyᵀ    BGRADB (our A is its B)
+  GeluAuxBias,    // aux[i, j] = P[i, j] + bias[j], C[i, j] = gelu_tanh(aux)     GELU_AUX_BIAS
+  DGeluBiasGrad,  // C[i, j] = P[i, j]·gelu_tanh'(aux[i, j]), bias[j] = Σ_i C    DGELU_BGRAD
 };
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::None;
-  // Bias: the input [n]. BiasGradFromA: the output [m]. In C's dtype (cuBLASLt's bias vectors and
-  // bias gradients are C-typed here).
+  // Bias, GeluAuxBias: the input [n]. BiasGradFromA: the output [m]. DGeluBiasGrad: the output [n].
+  // In C's dtype (cuBLASLt's bias vectors and bias gradients are C-typed here).
   Tensor bias;
+  // GeluAuxBias: the output [m, n], the GELU's input, kept for backward. DGeluBiasGrad: that
+  // tensor, read. C's dtype, shape and device.
+  Tensor aux = {};
 };
 
 // Runs the GEMM on c's device and current stream. Throws an error naming the shapes and dtypes when

@@ -1,11 +1,13 @@
 // The Linear kernels (kernels/linear.h) on the CPU: forward against a float64 loop, backward against
-// central finite differences of the f64 forward.
+// central finite differences of the f64 forward; the Linear-with-GELU pair against the same loop and
+// differences, and against the composition they stand for on the CPU.
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <vector>
 
 #include "kernels/linear.h"
+#include "kernels/nn_ops.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -117,6 +119,50 @@ TEST(Linear, ShapeErrorsNameTheTensors) {
   const Tensor bad_dy = random_tensor({4, 2}, DType::f32, 55);
   EXPECT_TRUE(testing::throws_with([&] { kernels::linear_backward(bad_dy, x, w_ok, true, true, true); },
                                    {"linear_backward", "dy"}));
+}
+
+// linear_gelu_forward: pre is the Linear's output (the f64 loop), act the GELU of it; on the CPU both
+// are bit for bit linear_forward then gelu_forward, in f32 and bf16, under both forms.
+TEST(Linear, GeluForwardIsTheLinearThenTheGelu) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (auto form : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+      const Tensor x = random_tensor({2, 3, 6}, dtype, 61, 2.0), w = random_tensor({8, 6}, dtype, 62),
+                   b = random_tensor({8}, dtype, 63);
+      const kernels::LinearGeluOutput r = kernels::linear_gelu_forward(x, w, b, form);
+      ASSERT_EQ(r.pre.shape(), Shape({2, 3, 8}));
+      const Tensor pre = kernels::linear_forward(x, w, b);
+      EXPECT_TRUE(testing::same_bits(r.pre, pre));
+      EXPECT_TRUE(testing::same_bits(r.act, kernels::gelu_forward(pre, form)));
+      if (dtype == DType::f32) EXPECT_TRUE(all_close(r.pre, reference_forward(x, w, b), 1e-5, 1e-5));
+    }
+  }
+}
+
+// linear_dgelu_backward: dpre is the gradient of Σ probe ⊙ (gelu(pre)·Wᵀ) with respect to pre, by
+// central differences in f64; on the CPU it is linear_backward's dgrad then gelu_backward bit for bit,
+// and it leaves the bias gradient to the caller.
+TEST(Linear, DgeluBackwardIsTheDgradThroughTheGelu) {
+  for (auto form : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    const Tensor pre = random_tensor({5, 6}, DType::f64, 71, 2.0), w = random_tensor({4, 6}, DType::f64, 72),
+                 probe = random_tensor({5, 4}, DType::f64, 73);
+    const kernels::LinearDgeluGrads g = kernels::linear_dgelu_backward(probe, pre, w, form, true);
+    EXPECT_FALSE(g.dbias.defined());
+    const std::vector<double> numeric = numeric_gradient(pre, [&] {
+      return probe_loss(kernels::linear_forward(kernels::gelu_forward(pre, form), w, Tensor()), probe);
+    });
+    EXPECT_TRUE(all_close(g.dpre, numeric, 1e-6, 1e-6));
+    const Tensor pre32 = pre.to(DType::f32), w32 = w.to(DType::f32), probe32 = probe.to(DType::f32);
+    const Tensor dact = kernels::linear_backward(probe32, pre32, w32, true, false, false).dx;
+    EXPECT_TRUE(testing::same_bits(kernels::linear_dgelu_backward(probe32, pre32, w32, form, false).dpre,
+                                   kernels::gelu_backward(dact, pre32, form)));
+  }
+  const Tensor pre = random_tensor({5, 6}, DType::f32, 74), w = random_tensor({4, 6}, DType::f32, 75);
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::linear_dgelu_backward(random_tensor({5, 3}), pre, w, kernels::GeluApproximation::Tanh, true); },
+      {"linear_dgelu_backward", "dy", "f32[5, 3]"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::linear_gelu_forward(pre, random_tensor({4, 5}), Tensor(), kernels::GeluApproximation::Tanh); },
+      {"linear_gelu_forward", "f32[4, 5]"}));
 }
 
 }  // namespace

@@ -260,6 +260,10 @@ int main(int argc, char** argv) {
                  "the device's peak for MFU (default: NVIDIA's datasheet figure for an H100/H200, dense bf16 989 "
                  "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)");
   app.add_option("--threads", threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
+  std::string gelu = "erf";
+  app.add_option("--gelu", gelu,
+                 "the MLPs' GELU: erf (timm's ViTs) or tanh (computed in the GEMM epilogues on the GPU in bf16)")
+      ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
   std::string recompute = "none";
   app.add_option("--recompute", recompute, "none, or blocks: activation recompute (each block reruns in backward)")
       ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
@@ -291,7 +295,8 @@ int main(int argc, char** argv) {
     const std::string name = device_name(device);
     if (peak_tflops < 0) peak_tflops = default_peak_tflops(name, precision);
 
-    const models::ViTConfig config = models::vit_config(model_name);
+    models::ViTConfig config = models::vit_config(model_name);
+    config.gelu = models::vit_gelu(gelu);
     const bool fp8 = precision == "fp8";
     const nn::Fp8Recipe fp8_recipe = fp8_recipe_from(fp8_options);
     const RunSpec spec{config, precision, optimizer_name, batch_size, device, recompute == "blocks"};
@@ -353,8 +358,8 @@ int main(int argc, char** argv) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
 
     const std::string precision_text = fp8 ? "fp8 " + fp8_recipe.describe() : precision;
-    std::printf("model %s, batch %lld, %s, %s, %s, %lld parameters\n", config.name.c_str(),
-                static_cast<long long>(batch_size), precision_text.c_str(), optimizer_name.c_str(),
+    std::printf("model %s (GELU %s), batch %lld, %s, %s, %s, %lld parameters\n", config.name.c_str(),
+                gelu.c_str(), static_cast<long long>(batch_size), precision_text.c_str(), optimizer_name.c_str(),
                 device.is_cuda() ? (device.str() + " (" + name + ")").c_str()
                                  : ("cpu, " + std::to_string(threads) + " thread(s)").c_str(),
                 static_cast<long long>(model.num_parameters()));
@@ -398,6 +403,7 @@ int main(int argc, char** argv) {
         {"model", config.name},
         {"device", name},
         {"precision", precision},
+        {"gelu", gelu},
         {"fp8_recipe", fp8 ? nlohmann::json(fp8_recipe.describe()) : nlohmann::json(nullptr)},
         {"optimizer", optimizer_name},
         {"batch_size", batch_size},

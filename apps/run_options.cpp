@@ -42,6 +42,10 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--drop-path", o.drop_path, "stochastic-depth rate (default: the model config's)")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--gelu", o.gelu,
+                 "the MLPs' GELU: erf (timm's ViTs) or tanh (the approximation; on the GPU in bf16 the fc1 and "
+                 "fc2 GEMMs then compute it and its gradient in their epilogues)")
+      ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
   app.add_option("--precision", o.precision,
                  "fp32; bf16 (bf16 weights, activations and GEMMs; f32 master weights, optimizer state, "
                  "norm statistics and loss); or fp8 (bf16, with the transformer blocks' Linears running their "
@@ -199,6 +203,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"label_smoothing", num(o.label_smoothing)},
           {"clip_grad", num(o.clip_grad)},
           {"drop_path", num(o.drop_path)},
+          {"gelu", o.gelu},
           {"precision", o.precision},
           {"device", o.device},
           {"seed", std::to_string(o.seed)},
@@ -234,6 +239,7 @@ void warn_about_changed_flags(const std::map<std::string, std::string>& saved,
 models::ViTConfig model_config(const RunOptions& o) {
   models::ViTConfig config = models::vit_config(o.model);
   if (o.drop_path >= 0) config.drop_path_rate = o.drop_path;
+  config.gelu = models::vit_gelu(o.gelu);
   return config;
 }
 

@@ -31,6 +31,7 @@ struct RunOptions {
   double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999;
   int64_t warmup_steps = 200;
   double label_smoothing = 0.1, clip_grad = 1.0, drop_path = -1;  // drop_path < 0: the model config's
+  std::string gelu = "erf";  // or "tanh"
   std::string precision = "fp32";  // or "bf16", "fp8"
   Fp8Options fp8;
   std::string fp8_log_layer = "blocks.0.mlp.fc1";  // the Linear whose FP8 numbers are logged

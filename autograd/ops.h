@@ -88,6 +88,15 @@ Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation = kernels:
 // h in backward. The values and gradients are those of the two functions, bit for bit.
 Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, const Tensor& weight,
                    const Tensor& bias = Tensor());
+// linear(gelu(linear(x, weight1, bias1)), weight2, bias2), an MLP's fc1 -> GELU -> fc2, as one node
+// that keeps x and fc1's output for backward but not the GELU's output (as gelu_linear does). Its
+// GEMMs carry the GELU where they can (kernels::linear_gelu_forward, linear_dgelu_backward: the tanh
+// form in bf16/f16 on the GPU): fc1's GEMM writes the GELU's output beside its own, and fc2's dgrad
+// applies the GELU's derivative and sums fc1's bias gradient. Elsewhere (the CPU, the erf form, f32)
+// the values and gradients are those of the three functions, bit for bit.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
+                          kernels::GeluApproximation approximation, const Tensor& weight2,
+                          const Tensor& bias2 = Tensor());
 // Mean softmax cross-entropy of logits [N, C] against class indices [N]; returns shape [].
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
                      int64_t ignore_index = -100);

@@ -155,6 +155,44 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
   });
 }
 
+// Backward takes fc2's weight gradient first, from the GELU's output made again from fc1's output,
+// and frees that before the input gradient through the GELU exists: one [tokens, hidden] temporary
+// at a time.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
+                          kernels::GeluApproximation approximation, const Tensor& weight2, const Tensor& bias2) {
+  OCTET_CHECK(x.dim() >= 1 && weight1.dim() == 2 && weight2.dim() == 2 && x.size(-1) == weight1.size(1) &&
+                  weight2.size(1) == weight1.size(0),
+              "linear_gelu_linear: x must be [..., in], weight1 [hidden, in] and weight2 [out, hidden], got ",
+              x.describe(), ", ", weight1.describe(), " and ", weight2.describe());
+  const Tensor xd = x.detach(), w1 = weight1.detach(), b1 = detached(bias1), w2 = weight2.detach(),
+               b2 = detached(bias2);
+  const k::LinearGeluOutput f = k::linear_gelu_forward(xd, w1, b1, approximation);
+  const Tensor y = k::linear_forward(f.act, w2, b2);
+  const bool nx = x.requires_grad(), nw1 = weight1.requires_grad(), nb1 = bias1.requires_grad(),
+             nw2 = weight2.requires_grad(), nb2 = bias2.requires_grad();
+  const DType b1_dtype = b1.defined() ? b1.dtype() : x.dtype(), b2_dtype = b2.defined() ? b2.dtype() : x.dtype();
+  return record("linear_gelu_linear", y, {x, weight1, bias1, weight2, bias2},
+                [=, pre = f.pre](const Grads& g) -> Grads {
+                  Tensor dx, dw1, db1, dw2, db2;
+                  if (nw2 || nb2) {
+                    const k::LinearGrads d =
+                        k::linear_backward(g[0], k::gelu_forward(pre, approximation), w2, false, nw2, nb2);
+                    dw2 = d.dweight;
+                    if (nb2) db2 = d.dbias.to(b2_dtype);
+                  }
+                  if (nx || nw1 || nb1) {
+                    const k::LinearDgeluGrads dg = k::linear_dgelu_backward(g[0], pre, w2, approximation, nb1);
+                    const bool sum_db1 = nb1 && !dg.dbias.defined();  // unfused: fc1's wgrad sums it
+                    k::LinearGrads d;
+                    if (nx || nw1 || sum_db1) d = k::linear_backward(dg.dpre, xd, w1, nx, nw1, sum_db1);
+                    dx = d.dx;
+                    dw1 = d.dweight;
+                    if (nb1) db1 = (sum_db1 ? d.dbias : dg.dbias).to(b1_dtype);
+                  }
+                  return {dx, dw1, db1, dw2, db2};
+                });
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index) {
   const Tensor ld = logits.detach(), td = targets.detach();
   k::CrossEntropyOutput r = k::cross_entropy_forward(ld, td, label_smoothing, ignore_index);

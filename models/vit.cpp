@@ -24,7 +24,7 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, bool initialize, G
     const double drop_path =
         c.depth > 1 ? c.drop_path_rate * static_cast<double>(i) / static_cast<double>(c.depth - 1) : 0.0;
     auto block = std::make_shared<nn::TransformerBlock>(D, c.num_heads, c.mlp_ratio, c.qkv_bias, c.drop_rate,
-                                                        c.attn_drop_rate, drop_path, gen);
+                                                        c.attn_drop_rate, drop_path, gen, c.gelu);
     blocks->push_back(block);
     block_list_.push_back(block);
   }

@@ -35,12 +35,19 @@ struct ViTConfig {
   double mlp_ratio = 4;  // MLP hidden width = mlp_ratio · embed_dim
   bool qkv_bias = true;
   double drop_rate = 0, attn_drop_rate = 0, drop_path_rate = 0;
+  // The MLPs' GELU: the erf form (timm's ViTs), or the tanh approximation, which on the GPU lets
+  // cuBLASLt's GEMM epilogues compute it (nn::Mlp). Weights trained with one form are for that form.
+  kernels::GeluApproximation gelu = kernels::GeluApproximation::None;
 };
 
 // timm's vit_{tiny,small,base,large,huge}_patch16_224, and vit_fashion_mnist (28×28×1, 10 classes).
 // An unknown name throws, listing the known ones.
 ViTConfig vit_config(const std::string& name);
 std::vector<std::string> vit_config_names();
+
+// The GELU form a --gelu flag names: "erf" or "tanh"; anything else throws, naming both.
+kernels::GeluApproximation vit_gelu(const std::string& name);
+const char* vit_gelu_name(kernels::GeluApproximation gelu);
 
 class VisionTransformer : public nn::Module {
  public:

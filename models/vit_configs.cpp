@@ -42,4 +42,14 @@ std::vector<std::string> vit_config_names() {
   return names;
 }
 
+kernels::GeluApproximation vit_gelu(const std::string& name) {
+  if (name == "erf") return kernels::GeluApproximation::None;
+  if (name == "tanh") return kernels::GeluApproximation::Tanh;
+  OCTET_FAIL("unknown GELU form '", name, "': pass erf (timm's ViTs) or tanh (the approximation)");
+}
+
+const char* vit_gelu_name(kernels::GeluApproximation gelu) {
+  return gelu == kernels::GeluApproximation::Tanh ? "tanh" : "erf";
+}
+
 }  // namespace octet::models

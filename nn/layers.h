@@ -109,11 +109,15 @@ class GELU : public Module {
   const kernels::GeluApproximation approximation;
 };
 
-// timm's Mlp: fc1 -> GELU -> drop1 -> fc2 -> drop2.
+// timm's Mlp: fc1 -> GELU -> drop1 -> fc2 -> drop2. `gelu` is the GELU's form: the erf form (timm's
+// default) or the tanh approximation (timm's act_layer=partial(nn.GELU, approximate='tanh')).
 class Mlp : public Module {
  public:
   Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop = 0.0,
-      Generator* gen = nullptr);
+      Generator* gen = nullptr, kernels::GeluApproximation gelu = kernels::GeluApproximation::None);
+  // With the tanh form, unquantised and with nothing that could see the difference (no hooks on fc1,
+  // act, drop1 or fc2; drop1 the identity), fc1 -> GELU -> fc2 is one node (autograd's
+  // linear_gelu_linear), whose GEMMs carry the GELU on the GPU.
   Tensor forward(const Tensor& x) override;
   // The layers after fc1, given fc1's output: forward(x) is after_fc1((*fc1)(x)). For a caller that
   // runs fc1 itself (TransformerBlock, with norm2 writing fc1's FP8 input).
@@ -130,6 +134,10 @@ class Mlp : public Module {
   std::shared_ptr<Dropout> drop1;
   std::shared_ptr<Linear> fc2;
   std::shared_ptr<Dropout> drop2;
+
+ private:
+  // Whether fc1, act, drop1 and fc2 run as autograd's linear_gelu_linear for an input of x_dtype.
+  bool gemms_carry_gelu(DType x_dtype) const;
 };
 
 // timm's Attention: one fused qkv projection [3·dim, dim] whose output is read as [B, N, 3, H, hd]
@@ -151,12 +159,13 @@ class MultiheadAttention : public Module {
   std::shared_ptr<Dropout> proj_drop;
 };
 
-// timm's pre-norm Block: x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x))).
+// timm's pre-norm Block: x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x))). `gelu` is
+// the MLP's GELU form (Mlp).
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio = 4.0, bool qkv_bias = true,
                    double proj_drop = 0.0, double attn_drop = 0.0, double drop_path = 0.0,
-                   Generator* gen = nullptr);
+                   Generator* gen = nullptr, kernels::GeluApproximation gelu = kernels::GeluApproximation::None);
   Tensor forward(const Tensor& x) override;
 
   // Activation recompute (nn/recompute.h): when on and gradients are being recorded, forward

@@ -9,16 +9,36 @@
 
 namespace octet::nn {
 
-Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop, Generator* gen)
+Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop, Generator* gen,
+         kernels::GeluApproximation gelu)
     : Module("Mlp") {
   fc1 = register_module("fc1", std::make_shared<Linear>(in_features, hidden_features));
-  act = register_module("act", std::make_shared<GELU>());
+  act = register_module("act", std::make_shared<GELU>(gelu));
   drop1 = register_module("drop1", std::make_shared<Dropout>(drop, gen));
   fc2 = register_module("fc2", std::make_shared<Linear>(hidden_features, out_features));
   drop2 = register_module("drop2", std::make_shared<Dropout>(drop, gen));
 }
 
-Tensor Mlp::forward(const Tensor& x) { return after_fc1((*fc1)(x)); }
+// cuBLASLt's GELU epilogues have the tanh form only; with the erf form the node would run exactly
+// what fc1's Linear and gelu_linear run, so the erf form keeps those (the path timm's ViTs take).
+// Under FP8 (or where a Linear would try FP8 and fall back, which it must say) the modules decide.
+bool Mlp::gemms_carry_gelu(DType x_dtype) const {
+  auto unquantised = [x_dtype](const Linear& fc) {
+    return fc.fp8_config_for(x_dtype) == nullptr && (!fc.fp8_allowed || fp8_config() == nullptr);
+  };
+  return act->approximation == kernels::GeluApproximation::Tanh && (drop1->p == 0.0 || !drop1->is_training()) &&
+         !fc1->has_forward_hooks() && !act->has_forward_hooks() && !drop1->has_forward_hooks() &&
+         !fc2->has_forward_hooks() && unquantised(*fc1) && unquantised(*fc2);
+}
+
+Tensor Mlp::forward(const Tensor& x) {
+  if (gemms_carry_gelu(x.dtype())) {
+    OCTET_CHECK(x.dim() >= 1 && x.size(-1) == fc1->in_features, "Mlp: input ", x.describe(), " must end in fc1's ",
+                fc1->in_features, " features");
+    return (*drop2)(linear_gelu_linear(x, fc1->weight, fc1->bias, act->approximation, fc2->weight, fc2->bias));
+  }
+  return after_fc1((*fc1)(x));
+}
 
 // When nothing sits between the GELU and fc2 -- drop1 is the identity (p = 0, or evaluation) and
 // none of act, drop1 and fc2 has a hook -- they run as one function: under FP8 the GELU writes fc2's
@@ -56,12 +76,17 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
       return {h, (*drop2)(out)};
     }
   }
+  if (gemms_carry_gelu(x.dtype())) {
+    const auto [h, normed] = norm.add_forward(x, y);
+    return {h, forward(normed)};
+  }
   const auto [h, hidden] = norm.add_linear_forward(*fc1, x, y);
   return {h, after_fc1(hidden)};
 }
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
-                                   double proj_drop, double attn_drop, double drop_path, Generator* gen)
+                                   double proj_drop, double attn_drop, double drop_path, Generator* gen,
+                                   kernels::GeluApproximation gelu)
     : Module("TransformerBlock") {
   OCTET_CHECK(mlp_ratio > 0, "TransformerBlock: mlp_ratio must be positive, got ", mlp_ratio);
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(dim));
@@ -71,7 +96,7 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(dim));
   // timm: hidden_features = int(dim * mlp_ratio).
   const auto hidden = static_cast<int64_t>(static_cast<double>(dim) * mlp_ratio);
-  mlp = register_module("mlp", std::make_shared<Mlp>(dim, hidden, dim, proj_drop, gen));
+  mlp = register_module("mlp", std::make_shared<Mlp>(dim, hidden, dim, proj_drop, gen, gelu));
   drop_path2 = register_module("drop_path2", std::make_shared<DropPath>(drop_path, gen));
 }
 

@@ -311,6 +311,27 @@ TEST(OpsGradcheck, GeluLinear) {
   }
 }
 
+// fc1 -> GELU -> fc2 as one node: every input's gradient, with and without each bias, and with some
+// inputs not requiring grad (fc1's bias gradient then comes from fc1's own wgrad or is skipped).
+TEST(OpsGradcheck, LinearGeluLinear) {
+  const Tensor x = param({2, 3, 5}, 81), w1 = param({6, 5}, 82), b1 = param({6}, 83), w2 = param({4, 6}, 84),
+               b2 = param({4}, 85);
+  for (auto approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    EXPECT_GRADCHECK(
+        [approximation](const Inputs& t) { return linear_gelu_linear(t[0], t[1], t[2], approximation, t[3], t[4]); },
+        {x, w1, b1, w2, b2});
+    EXPECT_GRADCHECK(
+        [approximation](const Inputs& t) { return linear_gelu_linear(t[0], t[1], Tensor(), approximation, t[2]); },
+        {x, w1, w2});
+    // Only fc1's bias and fc2's weight train (x, fc1's weight and fc2's bias fixed).
+    EXPECT_GRADCHECK(
+        [approximation, x, w1, b2](const Inputs& t) {
+          return linear_gelu_linear(x.detach(), w1.detach(), t[0], approximation, t[1], b2.detach());
+        },
+        {b1, w2});
+  }
+}
+
 TEST(OpsGradcheck, CrossEntropy) {
   const Tensor logits = param({4, 5}, 70);
   const Tensor targets = from_vector<int64_t>({3, 0, -100, 4}, {4});  // row 2 is ignored

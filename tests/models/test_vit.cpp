@@ -134,6 +134,45 @@ TEST(VisionTransformer, GradcheckInputAndParameters) {
   EXPECT_TRUE(result) << result.message;
 }
 
+// config.gelu reaches every block's GELU, the tanh model's gradients pass the finite-difference check
+// through its MLP nodes (fc1 -> GELU -> fc2 in one), and the two forms give different logits from the
+// same weights (they differ by up to 4.7e-4 per GELU). --gelu's names map to the forms.
+TEST(VisionTransformer, TanhGeluReachesEveryBlock) {
+  ViTConfig config = tiny_config();
+  config.gelu = kernels::GeluApproximation::Tanh;
+  VisionTransformer tanh_vit(config), erf_vit(tiny_config());
+  for (const auto& block : tanh_vit.transformer_blocks()) {
+    EXPECT_EQ(block->mlp->act->approximation, kernels::GeluApproximation::Tanh);
+  }
+  for (const auto& block : erf_vit.transformer_blocks()) {
+    EXPECT_EQ(block->mlp->act->approximation, kernels::GeluApproximation::None);
+  }
+  tanh_vit.to(DType::f64);
+  erf_vit.to(DType::f64);
+  Generator gen(5);
+  for (const Tensor& p : tanh_vit.parameters()) p.copy_(randn(p.shape(), gen, DType::f64).to(DType::f64));
+  erf_vit.load_state_dict(tanh_vit.state_dict());
+  Tensor images = random_tensor({2, 2, 8, 8}, DType::f64, 6);
+  const std::vector<double> a = tanh_vit(images).detach().to_vector<double>(),
+                            b = erf_vit(images).detach().to_vector<double>();
+  double apart = 0;
+  for (size_t i = 0; i < a.size(); ++i) apart = std::max(apart, std::abs(a[i] - b[i]));
+  EXPECT_GT(apart, 1e-6);
+  images.requires_grad_();
+  std::vector<Tensor> inputs = {images};
+  for (const auto& [name, p] : tanh_vit.named_parameters()) {
+    if (name.starts_with("blocks.0.mlp.")) inputs.push_back(p);
+  }
+  ASSERT_EQ(inputs.size(), 5u);
+  const auto result = autograd::gradcheck([&](const std::vector<Tensor>& in) { return tanh_vit(in[0]); }, inputs);
+  EXPECT_TRUE(result) << result.message;
+
+  EXPECT_EQ(vit_gelu("erf"), kernels::GeluApproximation::None);
+  EXPECT_EQ(vit_gelu("tanh"), kernels::GeluApproximation::Tanh);
+  EXPECT_STREQ(vit_gelu_name(vit_gelu("tanh")), "tanh");
+  EXPECT_TRUE(throws_with([] { vit_gelu("relu"); }, {"'relu'", "erf", "tanh"}));
+}
+
 TEST(VisionTransformer, InitialisationFollowsTimmAndTheSeed) {
   ViTConfig c = vit_config("vit_fashion_mnist");
   Generator g1(7), g2(7), g3(8);

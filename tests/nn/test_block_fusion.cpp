@@ -26,10 +26,12 @@ void randomise(Module& m, uint64_t seed) {
   for (const Tensor& p : m.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.5));
 }
 
-// timm's block as TransformerBlock::forward wrote it before the fusion.
+// timm's block as TransformerBlock::forward wrote it before the fusions, its MLP module by module.
 Tensor unfused_forward(TransformerBlock& block, const Tensor& x) {
   const Tensor h = x + (*block.drop_path1)((*block.attn)((*block.norm1)(x)));
-  return h + (*block.drop_path2)((*block.mlp)((*block.norm2)(h)));
+  Mlp& m = *block.mlp;
+  const Tensor mlp_out = (*m.drop2)((*m.fc2)((*m.drop1)((*m.act)((*m.fc1)((*block.norm2)(h))))));
+  return h + (*block.drop_path2)(mlp_out);
 }
 
 struct Result {
@@ -71,23 +73,53 @@ std::string producer_of_h(const Tensor& out) {
 }
 
 TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
-  for (bool training : {false, true}) {
-    SCOPED_TRACE(training ? "train, dropout and drop path on" : "eval");
-    Generator gen;
-    TransformerBlock block(D, 4, 4.0, true, /*proj_drop=*/0.1, 0.0, /*drop_path=*/0.25, &gen);
-    randomise(block, 40);
-    block.train(training);
-    const Result fused = run(block, gen, [&](const Tensor& x) { return block(x); });
-    const Result unfused = run(block, gen, [&](const Tensor& x) { return unfused_forward(block, x); });
-    expect_same(fused, unfused);
-    EXPECT_EQ(producer_of_h(fused.out), "add_layer_norm");  // the fused path did run
-    EXPECT_EQ(producer_of_h(unfused.out), "add");
+  for (auto gelu : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (bool training : {false, true}) {
+      SCOPED_TRACE(std::string(training ? "train, dropout and drop path on" : "eval") +
+                   (gelu == kernels::GeluApproximation::Tanh ? ", tanh GELU" : ", erf GELU"));
+      Generator gen;
+      TransformerBlock block(D, 4, 4.0, true, /*proj_drop=*/0.1, 0.0, /*drop_path=*/0.25, &gen, gelu);
+      randomise(block, 40);
+      block.train(training);
+      const Result fused = run(block, gen, [&](const Tensor& x) { return block(x); });
+      const Result unfused = run(block, gen, [&](const Tensor& x) { return unfused_forward(block, x); });
+      expect_same(fused, unfused);
+      EXPECT_EQ(producer_of_h(fused.out), "add_layer_norm");  // the fused path did run
+      EXPECT_EQ(producer_of_h(unfused.out), "add");
+    }
   }
 }
 
-// An MLP's GELU and fc2 run as autograd's gelu_linear when nothing sits between them (drop1 the
-// identity, no hooks): the output and every gradient bit for bit those of the modules one after the
-// other, in f32 and bf16, under both GELU forms; with dropout on in training they run as modules.
+// With the tanh form in evaluation (drop1 the identity) the block's MLP is one node; a hook on fc1
+// must see fc1's input, so then fc1 runs as a module and the GELU with fc2 as gelu_linear.
+TEST(BlockFusion, TanhMlpIsOneNodeUnlessFc1HasAHook) {
+  Generator gen;
+  TransformerBlock block(D, 4, 4.0, true, 0.0, 0.0, 0.0, &gen, kernels::GeluApproximation::Tanh);
+  randomise(block, 50);
+  const Tensor x = random_tensor({B, N, D}, DType::f32, 5, 2.0);
+  auto mlp_node = [](const Tensor& out) {  // out = h + drop_path2(mlp): the branch's producer
+    const auto& add = out.grad_fn();
+    return add && add->next_edges.size() == 2 && add->next_edges[1].node ? add->next_edges[1].node->name()
+                                                                         : std::string("?");
+  };
+  Tensor leaf = x.clone();
+  leaf.requires_grad_();
+  EXPECT_EQ(mlp_node(block(leaf)), "linear_gelu_linear");
+  Tensor seen;
+  block.mlp->fc1->register_forward_pre_hook([&seen](Module&, const Tensor& input) {
+    seen = input.detach();
+    return Tensor();
+  });
+  const Tensor out = block(leaf);
+  EXPECT_EQ(mlp_node(out), "gelu_linear");
+  ASSERT_TRUE(seen.defined());
+  EXPECT_EQ(seen.shape(), Shape({B, N, D}));
+}
+
+// An MLP's GELU and fc2 run as autograd's gelu_linear (with the tanh form, fc1 too: linear_gelu_linear)
+// when nothing sits between them (drop1 the identity, no hooks): the output and every gradient bit for
+// bit those of the modules one after the other, in f32 and bf16, under both GELU forms; with dropout on
+// in training they run as modules.
 TEST(BlockFusion, MlpGeluLinearEqualsTheModulesBitForBit) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (auto approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
@@ -115,7 +147,9 @@ TEST(BlockFusion, MlpGeluLinearEqualsTheModulesBitForBit) {
       };
       const Out fused = run_mlp(false), modules = run_mlp(true);
       ASSERT_TRUE(fused.y.grad_fn() != nullptr);
-      EXPECT_EQ(fused.y.grad_fn()->name(), "gelu_linear");
+      // The tanh form takes fc1 into the node as well (its GEMMs carry the GELU on the GPU).
+      EXPECT_EQ(fused.y.grad_fn()->name(),
+                approximation == kernels::GeluApproximation::Tanh ? "linear_gelu_linear" : "gelu_linear");
       EXPECT_EQ(modules.y.grad_fn()->name(), "linear");
       EXPECT_TRUE(same_bits(fused.y, modules.y));
       EXPECT_TRUE(same_bits(fused.dx, modules.dx));

@@ -58,6 +58,7 @@
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
+#include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "kernels/optimizers.h"
 #include "models/vit.h"
@@ -103,6 +104,9 @@ struct Case {
   std::function<Run(int64_t sets)> prepare;
   int launches = 2;      // kernel launches per run, at most (how many runs may be queued at once)
   bool one_set = false;  // far larger than L2: one copy of the inputs
+  // A GEMM with what rides along, set against the GEMM and kernels it replaces: compute-bound, so its
+  // ratio to a copy says nothing and it is not counted against the target.
+  bool gemm = false;
   std::string label() const { return kernel + " " + variant + " " + shape; }
 };
 
@@ -351,6 +355,60 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
          const std::vector<Tensor> dy = r.normals(sets, {kRows, kHidden}), x = r.normals(sets, {kRows, kHidden});
          return keeping<Tensor>(sets, [=](int64_t s) { return kernels::gelu_backward(dy[s], x[s], gelu); });
        }});
+
+  // ---- the tanh GELU in cuBLASLt's epilogues (--gelu tanh), each beside what it replaces ----
+  // fc1 forward: reads x, the weight and the bias; writes pre and the GELU's output. The composition
+  // (BIAS epilogue, then gelu_forward) also reads pre back.
+  const auto tanh = kernels::GeluApproximation::Tanh;
+  const int64_t fc1_bytes = kBf16 * (kNC + kHidden * kWidth + kHidden + 2 * kNH);
+  const std::string fc1_shape = nc + " -> " + std::to_string(kHidden);
+  cases.push_back({"linear+gelu_forward", "bf16, tanh, BIAS then GELU", fc1_shape, fc1_bytes + kBf16 * kNH,
+                   [=](int64_t sets) -> Run {
+                     Random& r = ws->random();
+                     const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth});
+                     const Tensor w = kernels::mul_scalar(r.normal({kHidden, kWidth}, DType::bf16), 0.03),
+                                  b = r.normal({kHidden}, DType::bf16);
+                     return keeping<Tensor>(sets, [=](int64_t s) {
+                       return kernels::gelu_forward(kernels::linear_forward(x[s], w, b), tanh);
+                     });
+                   },
+                   3, false, true});
+  cases.push_back({"linear_gelu_forward", "bf16, tanh, GELU_AUX_BIAS", fc1_shape, fc1_bytes,
+                   [=](int64_t sets) -> Run {
+                     Random& r = ws->random();
+                     const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth});
+                     const Tensor w = kernels::mul_scalar(r.normal({kHidden, kWidth}, DType::bf16), 0.03),
+                                  b = r.normal({kHidden}, DType::bf16);
+                     return keeping<kernels::LinearGeluOutput>(
+                         sets, [=](int64_t s) { return kernels::linear_gelu_forward(x[s], w, b, tanh); });
+                   },
+                   2, false, true});
+  // fc2 dgrad: reads dy, the weight and pre; writes dpre and fc1's bias gradient. The composition
+  // writes dact, reads it back with pre (and fc1's wgrad sums the bias gradient in its BGRADB).
+  const int64_t fc2_bytes = kBf16 * (kNC + kWidth * kHidden + 2 * kNH + kHidden);
+  const std::string fc2_shape = nc + " -> " + std::to_string(kHidden);
+  cases.push_back({"dgrad+gelu_backward", "bf16, tanh, dgrad then dGELU", fc2_shape,
+                   fc2_bytes + 2 * kBf16 * kNH, [=](int64_t sets) -> Run {
+                     Random& r = ws->random();
+                     const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}),
+                                               pre = r.normals(sets, {kRows, kHidden});
+                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kHidden}, DType::bf16), 0.03);
+                     return keeping<Tensor>(sets, [=](int64_t s) {
+                       const Tensor dact = kernels::linear_backward(dy[s], pre[s], w, true, false, false).dx;
+                       return kernels::gelu_backward(dact, pre[s], tanh);
+                     });
+                   },
+                   3, false, true});
+  cases.push_back({"linear_dgelu_backward", "bf16, tanh, DGELU_BGRAD", fc2_shape, fc2_bytes,
+                   [=](int64_t sets) -> Run {
+                     Random& r = ws->random();
+                     const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}),
+                                               pre = r.normals(sets, {kRows, kHidden});
+                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kHidden}, DType::bf16), 0.03);
+                     return keeping<kernels::LinearDgeluGrads>(
+                         sets, [=](int64_t s) { return kernels::linear_dgelu_backward(dy[s], pre[s], w, tanh, true); });
+                   },
+                   2, false, true});
 
   // ---- FP8 casts (bytes: cast_case) ----
   // Forward activations, E4M3: a Linear's input (proj's, or qkv's and fc1's with the producers off) and
@@ -675,7 +733,7 @@ int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>&
   std::vector<nlohmann::json> rows;
   double worst = 1e300;
   std::string worst_label;
-  int counted = 0, under = 0, launch_bound = 0;
+  int counted = 0, under = 0, launch_bound = 0, gemms = 0;
   for (const Case& c : cases) {
     const int64_t sets = c.one_set ? 1 : std::clamp<int64_t>((4 * l2 + c.bytes - 1) / c.bytes, 2, 64);
     std::vector<double> us, copy_us;
@@ -691,6 +749,8 @@ int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>&
     const bool tiny = c.bytes < kLaunchBound;
     if (tiny) {
       ++launch_bound;
+    } else if (c.gemm) {
+      ++gemms;
     } else {
       ++counted;
       if (ratio < kTarget) ++under;
@@ -699,7 +759,8 @@ int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>&
     if (text) {
       std::printf("%-26s %-28s %-26s %9.1f %9.2f %7.0f %9.1f %7.0f %6.2f %4lld%s%s\n", c.kernel.c_str(),
                   c.variant.c_str(), c.shape.c_str(), t, static_cast<double>(c.bytes) / 1e6, gbps, tc, copy_gbps, ratio,
-                  static_cast<long long>(sets), tiny ? "  (launch-bound: not counted)" : "",
+                  static_cast<long long>(sets),
+                  tiny ? "  (launch-bound: not counted)" : c.gemm ? "  (GEMM: compute-bound, not counted)" : "",
                   host_paced ? "  (host-paced: may include host time)" : "");
       std::fflush(stdout);
     }
@@ -717,13 +778,16 @@ int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>&
                     {"runs", us.size()},
                     {"sets", sets},
                     {"launch_bound", tiny},
+                    {"gemm", c.gemm},
                     {"host_paced", host_paced}});
   }
   if (text) std::printf("\n");
   for (const nlohmann::json& row : rows) std::printf("%s\n", row.dump().c_str());
   if (text && counted > 0) {
-    std::printf("worst ratio %.2f (%s); %d of %d kernels under the %.2f target (%d launch-bound row%s not counted)\n",
-                worst, worst_label.c_str(), under, counted, kTarget, launch_bound, launch_bound == 1 ? "" : "s");
+    std::printf("worst ratio %.2f (%s); %d of %d kernels under the %.2f target (%d launch-bound row%s and %d GEMM "
+                "row%s not counted)\n",
+                worst, worst_label.c_str(), under, counted, kTarget, launch_bound, launch_bound == 1 ? "" : "s", gemms,
+                gemms == 1 ? "" : "s");
   }
   const nlohmann::json summary = {{"bench", "bench_kernels"},
                                   {"summary", true},

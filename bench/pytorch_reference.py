@@ -19,6 +19,7 @@ tools/gpu_check.sh starts it so, runs the GPU tests meanwhile, then creates FILE
 Nothing in Octet depends on this script or on Python; it runs only beside bench_vit on a GPU machine.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -44,10 +45,13 @@ CONFIGS = {
 OPTIMIZERS = {"sgd": "SGD momentum 0.9", "sgd-fused": "SGD momentum 0.9, fused=True"}
 
 
-def build_model(name, num_classes):
+def build_model(name, num_classes, gelu="erf"):
+    """timm's VisionTransformer; gelu "tanh" gives its MLPs nn.GELU(approximate="tanh"), as bench_vit's
+    --gelu tanh (timm's default, "erf", is nn.GELU())."""
     img, patch, dim, depth, heads, mlp_ratio = CONFIGS[name]
+    act = functools.partial(torch.nn.GELU, approximate="tanh") if gelu == "tanh" else torch.nn.GELU
     return VisionTransformer(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads,
-                             mlp_ratio=mlp_ratio, num_classes=num_classes)
+                             mlp_ratio=mlp_ratio, num_classes=num_classes, act_layer=act)
 
 
 def flops_per_image_forward(model):
@@ -81,7 +85,7 @@ def run(args, mode):
     torch.manual_seed(0)
     device = torch.device("cuda")
     with device:  # built and initialised on the GPU: ViT-H's 632M parameters take minutes to initialise on the CPU
-        model = build_model(args.model, args.num_classes)
+        model = build_model(args.model, args.num_classes, args.gelu)
     model.train()
     images = torch.randn(args.batch_size, 3, model.patch_embed.img_size[0], model.patch_embed.img_size[1],
                          device=device)
@@ -139,7 +143,8 @@ def run(args, mode):
         tflops = flops_per_image * images_per_s / 1e12
         mfu = tflops / peak if peak else None
         peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
-        label = f"pytorch-{mode}" + ("-fused" if optimizer_name == "sgd-fused" else "")
+        label = (f"pytorch-{mode}" + ("-fused" if optimizer_name == "sgd-fused" else "")
+                 + ("-gelu-tanh" if args.gelu == "tanh" else ""))
         print(f"{label}: model {args.model} (timm VisionTransformer), batch {args.batch_size}, {args.precision} "
               f"autocast, {OPTIMIZERS[optimizer_name]}, {name}, {parameters} parameters")
         print(f"{label}: {flops_per_image / 1e9:.4g} GFLOP per training image (3x forward)")
@@ -148,7 +153,7 @@ def run(args, mode):
         print(f"{label}: memory: peak {peak_memory_gib:.2f} GiB allocated, "
               f"{torch.cuda.max_memory_reserved(device) / 2**30:.2f} GiB reserved")
         print(json.dumps({
-            "bench": label, "model": args.model, "device": name, "precision": args.precision,
+            "bench": label, "model": args.model, "device": name, "precision": args.precision, "gelu": args.gelu,
             "optimizer": optimizer_name, "batch_size": args.batch_size, "steps": args.steps, "step_ms": step_ms,
             "images_per_s": images_per_s, "tflops": tflops, "mfu": mfu, "peak_tflops": peak,
             "peak_memory_gib": peak_memory_gib, "gflop_per_image": flops_per_image / 1e9, "loss": last_loss,
@@ -170,6 +175,8 @@ def main():
                         help="bf16: torch.autocast(bfloat16) over fp32 parameters; fp32: no autocast")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
+    parser.add_argument("--gelu", choices=["erf", "tanh"], default="erf",
+                        help="the MLPs' GELU: erf (timm's nn.GELU()) or tanh (nn.GELU(approximate='tanh'))")
     parser.add_argument("--mode", choices=["eager", "compile", "both"], default="both")
     parser.add_argument("--optimizer", choices=["sgd", "sgd-fused", "both"], default="both",
                         help="plain SGD (the seed experiment's), SGD(fused=True), or both, one after the other")

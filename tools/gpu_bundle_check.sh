@@ -293,6 +293,7 @@ files=$(find "$check_out" -mindepth 1 | wc -l)
 for f in summary.txt logs.tar.gz results.md; do [[ -s $check_out/$f ]] || problems+=("no $f"); done
 tar -tzf "$check_out/logs.tar.gz" > "$work/check-logs.txt" 2> /dev/null || problems+=("logs.tar.gz does not list")
 for f in gpu_info.txt bench_vit_bf16.log bench_vit_fp8.log bench_vit_fp8_unfused.log bench_vit_bf16_recompute.log \
+         bench_vit_bf16_gelu_tanh.log \
          test_cuda_list.txt test_cuda_s0.log test_cuda_s3.log bf16.jsonl bf16_cpu.jsonl fsdp_lora_nccl.log \
          fsdp_hybrid_nccl_cpu.jsonl mpi_gpu_shared.log mpi_collectives_cuda.log mpi2_fsdp_fp8_gather.jsonl \
          mpi2_fsdp_fp8_gather_cpu.jsonl bench.jsonl results.md; do
@@ -313,6 +314,8 @@ expect "$summary" '^PASS  fsdp fp8: --fp8-all-gather against bf16 gathers: steps
 expect "$summary" '^stage times: bench [0-9]+ s, .*table [0-9]+ s' "no stage times"
 expect "$check_out/results.md" '^\| Octet fp8, delayed scaling, --fp8-fused-producers off \| [0-9.]+ \|' "the table lacks fp8 unfused"
 expect "$check_out/results.md" '^\| Octet bf16, --recompute blocks \| [0-9.]+ \|' "the table lacks bf16 recompute"
+expect "$check_out/results.md" '^\| Octet bf16, --gelu tanh \(the GELU in cuBLASLt.s GEMM epilogues\) \| [0-9.]+ \|' \
+  "the table lacks bf16 --gelu tanh"
 if ((${#problems[@]} == 0)); then
   pass "rehearsal: the whole GPU check on the CPU from the bundle in $took s (deadline $rehearsal_seconds s): $(grep -c '^PASS' "$summary") steps passed, $files files; $(grep '^VERDICT' "$summary")"
 else

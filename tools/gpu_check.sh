@@ -10,9 +10,11 @@
 #
 #   bench          bench_vit for ViT-H/16 at batch 64, 10 steps after 3 warm-up, on an idle GPU: bf16
 #                  (14 s), fp8 (12 s), fp8 with --fp8-fused-producers off (11 s), bf16 with
-#                  --recompute blocks (11 s)
+#                  --recompute blocks (11 s), bf16 with --gelu tanh (the GELU in cuBLASLt's epilogues;
+#                  not timed yet, about 14 s)
 #   bench_kernels  bench_kernels, where the build has it (at most 90 s)
-#   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (19 s)
+#   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (19 s), then plain SGD
+#                  with the tanh GELU (not timed yet, about 10 s)
 #   compile        starts torch.compile in the background (--start-gate): its cold compile (about
 #                  170 s alone, more beside the tests) runs on the host's cores while the next stages
 #                  use the GPU; it is released, timed on an idle GPU and waited for before the first
@@ -365,7 +367,8 @@ stage_bench() {
   local spec name run flags
   for spec in "bf16 octet --precision bf16" "fp8 octet-fp8 --precision fp8" \
               "fp8_unfused octet-fp8-unfused --precision fp8 --fp8-fused-producers off" \
-              "bf16_recompute octet-recompute --precision bf16 --recompute blocks"; do
+              "bf16_recompute octet-recompute --precision bf16 --recompute blocks" \
+              "bf16_gelu_tanh octet-gelu-tanh --precision bf16 --gelu tanh"; do
     read -r name run flags <<< "$spec"
     # shellcheck disable=SC2086  # flags: words
     if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
@@ -433,6 +436,11 @@ stage_eager() {
     step pytorch_eager 150 "$py" "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
       --steps "$bench_steps" --warmup "$bench_warmup" --mode eager --optimizer both &&
     grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager.log" | indent
+  # The tanh form's baseline for bench_vit --gelu tanh (plain SGD only).
+  torch_ok "PyTorch eager, GELU tanh" &&
+    step pytorch_eager_gelu_tanh 90 "$py" "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
+      --steps "$bench_steps" --warmup "$bench_warmup" --mode eager --optimizer sgd --gelu tanh &&
+    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager_gelu_tanh.log" | indent
   stage_end
 }
 

@@ -406,10 +406,12 @@ NAMES = {
     "octet-fp8": "Octet fp8, delayed scaling, fused producers on (bench_vit)",
     "octet-fp8-unfused": "Octet fp8, delayed scaling, --fp8-fused-producers off",
     "octet-recompute": "Octet bf16, --recompute blocks",
+    "octet-gelu-tanh": "Octet bf16, --gelu tanh (the GELU in cuBLASLt's GEMM epilogues)",
     "pytorch-eager": "PyTorch eager, bf16 autocast, SGD",
     "pytorch-eager-fused": "PyTorch eager, bf16 autocast, SGD(fused=True)",
     "pytorch-compile": "PyTorch torch.compile, bf16 autocast, SGD",
     "pytorch-compile-fused": "PyTorch torch.compile, bf16 autocast, SGD(fused=True)",
+    "pytorch-eager-gelu-tanh": "PyTorch eager, bf16 autocast, SGD, nn.GELU(approximate='tanh')",
 }
 
 
@@ -476,6 +478,11 @@ def table(args):
         r = runs["octet-recompute"]
         goals.append(f"bf16 --recompute blocks: {ips['octet-recompute'] / ips['octet']:.3f}x bf16's images/s, "
                      f"peak memory {fmt(r.get('peak_memory_gib'), '.2f')} GiB against {fmt(runs['octet'].get('peak_memory_gib'), '.2f')}")
+    if "octet-gelu-tanh" in runs and "octet" in runs:
+        tanh = ips["octet-gelu-tanh"]
+        goals.append(f"bf16 --gelu tanh: {tanh / ips['octet']:.3f}x bf16's (erf) images/s"
+                     + (f", {tanh / ips['pytorch-eager-gelu-tanh']:.3f}x PyTorch eager with the same GELU"
+                        if "pytorch-eager-gelu-tanh" in runs else ""))
     if "octet" in runs and "pytorch-eager" in runs:
         goals.append(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
                      f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")

@@ -320,6 +320,10 @@ class Report(unittest.TestCase):
              "tflops": 395.0, "mfu": 0.4, "peak_memory_gib": 28.0, "gflop_per_image": 764.0},
             {"bench": "pytorch-eager", "precision": "bf16", "images_per_s": 250.0, "step_ms": 256.0, "tflops": 191.0,
              "mfu": 0.19, "peak_memory_gib": 40.0, "gflop_per_image": 764.0},
+            {"run": "octet-gelu-tanh", "bench": "octet", "precision": "bf16", "gelu": "tanh", "images_per_s": 420.0,
+             "step_ms": 152.4, "tflops": 321.0, "mfu": 0.32, "peak_memory_gib": 30.0, "gflop_per_image": 764.0},
+            {"bench": "pytorch-eager-gelu-tanh", "precision": "bf16", "gelu": "tanh", "images_per_s": 260.0,
+             "step_ms": 246.2, "tflops": 199.0, "mfu": 0.2, "peak_memory_gib": 40.0, "gflop_per_image": 764.0},
         ]
         bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
         rc, out = run("table", bench, "--device", "NVIDIA H100", "--model", "vit_huge_patch16_224", "--batch", "64",
@@ -335,6 +339,8 @@ class Report(unittest.TestCase):
         self.assertIn("Octet fp8 ÷ PyTorch eager bf16 = 2.000 (goal >= 1.9): met", out)
         self.assertIn("Octet fp8 with the fused producers ÷ with the separate casts = 0.962 (goal > 1): NOT met", out)
         self.assertIn("Octet bf16 peak memory ÷ PyTorch eager's = 0.750 (goal <= 0.8): met", out)
+        self.assertIn("| Octet bf16, --gelu tanh (the GELU in cuBLASLt's GEMM epilogues) | 420.0 |", out)
+        self.assertIn("bf16 --gelu tanh: 1.050x bf16's (erf) images/s, 1.615x PyTorch eager with the same GELU", out)
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
         self.assertIn("did not run: octet-recompute, pytorch-eager-fused, pytorch-compile, pytorch-compile-fused", out)
 

@@ -5,6 +5,10 @@
 //   build/bin/bench_kernels --filter fp8_cast   only the rows whose kernel, variant or shape contain the text
 //   build/bin/bench_kernels --list              the rows and their byte budgets, timing nothing (any machine)
 //   build/bin/bench_kernels --json-only         one JSON line per kernel and the summary line, no table
+//   build/bin/bench_kernels --profile --filter A --filter B
+//                                               each row of A or B run once between cudaProfilerStart
+//                                               and cudaProfilerStop, for a profiler started with
+//                                               profiling off (ncu --profile-from-start off), untimed
 //
 // Without a CUDA device, or in a CPU-only build, it says it skipped and exits 0.
 //
@@ -65,6 +69,7 @@
 #include "optim/param_groups.h"
 
 #if OCTET_HAS_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_stream.h"
@@ -688,6 +693,23 @@ struct Options {
   bool json_only = false;
 };
 
+// --profile: each row prepared, run once to warm up (its first launch may load the module), then run
+// once more with the profiler on. Nothing is timed here: the profiler measures the launches it sees.
+int profile_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>& ws) {
+  for (const Case& c : cases) {
+    const Run run = c.prepare(2);
+    run(0);
+    octet::cuda::synchronize(ws->device.index);
+    octet::cuda::check(cudaProfilerStart(), "cudaProfilerStart");
+    run(1);
+    octet::cuda::synchronize(ws->device.index);
+    octet::cuda::check(cudaProfilerStop(), "cudaProfilerStop");
+    std::printf("profiled: %s (%lld bytes in its budget)\n", c.label().c_str(), static_cast<long long>(c.bytes));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>& ws, const Options& o) {
   const int device = ws->device.index;
   cudaDeviceProp props{};
@@ -810,16 +832,21 @@ int main(int argc, char** argv) {
   CLI::App app{
       "bench_kernels: the memory-bound kernels of a ViT-H/16 training step (batch 64) against a "
       "device-to-device copy of the same bytes"};
-  std::string filter;
+  std::vector<std::string> filters;
   int reps = 30, warmup = 3;
-  bool json_only = false, list = false;
-  app.add_option("--filter", filter, "only the rows whose kernel, variant or shape contain this text");
+  bool json_only = false, list = false, profile = false;
+  app.add_option("--filter", filters,
+                 "only the rows whose label (kernel, variant and shape, as --list shows them) contains this text; "
+                 "repeat it for the rows that match any");
   app.add_option("--reps", reps, "timed runs per row (the median is reported)")
       ->check(CLI::Range(20, 1000))
       ->capture_default_str();
   app.add_option("--warmup", warmup, "untimed runs first")->check(CLI::Range(1, 100))->capture_default_str();
   app.add_flag("--json-only", json_only, "print only the JSON lines (one per row, then the summary)");
   app.add_flag("--list", list, "list the rows and their byte budgets without timing anything (no GPU needed)");
+  app.add_flag("--profile", profile,
+               "run each row once more between cudaProfilerStart and cudaProfilerStop, untimed, for a profiler "
+               "started with profiling off (ncu --profile-from-start off)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -839,10 +866,15 @@ int main(int argc, char** argv) {
     const auto ws = std::make_shared<Workspace>();
     std::vector<Case> cases;
     for (Case& c : step_cases(ws)) {
-      if (c.label().find(filter) != std::string::npos) cases.push_back(std::move(c));
+      const bool match = filters.empty() || std::any_of(filters.begin(), filters.end(), [&](const std::string& f) {
+                           return c.label().find(f) != std::string::npos;
+                         });
+      if (match) cases.push_back(std::move(c));
     }
     if (cases.empty()) {
-      logging::error("bench_kernels: no row matches --filter '{}'; --list shows them", filter);
+      std::string given;
+      for (const std::string& f : filters) given += " '" + f + "'";
+      logging::error("bench_kernels: no row matches --filter{}; --list shows them", given);
       return 2;
     }
     if (list) {
@@ -854,6 +886,7 @@ int main(int argc, char** argv) {
       return 0;
     }
 #if OCTET_HAS_CUDA
+    if (profile) return profile_cases(cases, ws);
     return time_cases(cases, ws, {.reps = reps, .warmup = warmup, .json_only = json_only});
 #else
     return 0;  // not reached: a CPU-only build skipped above

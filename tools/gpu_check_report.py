@@ -17,6 +17,10 @@
   kernels CSV[.gz]... [--top N]
         Nsight Compute captures (--csv --page raw with gpu__time_duration.sum) summed per kernel
         category and per kernel, with launches and microseconds per launch
+  metrics CSV[.gz]
+        an Nsight Compute capture with the SpeedOfLight, LaunchStats, Occupancy, WarpStateStats and
+        MemoryWorkloadAnalysis sections (--csv --page raw), one line per kernel: time, DRAM bytes
+        moved, throughput, occupancy, waves, and the warps' top stall reasons
   table BENCH.jsonl --device TEXT --model NAME --batch N [--commit C] [--date D]
         the benchmark table in bench/RESULTS.md's format: Octet bf16, fp8 (fused producers on and
         off) and bf16 with recompute beside PyTorch eager and torch.compile, and the goals
@@ -415,6 +419,96 @@ NAMES = {
 }
 
 
+# ---- metrics: why a kernel is slow ----------------------------------------------------------------------------
+
+# The columns of an ncu capture with the SpeedOfLight, LaunchStats, Occupancy, WarpStateStats and
+# MemoryWorkloadAnalysis sections that say where a memory-bound kernel's time goes, with the unit
+# each is printed in (a column the capture lacks prints as n/a).
+METRICS = [
+    ("µs", "gpu__time_duration.sum", "us"),
+    ("DRAM read MB", "dram__bytes_read.sum", "MB"),
+    ("DRAM write MB", "dram__bytes_write.sum", "MB"),
+    ("DRAM % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed", ""),
+    ("SM % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed", ""),
+    ("occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", ""),
+    ("theoretical %", "sm__maximum_warps_per_active_cycle_pct", ""),
+    ("waves per SM", "launch__waves_per_multiprocessor", ""),
+    ("grid", "launch__grid_size", ""),
+    ("block", "launch__block_size", ""),
+    ("registers", "launch__registers_per_thread", ""),
+    ("instructions (M)", "smsp__inst_executed.sum", "M"),
+]
+UNITS_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
+
+
+def read_ncu_rows(path):
+    """The header, the units row and the data rows of ncu's --csv --page raw output."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", errors="replace") as f:
+        lines = f.read().splitlines()
+    header = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if header is None:
+        return [], [], []
+    rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[header:] if line.startswith('"')))))
+    columns, body = rows[0], rows[1:]
+    units = []
+    if body and not body[0][0]:
+        units, body = body[0], body[1:]
+    return columns, units, body
+
+
+def metric_value(row, columns, units, name, unit):
+    if name not in columns:
+        return None
+    at = columns.index(name)
+    try:
+        v = float(row[at].replace(",", ""))
+    except (ValueError, IndexError):
+        return None
+    u = units[at].strip() if at < len(units) else ""
+    if unit == "us":
+        return v * UNITS_NS.get(u, 1.0) / 1e3
+    if unit == "MB":
+        return v * UNITS_BYTES.get(u, 1.0) / 1e6
+    if unit == "M":
+        return v / 1e6
+    return v
+
+
+def metrics(args):
+    """One line per profiled kernel: its time, the DRAM bytes it really moved, how full the SMs were,
+    how many waves its grid made, and the three reasons its warps stalled most (cycles between two
+    issues, per issued instruction)."""
+    columns, units, body = read_ncu_rows(args.csv)
+    if not body or "Kernel Name" not in columns:
+        print(f"{os.path.basename(args.csv)}: no kernels (not an ncu --csv --page raw capture, or the capture failed)")
+        return 1
+    name_at = columns.index("Kernel Name")
+    stalls = [(m.group(1), i) for i, c in enumerate(columns) if (m := STALL.match(c))]
+    print("| kernel | " + " | ".join(label for label, _, _ in METRICS) + " | most stalled on |")
+    print("|---|" + "---:|" * len(METRICS) + "---|")
+    for row in body:
+        if len(row) <= name_at:
+            continue
+        label = re.sub(r"\b\w+::", "", kernel_label(row[name_at]))  # namespaces off, template arguments kept
+        label = label if len(label) <= 90 else label[:87] + "..."
+        cells = []
+        for _, name, unit in METRICS:
+            v = metric_value(row, columns, units, name, unit)
+            cells.append("n/a" if v is None else (f"{v:.1f}" if abs(v) < 1e4 else f"{v:.0f}"))
+        ranked = []
+        for reason, at in stalls:
+            try:
+                ranked.append((float(row[at].replace(",", "")), reason))
+            except (ValueError, IndexError):
+                pass
+        ranked.sort(reverse=True)
+        top = ", ".join(f"{r} {v:.1f}" for v, r in ranked[:3]) if ranked else "n/a"
+        print(f"| {label} | " + " | ".join(cells) + f" | {top} |")
+    return 0
+
+
 def goal(text, value, target, at_least=True, fmt=".3f", unit=""):
     met = value >= target if at_least else value <= target
     return (f"{text} = {value:{fmt}}{unit} (goal {'>=' if at_least else '<='} {target}{unit}): "
@@ -518,6 +612,8 @@ def main():
     p = sub.add_parser("kernels")
     p.add_argument("csv", nargs="+")
     p.add_argument("--top", type=int, default=15)
+    p = sub.add_parser("metrics")
+    p.add_argument("csv")
     p = sub.add_parser("table")
     p.add_argument("bench")
     p.add_argument("--device", default="")
@@ -527,7 +623,7 @@ def main():
     p.add_argument("--date", default="")
     args = parser.parse_args()
     return {"gtest": gtest, "shards": shards, "track": track, "falls": falls, "kernels": kernels,
-            "table": table}[args.command](args)
+            "metrics": metrics, "table": table}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -309,6 +309,38 @@ class Report(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("none.csv: no kernels", out)
 
+    # -- metrics
+    def test_metrics_gives_each_kernel_its_bytes_occupancy_waves_and_stalls(self):
+        header = ('"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum",'
+                  '"dram__throughput.avg.pct_of_peak_sustained_elapsed","sm__warps_active.avg.pct_of_peak_sustained_active",'
+                  '"launch__waves_per_multiprocessor","launch__registers_per_thread",'
+                  '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",'
+                  '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
+                  '"smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",'
+                  '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"')
+        capture = "\n".join([
+            "==PROF== Connected to process 1 (bench_kernels)",
+            "profiled: layernorm_backward bf16, dweight+dbias 12608x1280 (96937984 bytes in its budget)",
+            header,
+            '"","","usecond","Mbyte","Kbyte","%","%","","register/thread","","","",""',
+            '"0","void octet::kernels::cuda::<unnamed>::layernorm_backward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0>'
+            '(const T1 *, const T1 *, const T1 *, const T2 *, const float *, const float *, T1 *, float *, long, int, int, '
+            'int, bool, bool)","48.80","64.75","34,100","61.2","23.9","0.99","126","21.5","3.2","0.4","1.1"',
+            '"1","void octet::kernels::cuda::<unnamed>::layernorm_column_sums_kernel<__nv_bfloat16>(const float *, long, '
+            'long, T1 *, T1 *)","3.10","2.69","5.1","","","0.61","28","","","",""',
+        ]) + "\n"
+        rc, out = run("metrics", self.write("m.csv", capture))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("| kernel | µs | DRAM read MB | DRAM write MB | DRAM % of peak |", out)
+        # Units converted (Kbyte to MB), thousands separators read, absent columns n/a, the stalls ranked.
+        self.assertIn("| layernorm_backward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 48.8 | 64.8 | 34.1 | 61.2 | "
+                      "n/a | 23.9 | n/a | 1.0 | n/a | n/a | 126.0 | n/a | long_scoreboard 21.5, barrier 3.2, wait 1.1 |", out)
+        self.assertIn("| layernorm_column_sums_kernel<__nv_bfloat16> | 3.1 | 2.7 | 0.0 | n/a |", out)
+        self.assertIn("| n/a |\n", out)  # the column sums kernel has no stall figures
+        rc, out = run("metrics", self.write("none.csv", "==ERROR== the section is unknown\n"))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("none.csv: no kernels", out)
+
     # -- table
     def test_table_gives_each_run_the_ratios_and_the_goals(self):
         rows = [

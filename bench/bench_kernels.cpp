@@ -115,6 +115,17 @@ struct Case {
   std::string label() const { return kernel + " " + variant + " " + shape; }
 };
 
+// Runs LayerNorm's backward in one design for the life of the scope (the design is read at launch).
+struct DesignScope {
+  explicit DesignScope(kernels::LayerNormBackwardDesign design) : saved(kernels::layernorm_backward_design()) {
+    kernels::set_layernorm_backward_design(design);
+  }
+  ~DesignScope() { kernels::set_layernorm_backward_design(saved); }
+  DesignScope(const DesignScope&) = delete;
+  DesignScope& operator=(const DesignScope&) = delete;
+  kernels::LayerNormBackwardDesign saved;
+};
+
 // run(i) = f(i mod sets), whose result stays alive until run i + sets replaces it: each run writes
 // memory that none of the last `sets` runs wrote.
 template <class Out, class F>
@@ -297,22 +308,6 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                      return keeping<kernels::LayerNormOutput>(
                          sets, [=](int64_t s) { return kernels::layernorm_forward(x[s], w, b, kEps); });
                    }});
-  // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
-  // rstd; writes dx, dweight, dbias.
-  cases.push_back(
-      {"layernorm_backward", "bf16, dweight+dbias", nc, 3 * kBf16 * kNC + 3 * kBf16 * kWidth + stats,
-       [=](int64_t sets) -> Run {
-         Random& r = ws->random();
-         const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
-         const Tensor w = r.ln_weight(), b = r.ln_bias();
-         std::vector<kernels::LayerNormOutput> fwd;
-         for (const Tensor& xs : x) {
-           fwd.push_back(kernels::layernorm_forward(xs, w, b, kEps));
-           fwd.back().y = Tensor();  // only mean and rstd are backward's
-         }
-         return keeping<kernels::LayerNormGrads>(
-             sets, [=](int64_t s) { return kernels::layernorm_backward(dy[s], x[s], w, fwd[s].mean, fwd[s].rstd); });
-       }});
   // add_layernorm_forward: reads x, y, weight, bias; writes h = x + y, its LayerNorm, mean, rstd.
   cases.push_back(
       {"add_layernorm_forward", "bf16", nc, 4 * kBf16 * kNC + affine + stats, [=](int64_t sets) -> Run {
@@ -322,23 +317,48 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
          return keeping<kernels::AddLayerNormOutput>(
              sets, [=](int64_t s) { return kernels::add_layernorm_forward(x[s], y[s], w, b, kEps); });
        }});
-  // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
-  cases.push_back(
-      {"add_layernorm_backward", "bf16, dweight+dbias", nc, 4 * kBf16 * kNC + 3 * kBf16 * kWidth + stats,
-       [=](int64_t sets) -> Run {
-         Random& r = ws->random();
-         const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
-         const Tensor w = r.ln_weight(), b = r.ln_bias();
-         std::vector<kernels::AddLayerNormOutput> fwd;
-         for (int64_t s = 0; s < sets; ++s) {
-           fwd.push_back(kernels::add_layernorm_forward(r.normal({kRows, kWidth}, DType::bf16),
-                                                        r.normal({kRows, kWidth}, DType::bf16), w, b, kEps));
-           fwd.back().y = Tensor();  // only h, mean and rstd are backward's
-         }
-         return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
-           return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, w, fwd[s].mean, fwd[s].rstd);
-         });
-       }});
+  // LayerNorm's backward in both designs of its register kernel (kernels/nn_ops.h
+  // LayerNormBackwardDesign), until a GPU run decides between them.
+  using kernels::LayerNormBackwardDesign;
+  for (const auto design : {LayerNormBackwardDesign::kRound, LayerNormBackwardDesign::kPipelined}) {
+    const std::string design_text = design == LayerNormBackwardDesign::kRound ? "" : ", pipelined";
+    // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
+    // rstd; writes dx, dweight, dbias.
+    cases.push_back(
+        {"layernorm_backward", "bf16, dweight+dbias" + design_text, nc,
+         3 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
+           Random& r = ws->random();
+           const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
+           const Tensor w = r.ln_weight(), b = r.ln_bias();
+           std::vector<kernels::LayerNormOutput> fwd;
+           for (const Tensor& xs : x) {
+             fwd.push_back(kernels::layernorm_forward(xs, w, b, kEps));
+             fwd.back().y = Tensor();  // only mean and rstd are backward's
+           }
+           return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
+             const DesignScope scope(design);
+             return kernels::layernorm_backward(dy[s], x[s], w, fwd[s].mean, fwd[s].rstd);
+           });
+         }});
+    // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
+    cases.push_back(
+        {"add_layernorm_backward", "bf16, dweight+dbias" + design_text, nc,
+         4 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
+           Random& r = ws->random();
+           const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
+           const Tensor w = r.ln_weight(), b = r.ln_bias();
+           std::vector<kernels::AddLayerNormOutput> fwd;
+           for (int64_t s = 0; s < sets; ++s) {
+             fwd.push_back(kernels::add_layernorm_forward(r.normal({kRows, kWidth}, DType::bf16),
+                                                          r.normal({kRows, kWidth}, DType::bf16), w, b, kEps));
+             fwd.back().y = Tensor();  // only h, mean and rstd are backward's
+           }
+           return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
+             const DesignScope scope(design);
+             return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, w, fwd[s].mean, fwd[s].rstd);
+           });
+         }});
+  }
   // add (the residual add that is not fused): reads a, b; writes a + b.
   cases.push_back(
       {"add", "bf16 (residual)", nc, 3 * kBf16 * kNC, [=](int64_t sets) -> Run {
@@ -748,7 +768,7 @@ int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>&
         "GB/s / copy GB/s (target %.2f)\n\n",
         kTarget);
     // "µs" is one column wide and two bytes long: its fields are one wider.
-    std::printf("%-26s %-28s %-26s %10s %9s %7s %10s %7s %6s %4s\n", "kernel", "variant", "shape", "µs", "MB", "GB/s",
+    std::printf("%-26s %-32s %-26s %10s %9s %7s %10s %7s %6s %4s\n", "kernel", "variant", "shape", "µs", "MB", "GB/s",
                 "copy µs", "copy", "ratio", "sets");
   }
 
@@ -779,7 +799,7 @@ int time_cases(const std::vector<Case>& cases, const std::shared_ptr<Workspace>&
       if (ratio < worst) worst = ratio, worst_label = c.label();
     }
     if (text) {
-      std::printf("%-26s %-28s %-26s %9.1f %9.2f %7.0f %9.1f %7.0f %6.2f %4lld%s%s\n", c.kernel.c_str(),
+      std::printf("%-26s %-32s %-26s %9.1f %9.2f %7.0f %9.1f %7.0f %6.2f %4lld%s%s\n", c.kernel.c_str(),
                   c.variant.c_str(), c.shape.c_str(), t, static_cast<double>(c.bytes) / 1e6, gbps, tc, copy_gbps, ratio,
                   static_cast<long long>(sets),
                   tiny ? "  (launch-bound: not counted)" : c.gemm ? "  (GEMM: compute-bound, not counted)" : "",
@@ -878,9 +898,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (list) {
-      std::printf("%-26s %-28s %-26s %14s\n", "kernel", "variant", "shape", "bytes");
+      std::printf("%-26s %-32s %-26s %14s\n", "kernel", "variant", "shape", "bytes");
       for (const Case& c : cases) {
-        std::printf("%-26s %-28s %-26s %14lld\n", c.kernel.c_str(), c.variant.c_str(), c.shape.c_str(),
+        std::printf("%-26s %-32s %-26s %14lld\n", c.kernel.c_str(), c.variant.c_str(), c.shape.c_str(),
                     static_cast<long long>(c.bytes));
       }
       return 0;

@@ -4,6 +4,7 @@
 // once on the way out. The CUDA kernels read and write the tensors' own dtypes and compute in f32.
 #include "kernels/nn_ops.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "core/op_ledger.h"
@@ -116,6 +117,13 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
     return {y.to(x.dtype()), mean, rstd};
   });
 }
+
+namespace {
+std::atomic<LayerNormBackwardDesign> g_layernorm_backward_design{LayerNormBackwardDesign::kRound};
+}  // namespace
+
+void set_layernorm_backward_design(LayerNormBackwardDesign design) { g_layernorm_backward_design.store(design); }
+LayerNormBackwardDesign layernorm_backward_design() { return g_layernorm_backward_design.load(); }
 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) {

@@ -51,6 +51,19 @@ struct AddLayerNormGrads {
 AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
                                          const Tensor& weight, const Tensor& mean, const Tensor& rstd);
 
+// The GPU's LayerNorm backward for rows a warp holds in registers (C <= 1536 in bf16/f16, 768 in
+// f32) comes in two designs until a GPU run decides between them (bench_kernels times both;
+// kernels/cuda/layernorm.cu describes them):
+//   kRound      264 blocks of 8 warps (two an SM on an H100 or H200), each warp loading, computing
+//               and writing its rows one after another;
+//   kPipelined  132 blocks of 8 warps (one an SM), each warp loading its next row while it computes
+//               the current one.
+// dx and dh are the same bits either way; dweight and dbias are f32 sums taken in another order
+// (each design's repeat bit for bit). Process-wide, kRound unless set; the CPU has one design.
+enum class LayerNormBackwardDesign { kRound, kPipelined };
+void set_layernorm_backward_design(LayerNormBackwardDesign design);
+LayerNormBackwardDesign layernorm_backward_design();
+
 // ---- GELU -------------------------------------------------------------------------------------------
 enum class GeluApproximation { None, Tanh };  // erf form (timm's default), or the tanh approximation
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);

@@ -31,6 +31,16 @@
 // on any GPU. Longer rows take the old kernel: a block walks a run of rows, its threads across the
 // columns, and reads each row twice (the second time from L1/L2).
 //
+// Two designs of the warp-per-row backward (kernels/nn_ops.h LayerNormBackwardDesign), the same
+// arithmetic per row, until a GPU run decides between them. kRound: 264 blocks, two an SM, each warp
+// loading a row, computing it and writing it, then the next. At ViT-H's 12,608 rows that is 6 rows a
+// warp in one round of blocks that all start together, so the SMs tend to load, compute and store in
+// step, and HBM idles while they compute: run 2 measured it at 0.63 of a copy. kPipelined: 132
+// blocks, one an SM with up to 255 registers a thread, each warp holding two rows and issuing row
+// k + 1's loads before it computes row k (12 rows a warp), so that its bytes are always in flight.
+// Half the warps an SM, each with twice the bytes in flight. dx is the same bits in both designs;
+// dweight and dbias are summed over other row sets (each design's sums repeat bit for bit).
+//
 // The residual add fused in (add_layernorm_*, as llm.c fuses it): forward reads x and y instead of x,
 // computes h = x + y rounded to T exactly as the add kernel rounds it (__fadd_rn, then round to nearest
 // even), writes it, and normalizes that rounded h. Backward adds the residual gradient to each dx in
@@ -53,8 +63,10 @@ constexpr int kBackwardWarps = 8;
 // Its grid: about this many blocks, whatever the row count, so that every block takes several rows
 // per warp and the partials stay small (264 = two blocks on each of an H100's or H200's 132 SMs, all
 // resident at once). A constant, not the device's SM count: the row split, and so the sums' bits,
-// depend on `rows` only.
+// depend on `rows` only. The pipelined design's blocks hold twice the rows in registers, one an SM:
+// 132 of them.
 constexpr int64_t kBackwardTargetBlocks = 264;
+constexpr int64_t kPipelinedTargetBlocks = 132;
 // At most this many blocks for the block-per-row backward (long rows).
 constexpr int64_t kMaxBackwardBlocks = 512;
 // Per-block partial sums of the block-per-row backward live in shared memory up to this size (under
@@ -161,109 +173,114 @@ __global__ void __launch_bounds__(1024)
 
 // ---- backward -------------------------------------------------------------------------------------
 
-// dx for the rows of block blockIdx.x: warp w takes rows row0 + w, row0 + w + kBackwardWarps, ...
-// (rows_per_warp of them, row0 = blockIdx.x · kBackwardWarps · rows_per_warp). With weight, the
-// block's partial dweight and dbias (partial + blockIdx.x · 2C: C sums of dy · xhat, then C of dy).
-// With kResidual each dx is LayerNorm's input gradient plus dresidual, added in f32 and rounded once.
-// units_per_lane: the units a lane holds of a row, ceil(C / N / 32), which sizes the shared slots.
-// Every multiply and add is an _rn intrinsic, so that the kernel with and without kResidual computes
-// the same LayerNorm gradient bits (CudaAddLayerNorm.EqualsTheUnfusedGpuKernelsBitForBit).
+// The warp-per-row backward, one row: dy, x and (with kResidual) the residual gradient as the warp
+// holds them (load_row_units' layout), and the row's statistics.
+struct BackwardRow {
+  Unit d[kBackwardRowUnits], xs[kBackwardRowUnits], dr[kBackwardRowUnits];
+  float m, rs;
+};
+
+// Issues the loads of row r (they complete while the warp goes on: nothing here uses them).
+template <class T, bool kResidual>
+__device__ __forceinline__ void load_backward_row(const T* __restrict__ dy, const T* __restrict__ dresidual,
+                                                  const T* __restrict__ x, const float* __restrict__ mean,
+                                                  const float* __restrict__ rstd, int64_t r, int C, int lane,
+                                                  bool rows_packed, BackwardRow& b) {
+  const int64_t offset = r * C;
+  load_row_units(dy + offset, C, lane, rows_packed, b.d);
+  load_row_units(x + offset, C, lane, rows_packed, b.xs);
+  if constexpr (kResidual) load_row_units(dresidual + offset, C, lane, rows_packed, b.dr);
+  b.m = mean[r];
+  b.rs = rstd[r];
+}
+
+// dx of one loaded row into dxr, and with weight dy · xhat and dy added into the warp's slots (sw, sb:
+// see layernorm_backward_rows_kernel). With kResidual each dx is LayerNorm's input gradient plus
+// dresidual, added in f32 and rounded once. Every multiply and add is an _rn intrinsic, so that the
+// kernels with and without kResidual compute the same LayerNorm gradient bits
+// (CudaAddLayerNorm.EqualsTheUnfusedGpuKernelsBitForBit), and both designs the same dx.
 template <class T, class W, bool kResidual>
-__global__ void __launch_bounds__(kBackwardWarps * 32, 2)
-    layernorm_backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
-                                   const T* __restrict__ x, const W* __restrict__ weight,
-                                   const float* __restrict__ mean, const float* __restrict__ rstd,
-                                   T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int C,
-                                   int rows_per_warp, int units_per_lane, bool rows_packed, bool params_packed) {
-  // Per warp: [2][units_per_lane][N / 4][32] float4, the dweight sums then the dbias sums of its lanes'
-  // columns; lane l's float4 j of unit i sits at (i · N/4 + j) · 32 + l, so that a warp's access to
-  // one j reads 512 contiguous bytes (no bank conflicts).
-  extern __shared__ float4 slots[];
+__device__ __forceinline__ void backward_row(const BackwardRow& b, const W* __restrict__ weight, T* __restrict__ dxr,
+                                             int C, int lane, float inv_C, bool rows_packed, bool params_packed,
+                                             float4* sw, float4* sb) {
   constexpr int N = Pack<T>::N, Q = N / 4;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool affine = weight != nullptr;
-  const int half = units_per_lane * Q * 32;  // float4s of one warp's dweight (or dbias) sums
-  float4* sw = slots + warp * 2 * half;
-  float4* sb = sw + half;
-  if (affine) {
-    for (int j = threadIdx.x; j < kBackwardWarps * 2 * half; j += blockDim.x) {
-      slots[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    __syncthreads();
+  const float m = b.m, rs = b.rs;
+
+  // Σ g and Σ g · xhat over the row.
+  float sum_g = 0.f, sum_g_xhat = 0.f;
+#pragma unroll
+  for (int i = 0; i < kBackwardRowUnits; ++i) {
+    const int c0 = unit_column<T>(i, lane);
+    if (c0 >= C) continue;
+    float w[N];
+    if (affine) load_unit_params<T>(weight, c0, C, params_packed, w);
+    for_unit_elements<T>(c0, C, [&](int e) {
+      const float dyv = unit_value<T>(b.d[i], e);
+      const float g = affine ? __fmul_rn(dyv, w[e]) : dyv;
+      const float xhat = __fmul_rn(__fsub_rn(unit_value<T>(b.xs[i], e), m), rs);
+      sum_g = __fadd_rn(sum_g, g);
+      sum_g_xhat = __fmaf_rn(g, xhat, sum_g_xhat);
+    });
   }
-  const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
-  const int64_t row0 = int64_t{blockIdx.x} * kBackwardWarps * rows_per_warp;
+  const float mean_g = __fmul_rn(warp_sum(sum_g), inv_C);
+  const float mean_g_xhat = __fmul_rn(warp_sum(sum_g_xhat), inv_C);
 
-  for (int k = 0; k < rows_per_warp; ++k) {
-    const int64_t r = row0 + int64_t{k} * kBackwardWarps + warp;
-    if (r >= rows) break;  // uniform across the warp
-    const int64_t offset = r * C;
-    Unit d[kBackwardRowUnits], xs[kBackwardRowUnits], dr[kBackwardRowUnits];
-    load_row_units(dy + offset, C, lane, rows_packed, d);
-    load_row_units(x + offset, C, lane, rows_packed, xs);
-    if constexpr (kResidual) load_row_units(dresidual + offset, C, lane, rows_packed, dr);
-    const float m = mean[r], rs = rstd[r];
-
-    // Σ g and Σ g · xhat over the row.
-    float sum_g = 0.f, sum_g_xhat = 0.f;
+  // dx, and dy · xhat and dy into the warp's slots.
 #pragma unroll
-    for (int i = 0; i < kBackwardRowUnits; ++i) {
-      const int c0 = unit_column<T>(i, lane);
-      if (c0 >= C) continue;
-      float w[N];
-      if (affine) load_unit_params<T>(weight, c0, C, params_packed, w);
-      for_unit_elements<T>(c0, C, [&](int e) {
-        const float dyv = unit_value<T>(d[i], e);
-        const float g = affine ? __fmul_rn(dyv, w[e]) : dyv;
-        const float xhat = __fmul_rn(__fsub_rn(unit_value<T>(xs[i], e), m), rs);
-        sum_g = __fadd_rn(sum_g, g);
-        sum_g_xhat = __fmaf_rn(g, xhat, sum_g_xhat);
-      });
-    }
-    const float mean_g = __fmul_rn(warp_sum(sum_g), inv_C);
-    const float mean_g_xhat = __fmul_rn(warp_sum(sum_g_xhat), inv_C);
-
-    // dx, and dy · xhat and dy into the warp's slots.
+  for (int i = 0; i < kBackwardRowUnits; ++i) {
+    const int c0 = unit_column<T>(i, lane);
+    if (c0 >= C) continue;
+    float w[N], aw[N], ab[N];
+    if (affine) {
+      load_unit_params<T>(weight, c0, C, params_packed, w);
 #pragma unroll
-    for (int i = 0; i < kBackwardRowUnits; ++i) {
-      const int c0 = unit_column<T>(i, lane);
-      if (c0 >= C) continue;
-      float w[N], aw[N], ab[N];
-      if (affine) {
-        load_unit_params<T>(weight, c0, C, params_packed, w);
-#pragma unroll
-        for (int j = 0; j < Q; ++j) {
-          const float4 a = sw[(i * Q + j) * 32 + lane], b = sb[(i * Q + j) * 32 + lane];
-          aw[4 * j] = a.x, aw[4 * j + 1] = a.y, aw[4 * j + 2] = a.z, aw[4 * j + 3] = a.w;
-          ab[4 * j] = b.x, ab[4 * j + 1] = b.y, ab[4 * j + 2] = b.z, ab[4 * j + 3] = b.w;
-        }
+      for (int j = 0; j < Q; ++j) {
+        const float4 p = sw[(i * Q + j) * 32 + lane], q = sb[(i * Q + j) * 32 + lane];
+        aw[4 * j] = p.x, aw[4 * j + 1] = p.y, aw[4 * j + 2] = p.z, aw[4 * j + 3] = p.w;
+        ab[4 * j] = q.x, ab[4 * j + 1] = q.y, ab[4 * j + 2] = q.z, ab[4 * j + 3] = q.w;
       }
-      Unit o{};
-      for_unit_elements<T>(c0, C, [&](int e) {
-        const float dyv = unit_value<T>(d[i], e);
-        const float g = affine ? __fmul_rn(dyv, w[e]) : dyv;
-        const float xhat = __fmul_rn(__fsub_rn(unit_value<T>(xs[i], e), m), rs);
-        float v = __fmul_rn(rs, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_g_xhat)));
-        if constexpr (kResidual) v = __fadd_rn(v, unit_value<T>(dr[i], e));
-        put_unit_bits<T>(o, e, bits_of(from_float<T>(v)));
-        if (affine) {
-          aw[e] = __fmaf_rn(dyv, xhat, aw[e]);
-          ab[e] = __fadd_rn(ab[e], dyv);
-        }
-      });
-      store_unit(dx + offset, c0, C, rows_packed, o);
+    }
+    Unit o{};
+    for_unit_elements<T>(c0, C, [&](int e) {
+      const float dyv = unit_value<T>(b.d[i], e);
+      const float g = affine ? __fmul_rn(dyv, w[e]) : dyv;
+      const float xhat = __fmul_rn(__fsub_rn(unit_value<T>(b.xs[i], e), m), rs);
+      float v = __fmul_rn(rs, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_g_xhat)));
+      if constexpr (kResidual) v = __fadd_rn(v, unit_value<T>(b.dr[i], e));
+      put_unit_bits<T>(o, e, bits_of(from_float<T>(v)));
       if (affine) {
+        aw[e] = __fmaf_rn(dyv, xhat, aw[e]);
+        ab[e] = __fadd_rn(ab[e], dyv);
+      }
+    });
+    store_unit(dxr, c0, C, rows_packed, o);
+    if (affine) {
 #pragma unroll
-        for (int j = 0; j < Q; ++j) {
-          sw[(i * Q + j) * 32 + lane] = make_float4(aw[4 * j], aw[4 * j + 1], aw[4 * j + 2], aw[4 * j + 3]);
-          sb[(i * Q + j) * 32 + lane] = make_float4(ab[4 * j], ab[4 * j + 1], ab[4 * j + 2], ab[4 * j + 3]);
-        }
+      for (int j = 0; j < Q; ++j) {
+        sw[(i * Q + j) * 32 + lane] = make_float4(aw[4 * j], aw[4 * j + 1], aw[4 * j + 2], aw[4 * j + 3]);
+        sb[(i * Q + j) * 32 + lane] = make_float4(ab[4 * j], ab[4 * j + 1], ab[4 * j + 2], ab[4 * j + 3]);
       }
     }
   }
-  if (!affine) return;
+}
+
+// The warps' slots of a block of the register backward, zeroed by the whole block. Per warp:
+// [2][units_per_lane][N / 4][32] float4, the dweight sums then the dbias sums of its lanes' columns;
+// lane l's float4 j of unit i sits at (i · N/4 + j) · 32 + l, so that a warp's access to one j reads
+// 512 contiguous bytes (no bank conflicts). half: the float4s of one warp's dweight (or dbias) sums.
+__device__ __forceinline__ void zero_slots(float4* slots, int half) {
+  for (int j = threadIdx.x; j < kBackwardWarps * 2 * half; j += blockDim.x) slots[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncthreads();
-  // The block's partial row: for each column, the warps' slots added in warp order.
+}
+
+// The block's partial row (partial + blockIdx.x · 2C: C sums of dy · xhat, then C of dy): for each
+// column, the warps' slots added in warp order.
+template <class T>
+__device__ __forceinline__ void write_block_partial(const float4* slots, int half, float* __restrict__ partial,
+                                                    int C) {
+  constexpr int N = Pack<T>::N, Q = N / 4;
+  __syncthreads();
   const float* s = reinterpret_cast<const float*>(slots);
   float* out = partial + int64_t{blockIdx.x} * 2 * C;
   for (int j = threadIdx.x; j < 2 * C; j += blockDim.x) {
@@ -275,6 +292,77 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, 2)
     for (int w = 0; w < kBackwardWarps; ++w) total = __fadd_rn(total, s[w * 2 * half * 4 + at]);
     out[j] = total;
   }
+}
+
+// kRound: dx for the rows of block blockIdx.x: warp w takes rows row0 + w, row0 + w + kBackwardWarps,
+// ... (rows_per_warp of them, row0 = blockIdx.x · kBackwardWarps · rows_per_warp), loading each, then
+// computing and writing it. With weight, the block's partial dweight and dbias (write_block_partial).
+// units_per_lane: the units a lane holds of a row, ceil(C / N / 32), which sizes the shared slots.
+template <class T, class W, bool kResidual>
+__global__ void __launch_bounds__(kBackwardWarps * 32, 2)
+    layernorm_backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
+                                   const T* __restrict__ x, const W* __restrict__ weight,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int C,
+                                   int rows_per_warp, int units_per_lane, bool rows_packed, bool params_packed) {
+  extern __shared__ float4 slots[];
+  constexpr int Q = Pack<T>::N / 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int half = units_per_lane * Q * 32;
+  float4* sw = slots + warp * 2 * half;
+  float4* sb = sw + half;
+  if (weight != nullptr) zero_slots(slots, half);
+  const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
+  const int64_t row0 = int64_t{blockIdx.x} * kBackwardWarps * rows_per_warp;
+  for (int k = 0; k < rows_per_warp; ++k) {
+    const int64_t r = row0 + int64_t{k} * kBackwardWarps + warp;
+    if (r >= rows) break;  // uniform across the warp
+    BackwardRow b;
+    load_backward_row<T, kResidual>(dy, dresidual, x, mean, rstd, r, C, lane, rows_packed, b);
+    backward_row<T, W, kResidual>(b, weight, dx + r * C, C, lane, inv_C, rows_packed, params_packed, sw, sb);
+  }
+  if (weight != nullptr) write_block_partial<T>(slots, half, partial, C);
+}
+
+// kPipelined: the same rows, arithmetic and slots, with one block an SM (launch bounds for 255
+// registers) whose warps each hold two rows: row k + 1's loads are issued before row k is computed,
+// so that the warp's next bytes are in flight while it computes and writes.
+template <class T, class W, bool kResidual>
+__global__ void __launch_bounds__(kBackwardWarps * 32, 1)
+    layernorm_backward_pipelined_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
+                                        const T* __restrict__ x, const W* __restrict__ weight,
+                                        const float* __restrict__ mean, const float* __restrict__ rstd,
+                                        T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int C,
+                                        int rows_per_warp, int units_per_lane, bool rows_packed,
+                                        bool params_packed) {
+  extern __shared__ float4 slots[];
+  constexpr int Q = Pack<T>::N / 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int half = units_per_lane * Q * 32;
+  float4* sw = slots + warp * 2 * half;
+  float4* sb = sw + half;
+  if (weight != nullptr) zero_slots(slots, half);
+  const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
+  const int64_t row0 = int64_t{blockIdx.x} * kBackwardWarps * rows_per_warp;
+  auto row = [&](int k) { return row0 + int64_t{k} * kBackwardWarps + warp; };
+  auto valid = [&](int k) { return k < rows_per_warp && row(k) < rows; };  // uniform across the warp
+  auto load = [&](int k, BackwardRow& b) {
+    load_backward_row<T, kResidual>(dy, dresidual, x, mean, rstd, row(k), C, lane, rows_packed, b);
+  };
+  auto compute = [&](int k, const BackwardRow& b) {
+    backward_row<T, W, kResidual>(b, weight, dx + row(k) * C, C, lane, inv_C, rows_packed, params_packed, sw, sb);
+  };
+  // Two buffers, named rather than indexed, so that both stay in registers.
+  BackwardRow even, odd;
+  if (valid(0)) load(0, even);
+  for (int k = 0; valid(k); k += 2) {
+    if (valid(k + 1)) load(k + 1, odd);
+    compute(k, even);
+    if (!valid(k + 1)) break;
+    if (valid(k + 2)) load(k + 2, even);
+    compute(k + 1, odd);
+  }
+  if (weight != nullptr) write_block_partial<T>(slots, half, partial, C);
 }
 
 // The backward for rows too long for registers: dx for rows [blockIdx.x · rows_per_block, ...), and
@@ -472,8 +560,9 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
       int64_t blocks;
       Tensor partial;
       if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
-        const int64_t rows_per_warp =
-            (rows + kBackwardWarps * kBackwardTargetBlocks - 1) / (kBackwardWarps * kBackwardTargetBlocks);
+        const bool pipelined = layernorm_backward_design() == LayerNormBackwardDesign::kPipelined;
+        const int64_t target = pipelined ? kPipelinedTargetBlocks : kBackwardTargetBlocks;
+        const int64_t rows_per_warp = (rows + kBackwardWarps * target - 1) / (kBackwardWarps * target);
         blocks = (rows + kBackwardWarps * rows_per_warp - 1) / (kBackwardWarps * rows_per_warp);
         const int units_per_lane = static_cast<int>(((C + N - 1) / N + 31) / 32);
         const size_t shared =
@@ -488,9 +577,14 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
               static_cast<int>(rows_per_warp), units_per_lane, vectorized, params_packed);
         };
         // Bytes (ViT-H, bf16): reads dy and x (64.6 MB), writes dx (32.3 MB), reads 8 per row of
-        // statistics and writes 2C floats of partials per block (263 blocks: 2.7 MB): 99.6 MB, 23.2 µs
-        // at 4.3 TB/s. With the residual gradient, 32.3 MB more read: 131.9 MB, 30.7 µs.
-        if (residual) {
+        // statistics and writes 2C floats of partials per block (263 blocks: 2.7 MB; pipelined, 132:
+        // 1.4 MB): 99.6 MB, 23.2 µs at 4.3 TB/s. With the residual gradient, 32.3 MB more read:
+        // 131.9 MB, 30.7 µs.
+        if (pipelined && residual) {
+          launch_rows(layernorm_backward_pipelined_kernel<T, W, true>);
+        } else if (pipelined) {
+          launch_rows(layernorm_backward_pipelined_kernel<T, W, false>);
+        } else if (residual) {
           launch_rows(layernorm_backward_rows_kernel<T, W, true>);
         } else {
           launch_rows(layernorm_backward_rows_kernel<T, W, false>);

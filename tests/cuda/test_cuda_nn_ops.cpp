@@ -362,6 +362,80 @@ TEST(CudaLayerNormRowKernels, WidthsAroundTheRegisterCapacityMatchTheCpu) {
   }
 }
 
+// ---- the two designs of the register backward (kernels/nn_ops.h LayerNormBackwardDesign) ----------------
+
+// Puts the design back as it was when the test ends.
+struct DesignGuard {
+  kernels::LayerNormBackwardDesign saved = kernels::layernorm_backward_design();
+  ~DesignGuard() { kernels::set_layernorm_backward_design(saved); }
+};
+
+// kPipelined against kRound and the CPU, with and without the residual gradient: row counts that give
+// a warp of the pipelined design (132 blocks of 8 warps) part of a block, 1 row, an odd and an even
+// number of rows (its two register buffers alternate, and the last row comes from either), and ViT-H's
+// 12,608 rows (12 a warp); widths at the register capacity, below it, and not a multiple of a unit;
+// aligned and misaligned rows. dx and dh are the same bits in both designs (the same arithmetic per
+// row); dweight and dbias are within the CPU bounds of the test above, and repeat bit for bit.
+TEST(CudaLayerNormBackwardDesigns, PipelinedEqualsRoundOnDxAndMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  DesignGuard guard;
+  using kernels::LayerNormBackwardDesign;
+  const double f32_bound = tolerance(DType::f32);
+  for (DType d : {DType::bf16, DType::f32}) {
+    const int64_t capacity = row_capacity(d, kBackwardRowUnits);
+    for (int64_t C : {capacity, capacity * 5 / 6, int64_t{100}}) {
+      for (int64_t rows : {int64_t{5}, int64_t{1056}, int64_t{2149}, int64_t{3200}, int64_t{12608}}) {
+        for (bool misaligned : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << rows << " C " << C
+                                            << (misaligned ? ", misaligned rows" : ""));
+          const uint64_t seed = 3000 + 11 * static_cast<uint64_t>(C) + static_cast<uint64_t>(rows);
+          const Tensor x = offset_random({rows, C}, d, seed, 2.0, 3.0), y = random_tensor({rows, C}, d, seed + 1);
+          const Tensor dy = random_tensor({rows, C}, d, seed + 2), dres = random_tensor({rows, C}, d, seed + 3);
+          const Tensor w = random_tensor({C}, d, seed + 4), b = random_tensor({C}, d, seed + 5);
+          const auto cpu = kernels::add_layernorm_forward(x, y, w, b, 1e-5);
+          const auto cpu_ln = kernels::layernorm_backward(dy, cpu.h, w, cpu.mean, cpu.rstd);
+          const auto cpu_add = kernels::add_layernorm_backward(dy, dres, cpu.h, w, cpu.mean, cpu.rstd);
+          const double param_bound = f32_bound + rounding_bound(d);
+
+          const Tensor dyg = on_gpu(dy, misaligned), dresg = on_gpu(dres, misaligned), wg = w.to(kGpu);
+          const auto fwd = kernels::add_layernorm_forward(on_gpu(x, misaligned), on_gpu(y, misaligned), wg,
+                                                          b.to(kGpu), 1e-5);
+          const Tensor hg = on_gpu(fwd.h.to(Device::cpu()), misaligned);
+          auto run = [&](LayerNormBackwardDesign design) {
+            kernels::set_layernorm_backward_design(design);
+            return std::make_pair(kernels::layernorm_backward(dyg, hg, wg, fwd.mean, fwd.rstd),
+                                  kernels::add_layernorm_backward(dyg, dresg, hg, wg, fwd.mean, fwd.rstd));
+          };
+          const auto [round_ln, round_add] = run(LayerNormBackwardDesign::kRound);
+          const auto [pipe_ln, pipe_add] = run(LayerNormBackwardDesign::kPipelined);
+          EXPECT_TRUE(same_bits(pipe_ln.dx, round_ln.dx));
+          EXPECT_TRUE(same_bits(pipe_add.dh, round_add.dh));
+          EXPECT_LE(relative_error_matching_nans(pipe_ln.dweight, cpu_ln.dweight), param_bound);
+          EXPECT_LE(relative_error_matching_nans(pipe_ln.dbias, cpu_ln.dbias), param_bound);
+          EXPECT_LE(relative_error_matching_nans(pipe_add.dweight, cpu_add.dweight), param_bound);
+          EXPECT_LE(relative_error_matching_nans(pipe_add.dbias, cpu_add.dbias), param_bound);
+          // The residual path adds nothing when there is no residual gradient, and a rerun repeats.
+          const auto again = run(LayerNormBackwardDesign::kPipelined);
+          EXPECT_TRUE(same_bits(again.first.dweight, pipe_ln.dweight));
+          EXPECT_TRUE(same_bits(again.second.dbias, pipe_add.dbias));
+          EXPECT_TRUE(same_bits(kernels::add_layernorm_backward(dyg, Tensor(), hg, wg, fwd.mean, fwd.rstd).dh,
+                                pipe_ln.dx));
+        }
+      }
+    }
+  }
+  // Without affine parameters: no slots, no partials.
+  kernels::set_layernorm_backward_design(LayerNormBackwardDesign::kPipelined);
+  const Tensor x = offset_random({2149, 1280}, DType::bf16, 77, 2.0, 3.0);
+  const Tensor dy = random_tensor({2149, 1280}, DType::bf16, 78);
+  const auto cpu = kernels::layernorm_forward(x, Tensor(), Tensor(), 1e-5);
+  const auto cpu_grads = kernels::layernorm_backward(dy, x, Tensor(), cpu.mean, cpu.rstd);
+  const auto gpu = kernels::layernorm_forward(x.to(kGpu), Tensor(), Tensor(), 1e-5);
+  const auto grads = kernels::layernorm_backward(dy.to(kGpu), x.to(kGpu), Tensor(), gpu.mean, gpu.rstd);
+  EXPECT_LE(relative_error_matching_nans(grads.dx, cpu_grads.dx), f32_bound + rounding_bound(DType::bf16));
+  EXPECT_FALSE(grads.dweight.defined() || grads.dbias.defined());
+}
+
 // On the register path each lane adds the same elements in the same order however its row was loaded
 // (16-byte packs or one element at a time) and however the weights were: an aligned and a misaligned
 // copy of the same inputs give the same bits, forward and backward. And, on every path, the residual

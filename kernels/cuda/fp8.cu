@@ -204,8 +204,9 @@ CastArgs prepare_cast(Device device, int64_t rows, int64_t cols, const Tensor& s
   return a;
 }
 
-unsigned cast_blocks(const CastArgs& a, int device_index) {
-  const int64_t max_blocks = int64_t{kCastBlocksPerSm} * sm_count(device_index);
+unsigned cast_blocks(const CastArgs& a, int device_index, int resident_per_sm) {
+  const int per_sm = std::clamp(resident_per_sm, 1, kCastBlocksPerSm);
+  const int64_t max_blocks = int64_t{per_sm} * sm_count(device_index);
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(a.tiles, max_blocks)));
 }
 

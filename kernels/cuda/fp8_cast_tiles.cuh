@@ -47,8 +47,9 @@
 // are not a multiple of 16 bytes (padding to 1, 3, 7 rows) or not 16-byte aligned takes byte stores.
 // Partial tiles (the last rows and columns) skip what lies outside the tensor; rows past `rows` are
 // zeros, which are the transposed copy's padding.
-// The grid: up to kCastBlocksPerSm blocks per SM, each taking tiles t, t + gridDim.x, ...: enough
-// resident warps that their loads cover the memory latency, and at most that many amax atomics.
+// The grid: the blocks the SMs hold at once (at most kCastBlocksPerSm an SM), each taking tiles t,
+// t + gridDim.x, ...: every block resident from the start, enough warps that their loads cover the
+// memory latency, the tiles spread evenly, and at most that many amax atomics.
 // Included by .cu files only.
 #include <algorithm>
 #include <cstdint>
@@ -281,10 +282,22 @@ CastArgs prepare_cast(Device device, int64_t rows, int64_t cols, const Tensor& s
                       DType fp8_dtype, bool rowwise, bool transposed, int64_t padded_rows, float* column_partials,
                       Fp8Cast& out);
 
-// fp8_cast_kernel's grid: a block per tile up to kCastBlocksPerSm blocks per SM (the blocks then loop
-// over the tiles, which also bounds the atomics on amax to one per block); at least one block, which
-// writes scale_inv.
-unsigned cast_blocks(const CastArgs& a, int device_index);
+// fp8_cast_kernel's grid: a block per tile up to the blocks the SMs hold at once (resident_per_sm, at
+// most kCastBlocksPerSm, each SM's share), so that every block starts at once and they loop over the
+// tiles in step, the tiles spread evenly (which also bounds the atomics on amax to one per block); at
+// least one block, which writes scale_inv. A grid larger than the SMs hold runs in waves of whole
+// blocks, and each block of a GELU cast takes several tiles: ViT-H's GELU -> FP8 (6 blocks an SM)
+// made 2112 blocks of 7-8 tiles, 2.7 waves with the last a third empty; now 792 blocks of 19-20.
+unsigned cast_blocks(const CastArgs& a, int device_index, int resident_per_sm);
+
+// How many blocks of `kernel` (kCastThreads threads, static shared memory only) an SM holds at once.
+template <class Kernel>
+int cast_blocks_per_sm(Kernel kernel) {
+  int n = 0;
+  octet::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kCastThreads, 0),
+                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return n;
+}
 
 // The [row tiles, cols] f32 scratch of the per-tile column sums (the tiles span padded_rows when the
 // transpose is written), zeroed when no tile runs.
@@ -302,12 +315,14 @@ void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input:
                          DType fp8_dtype, int device_index, cudaStream_t stream, const char* op) {
   const bool vector = a.cols % kSegment == 0 && aligned_to(x, 16) && (x2 == nullptr || aligned_to(x2, 16)) &&
                       (a.data == nullptr || aligned_to(a.data, 8));
-  const unsigned blocks = cast_blocks(a, device_index);
   auto launch = [&]<bool kE5M2, bool kColumnSums>() {
+    auto run = [&](auto kernel) {
+      kernel<<<cast_blocks(a, device_index, cast_blocks_per_sm(kernel)), kCastThreads, 0, stream>>>(x, x2, a);
+    };
     if (vector) {
-      fp8_cast_kernel<Input, kE5M2, kColumnSums, true><<<blocks, kCastThreads, 0, stream>>>(x, x2, a);
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true>);
     } else {
-      fp8_cast_kernel<Input, kE5M2, kColumnSums, false><<<blocks, kCastThreads, 0, stream>>>(x, x2, a);
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, false>);
     }
   };
   const bool e5m2 = fp8_dtype == DType::e5m2, sums = a.column_partials != nullptr;

@@ -11,8 +11,9 @@
 // threads per row with packed loads under the same condition. mean, rstd, h, the bytes and the amax
 // are therefore those of the unfused sequence.
 //
-// Work, a warp per row (ViT-H's C = 1280 in bf16). A block of 8 warps owns a tile of 32 rows
-// (grid-strided over the tiles). Each warp takes every 8th row of the tile: loads it into registers
+// Work, a warp per row (ViT-H's C = 1280 in bf16). A block of 8 warps (or 16, where that fills the
+// SMs in fewer rounds: see the launch) owns a tile of 32 rows (grid-strided over the tiles). Each warp
+// takes every 8th (16th) row of the tile: loads it into registers
 // (writing h on the way), computes its statistics, and for each of its 16-byte units normalises,
 // rounds, casts, writes the unit's bytes to the row-major copy (one 8- or 4-byte store per unit:
 // the warp writes 256 or 128 contiguous bytes) and into a shared [32][C] byte tile. After a barrier
@@ -48,7 +49,9 @@ namespace octet::kernels::cuda {
 namespace {
 
 constexpr int kTileRows = 32;
-constexpr int kRowWarps = 8;        // warp-per-row blocks: 8 warps, 4 rows of the tile each
+// Warp-per-row blocks: 8 warps (4 rows of the tile each) or 16 (2 each), whichever fills the SMs in
+// fewer row-times (see the launch).
+constexpr int kRowWarps = 8, kMaxRowWarps = 16;
 constexpr int kTileCols = 64;       // block-per-row: columns per chunk of the transposed tile
 constexpr int kQuadsPerTileRow = kTileCols / 4;        // threads across a chunk of one row
 constexpr int kRowQuadsPerTileColumn = kTileRows / 4;  // threads down a column of the transposed tile
@@ -85,7 +88,7 @@ inline int tile_stride(int64_t C) { return static_cast<int>((C + 7) / 8 * 8 + 4)
 
 // See the top of the file: a warp per row, a block per tile of 32 rows.
 template <class T, class W, bool kResidual, bool kE5M2>
-__global__ void __launch_bounds__(kRowWarps * 32, 2)
+__global__ void __launch_bounds__(kMaxRowWarps * 32, 1)
     layernorm_fp8_rows_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ h,
                               const W* __restrict__ weight, const W* __restrict__ bias, LayerNormFp8Args a) {
   extern __shared__ uint32_t tile_words[];  // [kTileRows][tile_stride] bytes, with the transposed copy
@@ -95,11 +98,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, 2)
   const float scale = *a.scale;
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = fp8_scale_inv(scale);
   const int C = static_cast<int>(a.C), S = a.tile_stride;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   uint32_t local = 0;
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
     const int64_t r0 = t * kTileRows;
-    for (int lr = warp; lr < kTileRows; lr += kRowWarps) {
+    for (int lr = warp; lr < kTileRows; lr += warps) {
       const int64_t r = r0 + lr;
       uint8_t* tile_row = tile + lr * S;
       if (r >= a.rows) {  // past the last row: zeros, the transposed copy's padding (uniform per warp)
@@ -373,14 +376,34 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tenso
                                                   static_cast<int>(shared)),
                              "cudaFuncSetAttribute(max dynamic shared memory)");
         }
-        int per_sm = 0;
-        octet::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared),
-                           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-        const int64_t max_blocks = int64_t{std::max(per_sm, 1)} * sm_count(device.index);
+        auto slots_for = [&](int block_threads) {  // blocks resident at once on the device
+          int per_sm = 0;
+          octet::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, shared),
+                             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+          return int64_t{std::max(per_sm, 1)} * sm_count(device.index);
+        };
+        int block_threads = threads;
+        int64_t max_blocks = slots_for(threads);
+        if (in_registers) {
+          // The tiles go out in rounds of the blocks the SMs hold at once, and a block's warps take its
+          // 32 rows in turn: a warp computes rounds · 32 / warps rows in all. 8 warps a block, unless 16
+          // compute fewer rows each. ViT-H's residual kernel (102 registers): two 8-warp blocks an SM,
+          // 394 tiles in 2 rounds of 264 (the second half empty), 8 rows a warp; one 16-warp block an
+          // SM, 3 rounds of 132, 6 rows a warp. Without the residual (72 registers) three 8-warp blocks
+          // an SM take the 394 tiles in one round, 4 rows a warp. The bytes are the same either way.
+          const int64_t wide = slots_for(kMaxRowWarps * 32);
+          auto rows_per_warp = [&](int64_t slots, int warps) {
+            return (a.tiles + slots - 1) / slots * (kTileRows / warps);
+          };
+          if (rows_per_warp(wide, kMaxRowWarps) < rows_per_warp(max_blocks, kRowWarps)) {
+            block_threads = kMaxRowWarps * 32;
+            max_blocks = wide;
+          }
+        }
         const auto blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(a.tiles, max_blocks)));
-        kernel<<<blocks, threads, shared, stream>>>(ptr<T>(x), residual ? ptr<T>(y) : nullptr,
-                                                    residual ? ptr<T>(out.h) : nullptr, maybe<W>(weight),
-                                                    maybe<W>(bias), a);
+        kernel<<<blocks, block_threads, shared, stream>>>(ptr<T>(x), residual ? ptr<T>(y) : nullptr,
+                                                          residual ? ptr<T>(out.h) : nullptr, maybe<W>(weight),
+                                                          maybe<W>(bias), a);
       };
       // Bytes (ViT-H, bf16, both copies, a warp per row): reads x (32.3 MB), writes the two FP8
       // copies (16.1 MB each) and 8 per row of statistics: 64.6 MB, 15.0 µs at 4.3 TB/s (the

@@ -10,6 +10,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
@@ -17,6 +20,26 @@
 #include "core/tensor.h"
 
 namespace octet::kernels::cuda {
+
+// How many blocks of `kernel` (block_threads threads, dynamic_shared bytes of dynamic shared memory)
+// an SM of the current device holds at once. cudaOccupancyMaxActiveBlocksPerMultiprocessor depends on
+// nothing else, and the kernels that size their grids by it launch hundreds of times a step, so it is
+// asked once per kernel, launch shape and device. A kernel that needs more than 48 KiB of dynamic
+// shared memory must have been allowed it first (cudaFuncSetAttribute).
+inline int resident_blocks_per_sm(const void* kernel, int block_threads, size_t dynamic_shared) {
+  int device = 0;
+  octet::cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> known;
+  const auto key = std::make_tuple(kernel, block_threads, dynamic_shared, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int n = 0;
+  octet::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, dynamic_shared),
+                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  known.emplace(key, n);
+  return n;
+}
 
 // ---- element types ------------------------------------------------------------------------------
 // f32, bf16 and f16 tensors map to float, __nv_bfloat16 and __half. Kernels are templates over

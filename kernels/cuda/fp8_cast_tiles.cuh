@@ -293,10 +293,7 @@ unsigned cast_blocks(const CastArgs& a, int device_index, int resident_per_sm);
 // How many blocks of `kernel` (kCastThreads threads, static shared memory only) an SM holds at once.
 template <class Kernel>
 int cast_blocks_per_sm(Kernel kernel) {
-  int n = 0;
-  octet::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kCastThreads, 0),
-                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return n;
+  return resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kCastThreads, 0);
 }
 
 // The [row tiles, cols] f32 scratch of the per-tile column sums (the tiles span padded_rows when the

@@ -377,9 +377,7 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tenso
                              "cudaFuncSetAttribute(max dynamic shared memory)");
         }
         auto slots_for = [&](int block_threads) {  // blocks resident at once on the device
-          int per_sm = 0;
-          octet::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, shared),
-                             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+          const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), block_threads, shared);
           return int64_t{std::max(per_sm, 1)} * sm_count(device.index);
         };
         int block_threads = threads;

@@ -58,8 +58,10 @@ AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_r
 //               and writing its rows one after another;
 //   kPipelined  132 blocks of 8 warps (one an SM), each warp loading its next row while it computes
 //               the current one.
-// dx and dh are the same bits either way; dweight and dbias are f32 sums taken in another order
-// (each design's repeat bit for bit). Process-wide, kRound unless set; the CPU has one design.
+// kPipelined is built for bf16 rows with bf16 weights (the bf16 model's LayerNorms); other dtypes run
+// kRound whatever is set. dx and dh are the same bits either way; dweight and dbias are f32 sums taken
+// in another order (each design's repeat bit for bit). Process-wide, kRound unless set; the CPU has
+// one design.
 enum class LayerNormBackwardDesign { kRound, kPipelined };
 void set_layernorm_backward_design(LayerNormBackwardDesign design);
 LayerNormBackwardDesign layernorm_backward_design();

@@ -560,7 +560,10 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
       int64_t blocks;
       Tensor partial;
       if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
-        const bool pipelined = layernorm_backward_design() == LayerNormBackwardDesign::kPipelined;
+        // The pipelined design is built for bf16 rows with bf16 weights only (the bf16 model's
+        // LayerNorms): its kernels are large, and every program carries every instantiation.
+        constexpr bool kPipelinable = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
+        const bool pipelined = kPipelinable && layernorm_backward_design() == LayerNormBackwardDesign::kPipelined;
         const int64_t target = pipelined ? kPipelinedTargetBlocks : kBackwardTargetBlocks;
         const int64_t rows_per_warp = (rows + kBackwardWarps * target - 1) / (kBackwardWarps * target);
         blocks = (rows + kBackwardWarps * rows_per_warp - 1) / (kBackwardWarps * rows_per_warp);
@@ -580,13 +583,18 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
         // statistics and writes 2C floats of partials per block (263 blocks: 2.7 MB; pipelined, 132:
         // 1.4 MB): 99.6 MB, 23.2 µs at 4.3 TB/s. With the residual gradient, 32.3 MB more read:
         // 131.9 MB, 30.7 µs.
-        if (pipelined && residual) {
-          launch_rows(layernorm_backward_pipelined_kernel<T, W, true>);
-        } else if (pipelined) {
-          launch_rows(layernorm_backward_pipelined_kernel<T, W, false>);
-        } else if (residual) {
+        bool launched = false;
+        if constexpr (kPipelinable) {
+          if (pipelined && residual) {
+            launch_rows(layernorm_backward_pipelined_kernel<T, W, true>);
+          } else if (pipelined) {
+            launch_rows(layernorm_backward_pipelined_kernel<T, W, false>);
+          }
+          launched = pipelined;
+        }
+        if (!launched && residual) {
           launch_rows(layernorm_backward_rows_kernel<T, W, true>);
-        } else {
+        } else if (!launched) {
           launch_rows(layernorm_backward_rows_kernel<T, W, false>);
         }
       } else {

@@ -375,7 +375,8 @@ struct DesignGuard {
 // number of rows (its two register buffers alternate, and the last row comes from either), and ViT-H's
 // 12,608 rows (12 a warp); widths at the register capacity, below it, and not a multiple of a unit;
 // aligned and misaligned rows. dx and dh are the same bits in both designs (the same arithmetic per
-// row); dweight and dbias are within the CPU bounds of the test above, and repeat bit for bit.
+// row); dweight and dbias are within the CPU bounds of the test above, and repeat bit for bit. In f32
+// (no pipelined kernel: it is built for bf16 with bf16 weights) both designs run kRound's kernel.
 TEST(CudaLayerNormBackwardDesigns, PipelinedEqualsRoundOnDxAndMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   DesignGuard guard;
@@ -424,7 +425,7 @@ TEST(CudaLayerNormBackwardDesigns, PipelinedEqualsRoundOnDxAndMatchesTheCpu) {
       }
     }
   }
-  // Without affine parameters: no slots, no partials.
+  // Without affine parameters (kRound's kernel: the pipelined one takes bf16 weights).
   kernels::set_layernorm_backward_design(LayerNormBackwardDesign::kPipelined);
   const Tensor x = offset_random({2149, 1280}, DType::bf16, 77, 2.0, 3.0);
   const Tensor dy = random_tensor({2149, 1280}, DType::bf16, 78);

@@ -330,25 +330,30 @@ def category(label):
     return "other"
 
 
-def read_ncu_csv(path):
-    """(kernel label, nanoseconds) per launch from ncu's --csv --page raw output. The program's own
-    output and ncu's ==PROF== lines come before the CSV; the row after the header gives the units."""
+def read_ncu_rows(path):
+    """The header, the units row and the data rows of ncu's --csv --page raw output."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", errors="replace") as f:
         lines = f.read().splitlines()
     header = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
     if header is None:
-        return []
+        return [], [], []
     rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[header:] if line.startswith('"')))))
-    columns = rows[0]
+    columns, body = rows[0], rows[1:]
+    units = []
+    if body and not body[0][0]:
+        units, body = body[0], body[1:]
+    return columns, units, body
+
+
+def read_ncu_csv(path):
+    """(kernel label, nanoseconds) per launch from ncu's --csv --page raw output. The program's own
+    output and ncu's ==PROF== lines come before the CSV; the row after the header gives the units."""
+    columns, units, body = read_ncu_rows(path)
     if "Kernel Name" not in columns or "gpu__time_duration.sum" not in columns:
         return []
     name_at, time_at = columns.index("Kernel Name"), columns.index("gpu__time_duration.sum")
-    scale = 1.0
-    body = rows[1:]
-    if body and not body[0][0]:  # the units row: "", "", ..., "ns"
-        scale = UNITS_NS.get(body[0][time_at].strip(), 1.0)
-        body = body[1:]
+    scale = UNITS_NS.get(units[time_at].strip(), 1.0) if time_at < len(units) else 1.0
     out = []
     for row in body:
         if len(row) <= max(name_at, time_at):
@@ -440,22 +445,6 @@ METRICS = [
 ]
 UNITS_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
-
-
-def read_ncu_rows(path):
-    """The header, the units row and the data rows of ncu's --csv --page raw output."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", errors="replace") as f:
-        lines = f.read().splitlines()
-    header = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
-    if header is None:
-        return [], [], []
-    rows = list(csv.reader(io.StringIO("\n".join(line for line in lines[header:] if line.startswith('"')))))
-    columns, body = rows[0], rows[1:]
-    units = []
-    if body and not body[0][0]:
-        units, body = body[0], body[1:]
-    return columns, units, body
 
 
 def metric_value(row, columns, units, name, unit):

@@ -26,4 +26,14 @@ inline const Device kGpu = Device::cuda(0);
 // their element-wise bound is in tests/cuda/fp8_bound.h.
 inline double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
 
+// A copy of t on the GPU whose data starts `elements` elements past a 16-byte boundary (the allocation's
+// start), so the kernels take their scalar (unpacked) paths: one element by default; 4 bf16 or 2 f32
+// elements give an 8-byte aligned start that is still not 16-byte aligned.
+inline Tensor misaligned_on_gpu(const Tensor& t, int64_t elements = 1) {
+  const Tensor flat = empty({t.numel() + elements}, t.dtype(), kGpu);
+  const Tensor view = flat.narrow(elements, t.numel()).reshape(t.shape());
+  view.copy_(t);
+  return view;
+}
+
 }  // namespace octet::testing

@@ -16,16 +16,6 @@ inline std::vector<uint8_t> bytes_of(const Tensor& t) {
   return std::vector<uint8_t>(p, p + h.nbytes());
 }
 
-// A copy of t on the GPU whose data starts `elements` elements past a 16-byte boundary (the allocation's
-// start), so the kernels take their scalar (unpacked) paths: one element by default; 4 bf16 or 2 f32
-// elements give an 8-byte aligned start that is still not 16-byte aligned.
-inline Tensor misaligned_on_gpu(const Tensor& t, int64_t elements = 1) {
-  const Tensor flat = empty({t.numel() + elements}, t.dtype(), kGpu);
-  const Tensor view = flat.narrow(elements, t.numel()).reshape(t.shape());
-  view.copy_(t);
-  return view;
-}
-
 // Which copies a cast writes, and the three combinations the tests run.
 struct Fp8Copies {
   bool rowwise, transposed;

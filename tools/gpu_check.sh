@@ -388,6 +388,9 @@ stage_bench() {
 }
 
 write_kernels_txt() {  # kernels.txt: bench_kernels' table, then the ncu captures summed
+  # p is local: stage_ncu calls this inside its own loop over p (the 2026-11-28 run: without it, the
+  # bf16 capture's summary read the fp8 capture before it existed).
+  local p
   {
     echo "Octet GPU check, $(date -u +%Y-%m-%d), ${gpu_name:-no GPU}, commit $commit_short"
     if [[ -s $logs/bench_kernels.log ]]; then
@@ -998,7 +1001,7 @@ stage_ncu() {
       limit=$(cap 75)
       timeout -k 10 "$limit" "$ncu_bin" --profile-from-start off --clock-control none --section SpeedOfLight \
         --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --csv --page raw "$bin/bench_kernels" --profile --filter "layernorm_forward bf16" \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw "$bin/bench_kernels" --profile --filter "layernorm_forward bf16" \
         --filter layernorm_backward --filter layernorm_fp8_forward --filter "gelu_forward bf16, erf" \
         --filter gelu_fp8_forward --filter dgelu_fp8 > "$logs/ncu_metrics.csv" 2>&1
       rc=$?

@@ -309,7 +309,8 @@ UNITS_NS = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "µs": 1e3, "ms": 
 
 def kernel_label(name):
     """The kernel's name without 'void ', its parameter list and '<unnamed>::' (its template
-    arguments stay: they tell GeluForward from GeluBackward)."""
+    arguments stay: they tell GeluForward from GeluBackward). ncu's sections print the anonymous
+    namespace of kernels:: as 'unnamed>::' (the 2026-11-28 run), its metrics as '<unnamed>::'."""
     name = name.strip()
     if name.startswith("void "):
         name = name[5:]
@@ -320,7 +321,8 @@ def kernel_label(name):
             if depth == 0:
                 name = name[:i]
                 break
-    return name.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+    name = re.sub(r"(?<=\w)<unnamed>::", "<", name)  # a template's first argument: keep its '<'
+    return re.sub(r"<?unnamed>::|\(anonymous namespace\)::", "", name)
 
 
 def category(label):
@@ -430,39 +432,55 @@ NAMES = {
 # MemoryWorkloadAnalysis sections that say where a memory-bound kernel's time goes, with the unit
 # each is printed in (a column the capture lacks prints as n/a).
 METRICS = [
-    ("µs", "gpu__time_duration.sum", "us"),
-    ("DRAM read MB", "dram__bytes_read.sum", "MB"),
-    ("DRAM write MB", "dram__bytes_write.sum", "MB"),
-    ("DRAM % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed", ""),
-    ("SM % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed", ""),
-    ("occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", ""),
-    ("theoretical %", "sm__maximum_warps_per_active_cycle_pct", ""),
-    ("waves per SM", "launch__waves_per_multiprocessor", ""),
-    ("grid", "launch__grid_size", ""),
-    ("block", "launch__block_size", ""),
-    ("registers", "launch__registers_per_thread", ""),
-    ("instructions (M)", "smsp__inst_executed.sum", "M"),
+    ("µs", ("gpu__time_duration.sum",), "us"),
+    ("DRAM read MB", ("dram__bytes_read.sum",), "MB"),
+    ("DRAM write MB", ("dram__bytes_write.sum",), "MB"),
+    # The sections alone give DRAM bytes only as a rate (the 2026-11-28 run): rate x time.
+    ("DRAM MB", ("dram__bytes.sum.per_second",), "MB over the kernel's time"),
+    ("DRAM % of peak", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                        "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"), ""),
+    ("SM % of peak", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",), ""),
+    ("occupancy %", ("sm__warps_active.avg.pct_of_peak_sustained_active",), ""),
+    ("theoretical %", ("sm__maximum_warps_per_active_cycle_pct",), ""),
+    ("waves per SM", ("launch__waves_per_multiprocessor",), ""),
+    ("grid", ("launch__grid_size",), ""),
+    ("block", ("launch__block_size",), ""),
+    ("registers", ("launch__registers_per_thread",), ""),
+    ("instructions (M)", ("smsp__inst_executed.sum", "inst_executed"), "M"),
 ]
 UNITS_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+UNITS_RATE = {"byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
 STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
 
 
-def metric_value(row, columns, units, name, unit):
-    if name not in columns:
-        return None
-    at = columns.index(name)
+def cell_number(row, at):
     try:
-        v = float(row[at].replace(",", ""))
+        return float(row[at].replace(",", ""))
     except (ValueError, IndexError):
         return None
-    u = units[at].strip() if at < len(units) else ""
-    if unit == "us":
-        return v * UNITS_NS.get(u, 1.0) / 1e3
-    if unit == "MB":
-        return v * UNITS_BYTES.get(u, 1.0) / 1e6
-    if unit == "M":
-        return v / 1e6
-    return v
+
+
+def metric_value(row, columns, units, names, unit):
+    """The first of `names` the capture has, in `unit`; None when it has none of them."""
+    for name in names:
+        if name not in columns:
+            continue
+        at = columns.index(name)
+        v = cell_number(row, at)
+        if v is None:
+            return None
+        u = units[at].strip() if at < len(units) else ""
+        if unit == "us":
+            return v * UNITS_NS.get(u, 1.0) / 1e3
+        if unit == "MB":
+            return v * UNITS_BYTES.get(u, 1.0) / 1e6
+        if unit == "MB over the kernel's time":
+            seconds = metric_value(row, columns, units, ("gpu__time_duration.sum",), "us")
+            return None if seconds is None else v * UNITS_RATE.get(u, 1.0) * seconds * 1e-6 / 1e6
+        if unit == "M":
+            return v / 1e6
+        return v
+    return None
 
 
 def metrics(args):
@@ -483,15 +501,10 @@ def metrics(args):
         label = re.sub(r"\b\w+::", "", kernel_label(row[name_at]))  # namespaces off, template arguments kept
         label = label if len(label) <= 90 else label[:87] + "..."
         cells = []
-        for _, name, unit in METRICS:
-            v = metric_value(row, columns, units, name, unit)
+        for _, names, unit in METRICS:
+            v = metric_value(row, columns, units, names, unit)
             cells.append("n/a" if v is None else (f"{v:.1f}" if abs(v) < 1e4 else f"{v:.0f}"))
-        ranked = []
-        for reason, at in stalls:
-            try:
-                ranked.append((float(row[at].replace(",", "")), reason))
-            except (ValueError, IndexError):
-                pass
+        ranked = [(v, reason) for reason, at in stalls if (v := cell_number(row, at)) is not None]
         ranked.sort(reverse=True)
         top = ", ".join(f"{r} {v:.1f}" for v, r in ranked[:3]) if ranked else "n/a"
         print(f"| {label} | " + " | ".join(cells) + f" | {top} |")

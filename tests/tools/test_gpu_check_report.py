@@ -331,15 +331,34 @@ class Report(unittest.TestCase):
         ]) + "\n"
         rc, out = run("metrics", self.write("m.csv", capture))
         self.assertEqual(rc, 0, out)
-        self.assertIn("| kernel | µs | DRAM read MB | DRAM write MB | DRAM % of peak |", out)
+        self.assertIn("| kernel | µs | DRAM read MB | DRAM write MB | DRAM MB | DRAM % of peak |", out)
         # Units converted (Kbyte to MB), thousands separators read, absent columns n/a, the stalls ranked.
-        self.assertIn("| layernorm_backward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 48.8 | 64.8 | 34.1 | 61.2 | "
+        self.assertIn("| layernorm_backward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 48.8 | 64.8 | 34.1 | n/a | 61.2 | "
                       "n/a | 23.9 | n/a | 1.0 | n/a | n/a | 126.0 | n/a | long_scoreboard 21.5, barrier 3.2, wait 1.1 |", out)
-        self.assertIn("| layernorm_column_sums_kernel<__nv_bfloat16> | 3.1 | 2.7 | 0.0 | n/a |", out)
+        self.assertIn("| layernorm_column_sums_kernel<__nv_bfloat16> | 3.1 | 2.7 | 0.0 | n/a | n/a |", out)
         self.assertIn("| n/a |\n", out)  # the column sums kernel has no stall figures
         rc, out = run("metrics", self.write("none.csv", "==ERROR== the section is unknown\n"))
         self.assertEqual(rc, 1, out)
         self.assertIn("none.csv: no kernels", out)
+
+    def test_metrics_reads_the_columns_the_sections_alone_give(self):
+        # As the 2026-11-28 run's capture had them: DRAM bytes only as a rate, the DRAM share under
+        # gpu__, instructions as inst_executed, and the anonymous namespace spelt 'unnamed>::'.
+        capture = "\n".join([
+            '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes.sum.per_second",'
+            '"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed","inst_executed"',
+            '"","","nsecond","Tbyte/s","%","inst"',
+            '"0","void unnamed>::layernorm_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0>(const T1 *, int)",'
+            '"23,488","1.83","38.16","12,582,784"',
+            '"1","void fp8_cast_kernel<unnamed>::GeluInput<__nv_bfloat16, 0>, 0, 0, 1>(const T1::Element *, CastArgs)",'
+            '"97,000","2.50","51.5","1,000,000"',
+        ]) + "\n"
+        rc, out = run("metrics", self.write("s.csv", capture))
+        self.assertEqual(rc, 0, out)
+        # 1.83 TB/s over 23.488 us = 43.0 MB; 2.50 TB/s over 97 us = 242.5 MB.
+        self.assertIn("| layernorm_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 23.5 | n/a | n/a | 43.0 | 38.2 |", out)
+        self.assertIn("| 12.6 | n/a |\n", out)
+        self.assertIn("| fp8_cast_kernel<GeluInput<__nv_bfloat16, 0>, 0, 0, 1> | 97.0 | n/a | n/a | 242.5 | 51.5 |", out)
 
     # -- table
     def test_table_gives_each_run_the_ratios_and_the_goals(self):

@@ -98,11 +98,23 @@ std::string bytes_of(const Tensor& t) { return format_bytes(static_cast<double>(
 // errors, and its collective may still be running on the stream.
 struct Communicator {
   Communicator(int device_index, int rank, std::chrono::seconds timeout)
-      : device_index(device_index), rank(rank), timeout(timeout) {}
+      : device_index(device_index), rank(rank), timeout(timeout), uncaught_at_creation(std::uncaught_exceptions()) {}
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  // ncclCommDestroy is an intra-node collective: it returns only when every rank of the node that
+  // shares the communicator destroys it too, and after the collectives queued on it have finished.
+  // A rank whose exception unwinds past its group (a failing rank, on its way to run_rank_main's
+  // abort_job) must not make that call: its peers are blocked in a collective it will never join,
+  // so it would wait for them forever and never reach MPI_Abort (the 2026-11-28 GPU run: all three
+  // fault_test.sh cases over NCCL hung until the 120 s timeout, the failing rank silent). It aborts
+  // the communicator instead, which waits for nobody.
   ~Communicator() {
+    if (std::uncaught_exceptions() > uncaught_at_creation) {
+      abort();
+      if (stream != nullptr) cudaStreamDestroy(stream);
+      return;
+    }
     try {
       cuda::DeviceGuard device(device_index);
       if (comm != nullptr && !aborted) {
@@ -159,6 +171,7 @@ struct Communicator {
 
   const int device_index, rank;
   const std::chrono::seconds timeout;
+  const int uncaught_at_creation;  // std::uncaught_exceptions() when made: more at destruction = unwinding
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
 

@@ -56,15 +56,18 @@ int run(int failing_rank, const std::string& stuck_in, bool nccl) {
     }
   }
 
+  // The collectives that cannot finish are synchronize()d: over NCCL, wait() only makes the compute
+  // stream wait and returns at once, so the rank would go on (and print that the collective
+  // finished) while its GPU waits; synchronize() blocks the host, as a loss.item() after the step would.
   const Tensor t = full({1001}, rank + 1.0, DType::f32, device);
   if (stuck_in == "subgroup") {
     const std::shared_ptr<ProcessGroup> pair = group->split(rank / 2, rank);
     pair->all_reduce(t)->wait();  // a healthy one first
     if (rank == failing_rank) throw std::runtime_error("injected failure");
     if (rank / 2 == failing_rank / 2) {
-      pair->all_reduce(t)->wait();
+      pair->all_reduce(t)->synchronize();
     } else {
-      group->barrier()->wait();
+      group->barrier()->synchronize();
     }
   } else if (stuck_in == "in_flight") {
     if (rank == failing_rank) {
@@ -72,16 +75,16 @@ int run(int failing_rank, const std::string& stuck_in, bool nccl) {
       throw std::runtime_error("injected failure");
     }
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    group->all_reduce(t)->wait();
-    group->barrier()->wait();  // never completes: the failing rank is gone
+    group->all_reduce(t)->synchronize();
+    group->barrier()->synchronize();  // never completes: the failing rank is gone
   } else if (rank == failing_rank) {
     throw std::runtime_error("injected failure");
   } else if (stuck_in == "all_reduce") {
-    group->all_reduce(t)->wait();
+    group->all_reduce(t)->synchronize();
   } else if (stuck_in == "broadcast") {
-    group->broadcast(t, failing_rank)->wait();
+    group->broadcast(t, failing_rank)->synchronize();
   } else {
-    group->barrier()->wait();
+    group->barrier()->synchronize();
   }
   std::fprintf(stderr, "rank %d: the %s finished without rank %d: the fault was not handled\n", rank,
                stuck_in.c_str(), failing_rank);

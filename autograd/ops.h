@@ -90,10 +90,10 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
                    const Tensor& bias = Tensor());
 // linear(gelu(linear(x, weight1, bias1)), weight2, bias2), an MLP's fc1 -> GELU -> fc2, as one node
 // that keeps x and fc1's output for backward but not the GELU's output (as gelu_linear does). Its
-// GEMMs carry the GELU where they can (kernels::linear_gelu_forward, linear_dgelu_backward: the tanh
-// form in bf16/f16 on the GPU): fc1's GEMM writes the GELU's output beside its own, and fc2's dgrad
-// applies the GELU's derivative and sums fc1's bias gradient. Elsewhere (the CPU, the erf form, f32)
-// the values and gradients are those of the three functions, bit for bit.
+// forward GEMM carries the GELU where it can (kernels::linear_gelu_forward: the tanh form in bf16/f16
+// on the GPU): fc1's GEMM writes the GELU's output beside its own. Elsewhere (the CPU, the erf form,
+// f32) the values are those of the three functions, bit for bit; the gradients are everywhere
+// (kernels::linear_dgelu_backward is the dgrad then the GELU backward kernel).
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
                           kernels::GeluApproximation approximation, const Tensor& weight2,
                           const Tensor& bias2 = Tensor());

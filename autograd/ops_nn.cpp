@@ -2,6 +2,7 @@
 // flags instead of materialising transposes; the layer ops save what their fused backward kernels
 // need (LayerNorm statistics, attention's log-sum-exp, dropout's Philox seed and offset).
 #include <cmath>
+#include <utility>
 
 #include "autograd/function.h"
 #include "autograd/ops.h"
@@ -129,8 +130,44 @@ Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation) {
   });
 }
 
-// The GELU's output lives only inside this call in forward, and again inside the backward closure,
-// between the dgrad GEMM (which needs the weight, not the activation) and the wgrad GEMM.
+namespace {
+
+// The backward of linear(gelu(pre), weight) for a node that kept pre but not gelu(pre): dpre (when
+// asked for) and the Linear's weight and bias gradients. With both, the dgrad GEMM first, then one
+// pass over pre gives dpre (written over dact) and the GELU's output again for the wgrad GEMM
+// (k::gelu_backward_and_forward): one read of pre, where the two GELU kernels read it twice. At most
+// two [tokens, hidden] temporaries at a time, dpre and the GELU's output, as with the kernels one
+// after another. The values are those of the separate kernels, bit for bit.
+struct GeluLinearGrads {
+  Tensor dpre;
+  k::LinearGrads linear;
+};
+GeluLinearGrads gelu_linear_backward(const Tensor& dy, const Tensor& pre, const Tensor& weight,
+                                     k::GeluApproximation approximation, bool need_dpre, bool need_dweight,
+                                     bool need_dbias) {
+  GeluLinearGrads r;
+  Tensor act;
+  const bool need_linear = need_dweight || need_dbias;
+  if (need_dpre && need_linear) {
+    // dgrad: d(gelu(pre)) = dy·W (pre stands in for the activation: the same shape and dtype).
+    const Tensor dact = k::linear_backward(dy, pre, weight, true, false, false).dx;
+    k::GeluGradAndOutput both = k::gelu_backward_and_forward(dact, pre, approximation, true);
+    r.dpre = std::move(both.dx);
+    act = std::move(both.y);
+  } else if (need_dpre) {
+    r.dpre = k::linear_dgelu_backward(dy, pre, weight, approximation);
+  }
+  if (need_linear) {
+    if (!act.defined()) act = k::gelu_forward(pre, approximation);
+    r.linear = k::linear_backward(dy, act, weight, false, need_dweight, need_dbias);
+  }
+  return r;
+}
+
+}  // namespace
+
+// The GELU's output lives only inside this call in forward, and again inside the backward closure
+// (gelu_linear_backward).
 Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, const Tensor& weight,
                    const Tensor& bias) {
   OCTET_CHECK(h.dim() >= 1 && weight.dim() == 2 && h.size(-1) == weight.size(1), "gelu_linear: h must be [..., in] "
@@ -140,24 +177,12 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
   const bool nh = h.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
   const DType b_dtype = bd.defined() ? bd.dtype() : h.dtype();
   return record("gelu_linear", y, {h, weight, bias}, [=](const Grads& g) -> Grads {
-    Tensor dh, dweight, dbias;
-    if (nh) {
-      // dgrad: d(gelu(h)) = dy·W (hd stands in for the activation: the same shape and dtype).
-      const Tensor dact = k::linear_backward(g[0], hd, wd, true, false, false).dx;
-      dh = k::gelu_backward(dact, hd, approximation);
-    }
-    if (nw || nb) {
-      const k::LinearGrads d = k::linear_backward(g[0], k::gelu_forward(hd, approximation), wd, false, nw, nb);
-      dweight = d.dweight;
-      if (nb) dbias = d.dbias.to(b_dtype);
-    }
-    return {dh, dweight, dbias};
+    const GeluLinearGrads d = gelu_linear_backward(g[0], hd, wd, approximation, nh, nw, nb);
+    return {d.dpre, d.linear.dweight, nb ? d.linear.dbias.to(b_dtype) : Tensor()};
   });
 }
 
-// Backward takes fc2's weight gradient first, from the GELU's output made again from fc1's output,
-// and frees that before the input gradient through the GELU exists: one [tokens, hidden] temporary
-// at a time.
+// Backward goes through fc2 and the GELU as gelu_linear's does (gelu_linear_backward), then fc1.
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
                           kernels::GeluApproximation approximation, const Tensor& weight2, const Tensor& bias2) {
   OCTET_CHECK(x.dim() >= 1 && weight1.dim() == 2 && weight2.dim() == 2 && x.size(-1) == weight1.size(1) &&
@@ -173,23 +198,16 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& 
   const DType b1_dtype = b1.defined() ? b1.dtype() : x.dtype(), b2_dtype = b2.defined() ? b2.dtype() : x.dtype();
   return record("linear_gelu_linear", y, {x, weight1, bias1, weight2, bias2},
                 [=, pre = f.pre](const Grads& g) -> Grads {
-                  Tensor dx, dw1, db1, dw2, db2;
-                  if (nw2 || nb2) {
-                    const k::LinearGrads d =
-                        k::linear_backward(g[0], k::gelu_forward(pre, approximation), w2, false, nw2, nb2);
-                    dw2 = d.dweight;
-                    if (nb2) db2 = d.dbias.to(b2_dtype);
-                  }
-                  if (nx || nw1 || nb1) {
-                    const k::LinearDgeluGrads dg = k::linear_dgelu_backward(g[0], pre, w2, approximation, nb1);
-                    const bool sum_db1 = nb1 && !dg.dbias.defined();  // unfused: fc1's wgrad sums it
-                    k::LinearGrads d;
-                    if (nx || nw1 || sum_db1) d = k::linear_backward(dg.dpre, xd, w1, nx, nw1, sum_db1);
+                  Tensor dx, dw1, db1;
+                  const GeluLinearGrads fc2 = gelu_linear_backward(g[0], pre, w2, approximation, nx || nw1 || nb1, nw2, nb2);
+                  const Tensor db2 = nb2 ? fc2.linear.dbias.to(b2_dtype) : Tensor();
+                  if (fc2.dpre.defined()) {
+                    const k::LinearGrads d = k::linear_backward(fc2.dpre, xd, w1, nx, nw1, nb1);
                     dx = d.dx;
                     dw1 = d.dweight;
-                    if (nb1) db1 = (sum_db1 ? d.dbias : dg.dbias).to(b1_dtype);
+                    if (nb1) db1 = d.dbias.to(b1_dtype);
                   }
-                  return {dx, dw1, db1, dw2, db2};
+                  return {dx, dw1, db1, fc2.linear.dweight, db2};
                 });
 }
 

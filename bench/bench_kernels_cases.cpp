@@ -25,17 +25,6 @@ namespace {
 std::string dims(int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); }
 
 
-// Runs LayerNorm's backward in one design for the life of the scope (the design is read at launch).
-struct DesignScope {
-  explicit DesignScope(kernels::LayerNormBackwardDesign design) : saved(kernels::layernorm_backward_design()) {
-    kernels::set_layernorm_backward_design(design);
-  }
-  ~DesignScope() { kernels::set_layernorm_backward_design(saved); }
-  DesignScope(const DesignScope&) = delete;
-  DesignScope& operator=(const DesignScope&) = delete;
-  kernels::LayerNormBackwardDesign saved;
-};
-
 // run(i) = f(i mod sets), whose result stays alive until run i + sets replaces it: each run writes
 // memory that none of the last `sets` runs wrote.
 template <class Out, class F>
@@ -240,48 +229,40 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
          return keeping<kernels::AddLayerNormOutput>(
              sets, [=](int64_t s) { return kernels::add_layernorm_forward(x[s], y[s], w, b, kEps); });
        }});
-  // LayerNorm's backward in both designs of its register kernel (kernels/nn_ops.h
-  // LayerNormBackwardDesign), until a GPU run decides between them.
-  using kernels::LayerNormBackwardDesign;
-  for (const auto design : {LayerNormBackwardDesign::kRound, LayerNormBackwardDesign::kPipelined}) {
-    const std::string design_text = design == LayerNormBackwardDesign::kRound ? "" : ", pipelined";
-    // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
-    // rstd; writes dx, dweight, dbias.
-    cases.push_back(
-        {"layernorm_backward", "bf16, dweight+dbias" + design_text, nc,
-         3 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
-           Random& r = ws->random();
-           const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
-           const Tensor w = r.ln_weight(), b = r.ln_bias();
-           std::vector<kernels::LayerNormOutput> fwd;
-           for (const Tensor& xs : x) {
-             fwd.push_back(kernels::layernorm_forward(xs, w, b, kEps));
-             fwd.back().y = Tensor();  // only mean and rstd are backward's
-           }
-           return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
-             const DesignScope scope(design);
-             return kernels::layernorm_backward(dy[s], x[s], w, fwd[s].mean, fwd[s].rstd);
-           });
-         }});
-    // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
-    cases.push_back(
-        {"add_layernorm_backward", "bf16, dweight+dbias" + design_text, nc,
-         4 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
-           Random& r = ws->random();
-           const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
-           const Tensor w = r.ln_weight(), b = r.ln_bias();
-           std::vector<kernels::AddLayerNormOutput> fwd;
-           for (int64_t s = 0; s < sets; ++s) {
-             fwd.push_back(kernels::add_layernorm_forward(r.normal({kRows, kWidth}, DType::bf16),
-                                                          r.normal({kRows, kWidth}, DType::bf16), w, b, kEps));
-             fwd.back().y = Tensor();  // only h, mean and rstd are backward's
-           }
-           return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
-             const DesignScope scope(design);
-             return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, w, fwd[s].mean, fwd[s].rstd);
-           });
-         }});
-  }
+  // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
+  // rstd; writes dx, dweight, dbias.
+  cases.push_back(
+      {"layernorm_backward", "bf16, dweight+dbias", nc,
+       3 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
+         Random& r = ws->random();
+         const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
+         const Tensor w = r.ln_weight(), b = r.ln_bias();
+         std::vector<kernels::LayerNormOutput> fwd;
+         for (const Tensor& xs : x) {
+           fwd.push_back(kernels::layernorm_forward(xs, w, b, kEps));
+           fwd.back().y = Tensor();  // only mean and rstd are backward's
+         }
+         return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
+           return kernels::layernorm_backward(dy[s], x[s], w, fwd[s].mean, fwd[s].rstd);
+         });
+       }});
+  // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
+  cases.push_back(
+      {"add_layernorm_backward", "bf16, dweight+dbias", nc,
+       4 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
+         Random& r = ws->random();
+         const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
+         const Tensor w = r.ln_weight(), b = r.ln_bias();
+         std::vector<kernels::AddLayerNormOutput> fwd;
+         for (int64_t s = 0; s < sets; ++s) {
+           fwd.push_back(kernels::add_layernorm_forward(r.normal({kRows, kWidth}, DType::bf16),
+                                                        r.normal({kRows, kWidth}, DType::bf16), w, b, kEps));
+           fwd.back().y = Tensor();  // only h, mean and rstd are backward's
+         }
+         return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
+           return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, w, fwd[s].mean, fwd[s].rstd);
+         });
+       }});
   // add (the residual add that is not fused): reads a, b; writes a + b.
   cases.push_back(
       {"add", "bf16 (residual)", nc, 3 * kBf16 * kNC, [=](int64_t sets) -> Run {
@@ -302,6 +283,16 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
          Random& r = ws->random();
          const std::vector<Tensor> dy = r.normals(sets, {kRows, kHidden}), x = r.normals(sets, {kRows, kHidden});
          return keeping<Tensor>(sets, [=](int64_t s) { return kernels::gelu_backward(dy[s], x[s], gelu); });
+       }});
+  // gelu_backward_and_forward, what the MLP's backward runs (autograd's gelu_linear: dpre and the GELU's
+  // output again for fc2's weight gradient): reads dy, x; writes dx, y. It replaces the two rows above
+  // (645.5 MB) with 516.4 MB. (Not over dy here: each run must leave its inputs as they were.)
+  cases.push_back(
+      {"gelu_backward_and_forward", "bf16, erf", nh, 4 * kBf16 * kNH, [=](int64_t sets) -> Run {
+         Random& r = ws->random();
+         const std::vector<Tensor> dy = r.normals(sets, {kRows, kHidden}), x = r.normals(sets, {kRows, kHidden});
+         return keeping<kernels::GeluGradAndOutput>(
+             sets, [=](int64_t s) { return kernels::gelu_backward_and_forward(dy[s], x[s], gelu); });
        }});
 
   // ---- the tanh GELU in cuBLASLt's epilogues (--gelu tanh), each beside what it replaces ----
@@ -331,9 +322,11 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                          sets, [=](int64_t s) { return kernels::linear_gelu_forward(x[s], w, b, tanh); });
                    },
                    2, false, true});
-  // fc2 dgrad: reads dy, the weight and pre; writes dpre and fc1's bias gradient. The composition
-  // writes dact, reads it back with pre (and fc1's wgrad sums the bias gradient in its BGRADB).
-  const int64_t fc2_bytes = kBf16 * (kNC + kWidth * kHidden + 2 * kNH + kHidden);
+  // fc2 dgrad then the GELU backward (kernels::linear_dgelu_backward, what the tanh MLP's backward
+  // runs): reads dy, the weight and pre, writes dpre, and writes dact and reads it back in between.
+  // (A row for cuBLASLt's DGELU_BGRAD, which does it in one GEMM, stood beside it until an H200 timed
+  // it at 697 µs against this row's 336: kernels/cuda/gemm_cuda.h.)
+  const int64_t fc2_bytes = kBf16 * (kNC + kWidth * kHidden + 2 * kNH);
   const std::string fc2_shape = nc + " -> " + std::to_string(kHidden);
   cases.push_back({"dgrad+gelu_backward", "bf16, tanh, dgrad then dGELU", fc2_shape,
                    fc2_bytes + 2 * kBf16 * kNH, [=](int64_t sets) -> Run {
@@ -341,22 +334,10 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                      const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}),
                                                pre = r.normals(sets, {kRows, kHidden});
                      const Tensor w = kernels::mul_scalar(r.normal({kWidth, kHidden}, DType::bf16), 0.03);
-                     return keeping<Tensor>(sets, [=](int64_t s) {
-                       const Tensor dact = kernels::linear_backward(dy[s], pre[s], w, true, false, false).dx;
-                       return kernels::gelu_backward(dact, pre[s], tanh);
-                     });
+                     return keeping<Tensor>(
+                         sets, [=](int64_t s) { return kernels::linear_dgelu_backward(dy[s], pre[s], w, tanh); });
                    },
                    3, false, true});
-  cases.push_back({"linear_dgelu_backward", "bf16, tanh, DGELU_BGRAD", fc2_shape, fc2_bytes,
-                   [=](int64_t sets) -> Run {
-                     Random& r = ws->random();
-                     const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}),
-                                               pre = r.normals(sets, {kRows, kHidden});
-                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kHidden}, DType::bf16), 0.03);
-                     return keeping<kernels::LinearDgeluGrads>(
-                         sets, [=](int64_t s) { return kernels::linear_dgelu_backward(dy[s], pre[s], w, tanh, true); });
-                   },
-                   2, false, true});
 
   // ---- FP8 casts (bytes: cast_case) ----
   // Forward activations, E4M3: a Linear's input (proj's, or qkv's and fc1's with the producers off) and

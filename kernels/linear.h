@@ -5,10 +5,13 @@
 //   backward dx = dy·W                  dgrad GEMM
 //            dW = dyᵀ·x                 wgrad GEMM, dbias = Σ_rows dy fused: cuBLASLt BGRADB
 //
-// An MLP's fc1 -> GELU -> fc2 has two more, for the tanh form of GELU (cuBLASLt has no erf form):
+// An MLP's fc1 -> GELU -> fc2 has one more, for the tanh form of GELU (cuBLASLt has no erf form):
 //
 //   fc1 forward   pre = x·W1ᵀ + b1, act = gelu(pre)          cuBLASLt GELU_AUX_BIAS
-//   fc2 dgrad     dpre = (dy·W2) ⊙ gelu'(pre), db1 = Σ dpre   cuBLASLt DGELU_BGRAD
+//
+// and its backward through the GELU is fc2's dgrad GEMM then the GELU backward kernel
+// (linear_dgelu_backward): cuBLASLt's DGELU_BGRAD, which would do both in one GEMM, was twice as slow
+// on an H200 (kernels/cuda/gemm_cuda.h says by how much).
 //
 // The CPU composes kernels::gemm, the bias add and kernels::sum (and the GELU kernels). On the GPU an
 // epilogue is used only where its layout rules hold and cuBLASLt offers an algorithm for it;
@@ -47,17 +50,11 @@ LinearGeluOutput linear_gelu_forward(const Tensor& x, const Tensor& weight, cons
                                      GeluApproximation approximation);
 
 // The input gradient of act -> Linear(weight) taken on through the GELU: with dact = dy·weight (the
-// Linear's dgrad), dpre = gelu_backward(dact, pre). pre [..., in] is the GELU's input, dy [..., out].
-//
-// On the GPU with the tanh form (16-bit dy and pre, in a multiple of 8), one cuBLASLt GEMM
-// (DGELU_BGRAD) computes dpre from the f32 product, never rounding dact, and also the column sums of
-// dpre: the gradient of the bias that made pre, returned as dbias (pre's dtype) when need_dbias.
-// Elsewhere dbias is undefined and the caller sums dpre itself (linear_backward of the Linear that
-// made pre does, as it would unfused).
-struct LinearDgeluGrads {
-  Tensor dpre, dbias;
-};
-LinearDgeluGrads linear_dgelu_backward(const Tensor& dy, const Tensor& pre, const Tensor& weight,
-                                       GeluApproximation approximation, bool need_dbias);
+// Linear's dgrad), dpre = gelu_backward(dact, pre), in pre's shape and dtype. pre [..., in] is the
+// GELU's input, dy [..., out]. On every device the dgrad GEMM, then the GELU backward kernel; the
+// gradient of the bias that made pre is the caller's (linear_backward of the Linear that made pre
+// sums dpre, in its wgrad's epilogue on the GPU).
+Tensor linear_dgelu_backward(const Tensor& dy, const Tensor& pre, const Tensor& weight,
+                             GeluApproximation approximation);
 
 }  // namespace octet::kernels

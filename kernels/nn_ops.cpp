@@ -4,7 +4,6 @@
 // once on the way out. The CUDA kernels read and write the tensors' own dtypes and compute in f32.
 #include "kernels/nn_ops.h"
 
-#include <atomic>
 #include <cmath>
 
 #include "core/op_ledger.h"
@@ -117,13 +116,6 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
     return {y.to(x.dtype()), mean, rstd};
   });
 }
-
-namespace {
-std::atomic<LayerNormBackwardDesign> g_layernorm_backward_design{LayerNormBackwardDesign::kRound};
-}  // namespace
-
-void set_layernorm_backward_design(LayerNormBackwardDesign design) { g_layernorm_backward_design.store(design); }
-LayerNormBackwardDesign layernorm_backward_design() { return g_layernorm_backward_design.load(); }
 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) {
@@ -277,6 +269,23 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
     cpu::gelu_backward<T>(dyc.data<T>(), xc.data<T>(), dx.data<T>(), x.numel(), approximation);
     return dx.to(x.dtype());
   });
+}
+
+GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
+                                            bool may_overwrite_dy) {
+  constexpr const char* op = "gelu_backward_and_forward";
+  check_defined(op, {&dy, &x});
+  check_floating(op, x);
+  check_same_dtype(op, {&dy, &x});
+  OCTET_CHECK(dy.shape() == x.shape(), op, ": dy and x differ in shape (", describe_all({&dy, &x}), ")");
+  check_same_device(op, {&dy, &x});
+  if (!x.is_cuda()) {
+    // The CPU: the two calls (each in the op ledger under its own name).
+    return {gelu_backward(dy, x, approximation), gelu_forward(x, approximation)};
+  }
+  LedgerOp ledger(op);
+  ledger.read({&dy, &x}).write(x).write(x);
+  return cuda::gelu_backward_and_forward(dy, x, approximation, may_overwrite_dy);
 }
 
 // ---- softmax cross-entropy ------------------------------------------------------------------------------

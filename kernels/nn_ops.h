@@ -51,25 +51,20 @@ struct AddLayerNormGrads {
 AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_residual, const Tensor& h,
                                          const Tensor& weight, const Tensor& mean, const Tensor& rstd);
 
-// The GPU's LayerNorm backward for rows a warp holds in registers (C <= 1536 in bf16/f16, 768 in
-// f32) comes in two designs until a GPU run decides between them (bench_kernels times both;
-// kernels/cuda/layernorm.cu describes them):
-//   kRound      264 blocks of 8 warps (two an SM on an H100 or H200), each warp loading, computing
-//               and writing its rows one after another;
-//   kPipelined  132 blocks of 8 warps (one an SM), each warp loading its next row while it computes
-//               the current one.
-// kPipelined is built for bf16 rows with bf16 weights (the bf16 model's LayerNorms); other dtypes run
-// kRound whatever is set. dx and dh are the same bits either way; dweight and dbias are f32 sums taken
-// in another order (each design's repeat bit for bit). Process-wide, kRound unless set; the CPU has
-// one design.
-enum class LayerNormBackwardDesign { kRound, kPipelined };
-void set_layernorm_backward_design(LayerNormBackwardDesign design);
-LayerNormBackwardDesign layernorm_backward_design();
-
 // ---- GELU -------------------------------------------------------------------------------------------
 enum class GeluApproximation { None, Tanh };  // erf form (timm's default), or the tanh approximation
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation = GeluApproximation::None);
+// gelu_backward(dy, x) and gelu_forward(x) at once, bit for bit those two calls: for a backward that
+// needs the GELU's output again (an MLP's fc2 weight gradient, where forward kept only the GELU's
+// input). On the GPU one pass reads x once for both (ViT-H's MLP in bf16: 516 MB moved, not 646).
+// With may_overwrite_dy (dy needed by nobody after the call), the GPU writes dx over dy, so the pass
+// holds no more memory than gelu_backward alone; the CPU makes dx anew either way.
+struct GeluGradAndOutput {
+  Tensor dx, y;
+};
+GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
+                                            bool may_overwrite_dy = false);
 
 // ---- softmax cross-entropy ----------------------------------------------------------------------------
 // logits [N, C] (any floating dtype), targets [N] i64 or i32 with values in [0, C) or ignore_index.

@@ -50,6 +50,55 @@ void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cons
   check_launch(what);
 }
 
+// dx[i] = Back(dy[i], x[i]) and y[i] = Fwd(x[i]) in one pass: the functors gelu_backward and
+// gelu_forward map, on the same loaded values, so both outputs are those calls' bits. dx may be dy (in
+// place): each element is read before it is written, by the same thread, so dy and dx are not
+// __restrict__.
+template <class T, class Back, class Fwd>
+__global__ void gelu_backward_and_forward_kernel(const T* dy, const T* __restrict__ x, T* dx, T* __restrict__ y,
+                                                 int64_t n, bool vectorized, Back back, Fwd fwd) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  int64_t scalar_from = 0;
+  if (vectorized) {
+    constexpr int N = Pack<T>::N;
+    const int64_t packs = n / N;
+    for (int64_t p = tid; p < packs; p += stride) {
+      const Pack<T> pd = load_pack(dy + p * N), px = load_pack(x + p * N);
+      Pack<T> od, oy;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float xv = to_float(px.v[k]);
+        od.v[k] = from_float<T>(back(to_float(pd.v[k]), xv));
+        oy.v[k] = from_float<T>(fwd(xv, 0.f));
+      }
+      store_pack(dx + p * N, od);
+      store_pack(y + p * N, oy);
+    }
+    scalar_from = packs * N;
+  }
+  for (int64_t i = scalar_from + tid; i < n; i += stride) {
+    const float xv = to_float(x[i]);
+    const float d = to_float(dy[i]);
+    dx[i] = from_float<T>(back(d, xv));
+    y[i] = from_float<T>(fwd(xv, 0.f));
+  }
+}
+
+template <class T, bool kTanh>
+void launch_backward_and_forward(const Tensor& dy, const Tensor& x, const Tensor& dx, const Tensor& y, const char* op) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const bool vectorized =
+      aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) && aligned16(dx.data_ptr()) && aligned16(y.data_ptr());
+  const int64_t work = vectorized ? (n + Pack<T>::N - 1) / Pack<T>::N : n;
+  // Bytes: reads dy and x, writes dx and y. ViT-H's MLP, 12,608 × 5120 bf16: 516.4 MB, 120 µs at
+  // 4.3 TB/s, where gelu_backward then gelu_forward move 645.5 MB (150 µs): one read of x fewer.
+  gelu_backward_and_forward_kernel<T><<<blocks_for(work), kThreads, 0, stream_for(x)>>>(
+      ptr<T>(dy), ptr<T>(x), ptr<T>(dx), ptr<T>(y), n, vectorized, GeluBackwardOf<T, kTanh>{}, GeluForwardOf<T, kTanh>{});
+  check_launch(op);
+}
+
 }  // namespace
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
@@ -70,6 +119,17 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
     else launch_map<true, GeluBackwardOf<T, false>, T>(dy, x, dx, {}, op);
   });
   return dx;
+}
+
+GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
+                                            bool dx_into_dy) {
+  constexpr const char* op = "gelu_backward_and_forward";
+  GeluGradAndOutput r{dx_into_dy ? dy : empty(x.shape(), x.dtype(), x.device()), empty(x.shape(), x.dtype(), x.device())};
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    if (approximation == GeluApproximation::Tanh) launch_backward_and_forward<T, true>(dy, x, r.dx, r.y, op);
+    else launch_backward_and_forward<T, false>(dy, x, r.dx, r.y, op);
+  });
+  return r;
 }
 
 }  // namespace octet::kernels::cuda

@@ -61,7 +61,6 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue kind) {
     case GemmEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
     case GemmEpilogue::BiasGradFromA: return CUBLASLT_EPILOGUE_BGRADB;
     case GemmEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    case GemmEpilogue::DGeluBiasGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -82,7 +81,6 @@ const char* epilogue_name(GemmEpilogue kind) {
     case GemmEpilogue::Bias: return "BIAS";
     case GemmEpilogue::BiasGradFromA: return "BGRADB";
     case GemmEpilogue::GeluAuxBias: return "GELU_AUX_BIAS";
-    case GemmEpilogue::DGeluBiasGrad: return "DGELU_BGRAD";
   }
   return "?";
 }
@@ -227,7 +225,7 @@ bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool tra
               "gemm: the epilogue's bias vector must have ", length, " elements in ", dtype_name(c.dtype()), " on ",
               c.device().str(), ", got ",
               epilogue.bias.defined() ? epilogue.bias.describe() : std::string("undefined"));
-  const bool gelu = epilogue.kind == GemmEpilogue::GeluAuxBias || epilogue.kind == GemmEpilogue::DGeluBiasGrad;
+  const bool gelu = epilogue.kind == GemmEpilogue::GeluAuxBias;
   OCTET_CHECK(gelu == epilogue.aux.defined(), "gemm: the ", epilogue_name(epilogue.kind), " epilogue ",
               gelu ? "needs" : "takes no", " aux matrix");
   if (gelu) {

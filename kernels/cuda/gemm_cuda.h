@@ -26,16 +26,19 @@ enum class GemmEpilogue {
   Bias,           // C[i, j] += bias[j]                                          BIAS
   BiasGradFromA,  // bias[i] = Σ_k op(A)[i, k]: the wgrad's dbias when A = dyᵀ    BGRADB (our A is its B)
   GeluAuxBias,    // aux[i, j] = P[i, j] + bias[j], C[i, j] = gelu_tanh(aux)     GELU_AUX_BIAS
-  DGeluBiasGrad,  // C[i, j] = P[i, j]·gelu_tanh'(aux[i, j]), bias[j] = Σ_i C    DGELU_BGRAD
 };
+// Not here: DGELU_BGRAD (C = P·gelu_tanh'(aux), bias = Σ_i C), for fc2's dgrad. On an H200 with
+// cuBLASLt 13.1 it took 697 µs at ViT-H's MLP (12,608 x 1280 -> 5120, bf16), against 336 µs for the
+// dgrad GEMM then the GELU backward kernel it replaces (2026-11-28), with no accuracy to show for it:
+// its outputs failed a one-rounding bound at the same 209 of 262,144 places as that composition does
+// on the CPU, which rounds the product to bf16 before the derivative. Octet uses the composition.
 
 struct GemmEpilogueArgs {
   GemmEpilogue kind = GemmEpilogue::None;
-  // Bias, GeluAuxBias: the input [n]. BiasGradFromA: the output [m]. DGeluBiasGrad: the output [n].
+  // Bias, GeluAuxBias: the input [n]. BiasGradFromA: the output [m].
   // In C's dtype (cuBLASLt's bias vectors and bias gradients are C-typed here).
   Tensor bias;
-  // GeluAuxBias: the output [m, n], the GELU's input, kept for backward. DGeluBiasGrad: that
-  // tensor, read. C's dtype, shape and device.
+  // GeluAuxBias: the output [m, n], the GELU's input, kept for backward. C's dtype, shape and device.
   Tensor aux = {};
 };
 

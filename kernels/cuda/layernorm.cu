@@ -31,15 +31,11 @@
 // on any GPU. Longer rows take the old kernel: a block walks a run of rows, its threads across the
 // columns, and reads each row twice (the second time from L1/L2).
 //
-// Two designs of the warp-per-row backward (kernels/nn_ops.h LayerNormBackwardDesign), the same
-// arithmetic per row, until a GPU run decides between them. kRound: 264 blocks, two an SM, each warp
-// loading a row, computing it and writing it, then the next. At ViT-H's 12,608 rows that is 6 rows a
-// warp in one round of blocks that all start together, so the SMs tend to load, compute and store in
-// step, and HBM idles while they compute: run 2 measured it at 0.63 of a copy. kPipelined: 132
-// blocks, one an SM with up to 255 registers a thread, each warp holding two rows and issuing row
-// k + 1's loads before it computes row k (12 rows a warp), so that its bytes are always in flight.
-// Half the warps an SM, each with twice the bytes in flight. dx is the same bits in both designs;
-// dweight and dbias are summed over other row sets (each design's sums repeat bit for bit).
+// At ViT-H's 12,608 rows that is 264 blocks, two an SM, 6 rows a warp, each warp loading a row,
+// computing it and writing it, then the next: 0.62 of a copy on an H200 (2026-11-28; 25% occupancy,
+// its warps mostly waiting on their loads). A second design, one block an SM whose warps loaded row
+// k + 1 while computing row k (255 registers, 12.5% occupancy), ran at 0.34 on the same GPU, and
+// was removed: fewer warps with more rows each in flight lost to more warps.
 //
 // The residual add fused in (add_layernorm_*, as llm.c fuses it): forward reads x and y instead of x,
 // computes h = x + y rounded to T exactly as the add kernel rounds it (__fadd_rn, then round to nearest
@@ -63,10 +59,8 @@ constexpr int kBackwardWarps = 8;
 // Its grid: about this many blocks, whatever the row count, so that every block takes several rows
 // per warp and the partials stay small (264 = two blocks on each of an H100's or H200's 132 SMs, all
 // resident at once). A constant, not the device's SM count: the row split, and so the sums' bits,
-// depend on `rows` only. The pipelined design's blocks hold twice the rows in registers, one an SM:
-// 132 of them.
+// depend on `rows` only.
 constexpr int64_t kBackwardTargetBlocks = 264;
-constexpr int64_t kPipelinedTargetBlocks = 132;
 // At most this many blocks for the block-per-row backward (long rows).
 constexpr int64_t kMaxBackwardBlocks = 512;
 // Per-block partial sums of the block-per-row backward live in shared memory up to this size (under
@@ -198,7 +192,7 @@ __device__ __forceinline__ void load_backward_row(const T* __restrict__ dy, cons
 // see layernorm_backward_rows_kernel). With kResidual each dx is LayerNorm's input gradient plus
 // dresidual, added in f32 and rounded once. Every multiply and add is an _rn intrinsic, so that the
 // kernels with and without kResidual compute the same LayerNorm gradient bits
-// (CudaAddLayerNorm.EqualsTheUnfusedGpuKernelsBitForBit), and both designs the same dx.
+// (CudaAddLayerNorm.EqualsTheUnfusedGpuKernelsBitForBit).
 template <class T, class W, bool kResidual>
 __device__ __forceinline__ void backward_row(const BackwardRow& b, const W* __restrict__ weight, T* __restrict__ dxr,
                                              int C, int lane, float inv_C, bool rows_packed, bool params_packed,
@@ -294,7 +288,7 @@ __device__ __forceinline__ void write_block_partial(const float4* slots, int hal
   }
 }
 
-// kRound: dx for the rows of block blockIdx.x: warp w takes rows row0 + w, row0 + w + kBackwardWarps,
+// dx for the rows of block blockIdx.x: warp w takes rows row0 + w, row0 + w + kBackwardWarps,
 // ... (rows_per_warp of them, row0 = blockIdx.x · kBackwardWarps · rows_per_warp), loading each, then
 // computing and writing it. With weight, the block's partial dweight and dbias (write_block_partial).
 // units_per_lane: the units a lane holds of a row, ceil(C / N / 32), which sizes the shared slots.
@@ -320,47 +314,6 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, 2)
     BackwardRow b;
     load_backward_row<T, kResidual>(dy, dresidual, x, mean, rstd, r, C, lane, rows_packed, b);
     backward_row<T, W, kResidual>(b, weight, dx + r * C, C, lane, inv_C, rows_packed, params_packed, sw, sb);
-  }
-  if (weight != nullptr) write_block_partial<T>(slots, half, partial, C);
-}
-
-// kPipelined: the same rows, arithmetic and slots, with one block an SM (launch bounds for 255
-// registers) whose warps each hold two rows: row k + 1's loads are issued before row k is computed,
-// so that the warp's next bytes are in flight while it computes and writes.
-template <class T, class W, bool kResidual>
-__global__ void __launch_bounds__(kBackwardWarps * 32, 1)
-    layernorm_backward_pipelined_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
-                                        const T* __restrict__ x, const W* __restrict__ weight,
-                                        const float* __restrict__ mean, const float* __restrict__ rstd,
-                                        T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int C,
-                                        int rows_per_warp, int units_per_lane, bool rows_packed,
-                                        bool params_packed) {
-  extern __shared__ float4 slots[];
-  constexpr int Q = Pack<T>::N / 4;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int half = units_per_lane * Q * 32;
-  float4* sw = slots + warp * 2 * half;
-  float4* sb = sw + half;
-  if (weight != nullptr) zero_slots(slots, half);
-  const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
-  const int64_t row0 = int64_t{blockIdx.x} * kBackwardWarps * rows_per_warp;
-  auto row = [&](int k) { return row0 + int64_t{k} * kBackwardWarps + warp; };
-  auto valid = [&](int k) { return k < rows_per_warp && row(k) < rows; };  // uniform across the warp
-  auto load = [&](int k, BackwardRow& b) {
-    load_backward_row<T, kResidual>(dy, dresidual, x, mean, rstd, row(k), C, lane, rows_packed, b);
-  };
-  auto compute = [&](int k, const BackwardRow& b) {
-    backward_row<T, W, kResidual>(b, weight, dx + row(k) * C, C, lane, inv_C, rows_packed, params_packed, sw, sb);
-  };
-  // Two buffers, named rather than indexed, so that both stay in registers.
-  BackwardRow even, odd;
-  if (valid(0)) load(0, even);
-  for (int k = 0; valid(k); k += 2) {
-    if (valid(k + 1)) load(k + 1, odd);
-    compute(k, even);
-    if (!valid(k + 1)) break;
-    if (valid(k + 2)) load(k + 2, even);
-    compute(k + 1, odd);
   }
   if (weight != nullptr) write_block_partial<T>(slots, half, partial, C);
 }
@@ -560,12 +513,8 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
       int64_t blocks;
       Tensor partial;
       if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
-        // The pipelined design is built for bf16 rows with bf16 weights only (the bf16 model's
-        // LayerNorms): its kernels are large, and every program carries every instantiation.
-        constexpr bool kPipelinable = std::is_same_v<T, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
-        const bool pipelined = kPipelinable && layernorm_backward_design() == LayerNormBackwardDesign::kPipelined;
-        const int64_t target = pipelined ? kPipelinedTargetBlocks : kBackwardTargetBlocks;
-        const int64_t rows_per_warp = (rows + kBackwardWarps * target - 1) / (kBackwardWarps * target);
+        const int64_t rows_per_warp =
+            (rows + kBackwardWarps * kBackwardTargetBlocks - 1) / (kBackwardWarps * kBackwardTargetBlocks);
         blocks = (rows + kBackwardWarps * rows_per_warp - 1) / (kBackwardWarps * rows_per_warp);
         const int units_per_lane = static_cast<int>(((C + N - 1) / N + 31) / 32);
         const size_t shared =
@@ -580,21 +529,11 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
               static_cast<int>(rows_per_warp), units_per_lane, vectorized, params_packed);
         };
         // Bytes (ViT-H, bf16): reads dy and x (64.6 MB), writes dx (32.3 MB), reads 8 per row of
-        // statistics and writes 2C floats of partials per block (263 blocks: 2.7 MB; pipelined, 132:
-        // 1.4 MB): 99.6 MB, 23.2 µs at 4.3 TB/s. With the residual gradient, 32.3 MB more read:
+        // statistics and writes 2C floats of partials per block (263 blocks: 2.7 MB): 99.6 MB, 23.2 µs at 4.3 TB/s. With the residual gradient, 32.3 MB more read:
         // 131.9 MB, 30.7 µs.
-        bool launched = false;
-        if constexpr (kPipelinable) {
-          if (pipelined && residual) {
-            launch_rows(layernorm_backward_pipelined_kernel<T, W, true>);
-          } else if (pipelined) {
-            launch_rows(layernorm_backward_pipelined_kernel<T, W, false>);
-          }
-          launched = pipelined;
-        }
-        if (!launched && residual) {
+        if (residual) {
           launch_rows(layernorm_backward_rows_kernel<T, W, true>);
-        } else if (!launched) {
+        } else {
           launch_rows(layernorm_backward_rows_kernel<T, W, false>);
         }
       } else {

@@ -25,6 +25,8 @@ AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_r
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation);
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation);
+GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
+                                            bool dx_into_dy);  // dx written over dy
 
 // The targets' values are not checked on the host (that would wait for the GPU): a target outside
 // [0, C) that is not ignore_index makes its row's loss and gradient NaN, and so the mean loss.

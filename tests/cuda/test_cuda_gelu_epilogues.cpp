@@ -1,15 +1,17 @@
-// The tanh GELU in cuBLASLt's epilogues (kernels/linear.h): fc1's GEMM writing its output and the
-// GELU's (GELU_AUX_BIAS), and fc2's dgrad applying the GELU's derivative and summing fc1's bias
-// gradient (DGELU_BGRAD), against float64 references on random inputs; and an MLP with the tanh form,
-// one autograd node on the GPU, against the same MLP run module by module.
+// The tanh GELU in cuBLASLt's GELU_AUX_BIAS epilogue (kernels/linear.h): fc1's GEMM writing its
+// output and the GELU's, against float64 references on random inputs; fc2's dgrad then the GELU
+// backward kernel (kernels::linear_dgelu_backward, the MLP's backward through the GELU) against the
+// same kind of reference; and an MLP with the tanh form, one autograd node on the GPU, against the
+// same MLP run module by module.
 //
 // The bounds. cuBLASLt accumulates in f32: a sum of K products is within K·2^-24·Σ|a·b| of the exact
-// one, and 2^-14·Σ|a·b| covers K <= 1024 with room. The 16-bit output then rounds: within 2^-9 of the
-// value relatively, 2^-8 allowed. cuBLASLt's GELU is its own code, not Octet's: taken as the tanh
-// form with a tanh whose relative error is at most 2^-11 (the hardware's tanh.approx.f32 has
-// 2^-10.987), which moves gelu(p) = ½p(1 + t) by ½|p|·2^-11 and gelu'(p) = ½(1 + t) +
-// ½p·c(1 + 3a·p²)(1 − t²) by ½·2^-11 + ½|p|·c(1 + 3a·p²)·2·2^-11 (c = √(2/π), a = 0.044715: the
-// error of 1 − t² is 2t times t's). The tests allow 4 times (forward) and 2 times (derivative) that.
+// one, and 2^-14·Σ|a·b| covers K <= 1024 with room. Each rounding to bf16 (8 significant bits) moves
+// a value by at most 2^-8 of it relatively (f16: 2^-11). cuBLASLt's GELU is its own code, not
+// Octet's: taken as the tanh form with a tanh whose relative error is at most 2^-11 (the hardware's
+// tanh.approx.f32 has 2^-10.987), which moves gelu(p) = ½p(1 + t) by ½|p|·2^-11 and gelu'(p) =
+// ½(1 + t) + ½p·c(1 + 3a·p²)(1 − t²) by ½·2^-11 + ½|p|·c(1 + 3a·p²)·2·2^-11 (c = √(2/π),
+// a = 0.044715: the error of 1 − t² is 2t times t's). The tests allow 4 times (forward) and 2 times
+// (derivative) that; Octet's own GELU backward, in f32 with an accurate tanh, is far inside it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,24 +88,26 @@ TEST(CudaGeluEpilogues, Fc1GemmWritesItsOutputAndTheTanhGelu) {
   EXPECT_EQ(bad_act, 0) << first;
 }
 
-TEST(CudaGeluEpilogues, Fc2DgradAppliesTheGeluSlopeAndSumsTheBiasGradient) {
+// fc2's dgrad then the GELU backward (what replaced cuBLASLt's DGELU_BGRAD epilogue, which an H200
+// ran twice as slowly: kernels/cuda/gemm_cuda.h). Two roundings to bf16, dact's and dpre's:
+// 2 · 2^-8 = 2^-7 of the reference relatively, beside the f32 sum's error through the slope
+// (|gelu'| <= 1.13) and the slope's own. (The second-order terms, 2^-16 of it, sit inside the slope
+// allowance, at least 2^-11·|dact|.) This test once held DGELU_BGRAD to one rounding, 2^-8: on an
+// H200 209 of these 262,144 outputs failed it, and this composition run on the CPU fails it at 209
+// too: the epilogue also rounds the product to bf16 before the derivative, and these inputs do reach
+// the second rounding's term.
+TEST(CudaGeluEpilogues, Fc2DgradThenTheGeluBackwardMatchFloat64) {
   SKIP_WITHOUT_GPU();
   const int64_t rows = 256, hidden = 1024, out = 512;
   const Tensor dy = random_tensor({rows, out}, DType::bf16, 41),
                w2 = random_tensor({out, hidden}, DType::bf16, 42, 0.08),
                pre = random_tensor({rows, hidden}, DType::bf16, 43, 1.5);
-  OpLedger ledger;
-  const kernels::LinearDgeluGrads d =
-      kernels::linear_dgelu_backward(dy.to(kGpu), pre.to(kGpu), w2.to(kGpu), GeluApproximation::Tanh, true);
-  ASSERT_EQ(ledger.op("linear_dgelu_backward").calls, 1)
-      << "cuBLASLt ran no DGELU_BGRAD GEMM (the composition ran instead):\n" << ledger.table();
-  ASSERT_TRUE(d.dbias.defined());
-  ASSERT_EQ(d.dbias.shape(), Shape({hidden}));
-  ASSERT_EQ(d.dpre.shape(), Shape({rows, hidden}));
+  const Tensor dpre_gpu = kernels::linear_dgelu_backward(dy.to(kGpu), pre.to(kGpu), w2.to(kGpu), GeluApproximation::Tanh);
+  ASSERT_TRUE(dpre_gpu.is_cuda());
+  ASSERT_EQ(dpre_gpu.dtype(), DType::bf16);
+  ASSERT_EQ(dpre_gpu.shape(), Shape({rows, hidden}));
   const std::vector<double> dys = dy.to_vector<double>(), ws = w2.to_vector<double>(), ps = pre.to_vector<double>();
-  const std::vector<double> dpre = d.dpre.to(Device::cpu()).to_vector<double>(),
-                            dbias = d.dbias.to(Device::cpu()).to_vector<double>();
-  std::vector<double> bias_ref(hidden, 0.0), bias_allow(hidden, 0.0);
+  const std::vector<double> dpre = dpre_gpu.to(Device::cpu()).to_vector<double>();
   int64_t bad = 0;
   std::string first;
   for (int64_t i = 0; i < rows; ++i) {
@@ -115,32 +119,19 @@ TEST(CudaGeluEpilogues, Fc2DgradAppliesTheGeluSlopeAndSumsTheBiasGradient) {
       }
       const size_t at = static_cast<size_t>(i * hidden + j);
       const double p = ps[at], ref = dact * gelu_tanh_slope(p);
-      // The f32 product's error times the slope (|gelu'| <= 1.13), the slope's own, then the rounding.
       const double allow = 1.13 * std::ldexp(mag, -14) + std::abs(dact) * gelu_slope_allowance(p);
-      if (std::abs(dpre[at] - ref) > std::ldexp(std::abs(ref), -8) + allow) {
+      if (std::abs(dpre[at] - ref) > std::ldexp(std::abs(ref), -7) + allow) {
         if (bad++ == 0) first = "dpre[" + std::to_string(i) + ", " + std::to_string(j) + "]";
       }
-      bias_ref[j] += ref;
-      // Each term within its allowance, plus its 16-bit rounding in case cuBLASLt sums the rounded
-      // dpre rather than the f32 products (2^-9 relative, which also covers an f32 sum of 256 terms).
-      bias_allow[j] += allow + std::ldexp(std::abs(ref), -9);
     }
   }
   EXPECT_EQ(bad, 0) << first;
-  int64_t bad_bias = 0;
-  for (int64_t j = 0; j < hidden; ++j) {
-    if (std::abs(dbias[j] - bias_ref[j]) > std::ldexp(std::abs(bias_ref[j]), -8) + bias_allow[j]) {
-      if (bad_bias++ == 0) first = "dbias[" + std::to_string(j) + "]";
-    }
-  }
-  EXPECT_EQ(bad_bias, 0) << first;
 }
 
-// An MLP with the tanh form in bf16: one node (linear_gelu_linear) whose forward and backward ran
-// their GEMMs with the GELU epilogues, against the same MLP module by module on the GPU (the GELU
-// kernels, BIAS and BGRADB epilogues). The act differs by cuBLASLt's GELU (within an ulp of bf16
-// and the allowance above) and dpre by one rounding fewer, so each result agrees norm-wise within the
-// suite's bf16 bound.
+// An MLP with the tanh form in bf16: one node (linear_gelu_linear) whose forward ran fc1's GEMM with
+// the GELU epilogue, against the same MLP module by module on the GPU (the GELU kernels, BIAS and
+// BGRADB epilogues). The act differs by cuBLASLt's GELU (within an ulp of bf16 and the allowance
+// above), so each result agrees norm-wise within the suite's bf16 bound.
 TEST(CudaGeluEpilogues, TanhMlpMatchesTheModules) {
   SKIP_WITHOUT_GPU();
   nn::Mlp mlp(768, 3072, 768, 0.0, nullptr, GeluApproximation::Tanh);
@@ -170,7 +161,6 @@ TEST(CudaGeluEpilogues, TanhMlpMatchesTheModules) {
   };
   const Out fused = run(false), modules = run(true);
   EXPECT_EQ(fused.ops.count("linear_gelu_forward"), 1u);
-  EXPECT_EQ(fused.ops.count("linear_dgelu_backward"), 1u);
   EXPECT_EQ(modules.ops.count("linear_gelu_forward"), 0u);
   EXPECT_LE(relative_error(fused.y, modules.y), testing::tolerance(DType::bf16));
   EXPECT_LE(relative_error(fused.dx, modules.dx), testing::tolerance(DType::bf16));

@@ -50,6 +50,36 @@ TEST(CudaGelu, BothFormsMatchTheCpu) {
   }
 }
 
+// gelu_backward_and_forward: both outputs are gelu_backward's and gelu_forward's bits, for each dtype and
+// form, at sizes with and without a tail after the 16-byte packs, aligned and misaligned; written over
+// dy when allowed (the same storage, dy's old values gone), and dy left alone when not.
+TEST(CudaGelu, BackwardAndForwardInOnePassAreTheTwoCallsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (auto form : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{37 * 13}, int64_t{1000003}}) {
+        for (bool misaligned : {false, true}) {
+          for (bool overwrite : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(d) << " n " << n << (misaligned ? " misaligned" : "")
+                                              << (form == kernels::GeluApproximation::Tanh ? " tanh" : " erf")
+                                              << (overwrite ? ", over dy" : ""));
+            // Wide enough to reach both tails (and f16's overflow of x² in the tanh form's slope).
+            const Tensor x = random_tensor({n}, d, 80 + n, 4.0), dy = random_tensor({n}, d, 81 + n);
+            const Tensor xg = misaligned ? misaligned_on_gpu(x) : x.to(kGpu);
+            const Tensor dyg = misaligned ? misaligned_on_gpu(dy) : dy.to(kGpu);
+            const Tensor dx_ref = kernels::gelu_backward(dyg, xg, form), y_ref = kernels::gelu_forward(xg, form);
+            const kernels::GeluGradAndOutput r = kernels::gelu_backward_and_forward(dyg, xg, form, overwrite);
+            EXPECT_TRUE(same_bits(r.dx, dx_ref));
+            EXPECT_TRUE(same_bits(r.y, y_ref));
+            EXPECT_EQ(r.dx.data_ptr() == dyg.data_ptr(), overwrite);
+            if (!overwrite) EXPECT_TRUE(same_bits(dyg, dy));
+          }
+        }
+      }
+    }
+  }
+}
+
 // The erf form's f32 error against the exact GELU (the CPU's f64 kernel), element by element, over
 // [-14, 14] in steps of 2^-12 (the whole left tail, where Φ = ½ + ½·erf cancels, included) and the
 // bounds derived in kernels/cuda/gelu_elements.cuh: Φ within 1.1e-7 absolutely (erff's 2 ulp, the

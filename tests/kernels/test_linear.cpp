@@ -141,26 +141,24 @@ TEST(Linear, GeluForwardIsTheLinearThenTheGelu) {
 }
 
 // linear_dgelu_backward: dpre is the gradient of Σ probe ⊙ (gelu(pre)·Wᵀ) with respect to pre, by
-// central differences in f64; on the CPU it is linear_backward's dgrad then gelu_backward bit for bit,
-// and it leaves the bias gradient to the caller.
+// central differences in f64; it is linear_backward's dgrad then gelu_backward bit for bit.
 TEST(Linear, DgeluBackwardIsTheDgradThroughTheGelu) {
   for (auto form : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
     const Tensor pre = random_tensor({5, 6}, DType::f64, 71, 2.0), w = random_tensor({4, 6}, DType::f64, 72),
                  probe = random_tensor({5, 4}, DType::f64, 73);
-    const kernels::LinearDgeluGrads g = kernels::linear_dgelu_backward(probe, pre, w, form, true);
-    EXPECT_FALSE(g.dbias.defined());
+    const Tensor dpre = kernels::linear_dgelu_backward(probe, pre, w, form);
     const std::vector<double> numeric = numeric_gradient(pre, [&] {
       return probe_loss(kernels::linear_forward(kernels::gelu_forward(pre, form), w, Tensor()), probe);
     });
-    EXPECT_TRUE(all_close(g.dpre, numeric, 1e-6, 1e-6));
+    EXPECT_TRUE(all_close(dpre, numeric, 1e-6, 1e-6));
     const Tensor pre32 = pre.to(DType::f32), w32 = w.to(DType::f32), probe32 = probe.to(DType::f32);
     const Tensor dact = kernels::linear_backward(probe32, pre32, w32, true, false, false).dx;
-    EXPECT_TRUE(testing::same_bits(kernels::linear_dgelu_backward(probe32, pre32, w32, form, false).dpre,
+    EXPECT_TRUE(testing::same_bits(kernels::linear_dgelu_backward(probe32, pre32, w32, form),
                                    kernels::gelu_backward(dact, pre32, form)));
   }
   const Tensor pre = random_tensor({5, 6}, DType::f32, 74), w = random_tensor({4, 6}, DType::f32, 75);
   EXPECT_TRUE(testing::throws_with(
-      [&] { kernels::linear_dgelu_backward(random_tensor({5, 3}), pre, w, kernels::GeluApproximation::Tanh, true); },
+      [&] { kernels::linear_dgelu_backward(random_tensor({5, 3}), pre, w, kernels::GeluApproximation::Tanh); },
       {"linear_dgelu_backward", "dy", "f32[5, 3]"}));
   EXPECT_TRUE(testing::throws_with(
       [&] { kernels::linear_gelu_forward(pre, random_tensor({4, 5}), Tensor(), kernels::GeluApproximation::Tanh); },

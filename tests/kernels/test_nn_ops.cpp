@@ -286,6 +286,29 @@ TEST(Gelu, Errors) {
   expect_error([&] { gelu_forward(zeros({3}, DType::i32)); }, {"gelu", "floating"});
 }
 
+// gelu_backward_and_forward (one pass on the GPU, for a backward that needs the GELU's output again):
+// on the CPU the two calls, bit for bit, a new dx whether or not dy may be written over, and dy left
+// alone; the same argument checks as gelu_backward, under its own name.
+TEST(Gelu, BackwardAndForwardIsTheTwoCalls) {
+  for (GeluApproximation form : {GeluApproximation::None, GeluApproximation::Tanh}) {
+    for (DType d : {DType::f32, DType::f64, DType::bf16}) {
+      const Tensor x = random_tensor({4, 33}, d, 91, 3.0), dy = random_tensor({4, 33}, d, 92);
+      const Tensor dy_before = dy.clone();
+      for (bool overwrite : {false, true}) {
+        const GeluGradAndOutput r = gelu_backward_and_forward(dy, x, form, overwrite);
+        EXPECT_TRUE(octet::testing::same_bits(r.dx, gelu_backward(dy, x, form)));
+        EXPECT_TRUE(octet::testing::same_bits(r.y, gelu_forward(x, form)));
+        EXPECT_TRUE(octet::testing::same_bits(dy, dy_before));
+      }
+    }
+  }
+  const Tensor x = random_tensor({3, 5});
+  expect_error([&] { gelu_backward_and_forward(random_tensor({5, 3}), x, GeluApproximation::None); },
+               {"gelu_backward_and_forward", "differ in shape", "f32[5, 3]"});
+  expect_error([&] { gelu_backward_and_forward(random_tensor({3, 5}, DType::f64), x, GeluApproximation::Tanh); },
+               {"gelu_backward_and_forward", "different dtypes"});
+}
+
 // ---- cross-entropy ---------------------------------------------------------------------------------------
 
 Targets random_targets(int64_t N, int64_t C, uint64_t seed) {

@@ -156,20 +156,20 @@ const char* fp8_name(DType d) { return d == DType::e4m3 ? "e4m3" : "e5m2"; }
 // kernels::fp8_cast (or fp8_cast_dbias) of bf16 x [rows, cols], as nn/fp8_linear.cpp calls it.
 // Bytes: reads x (2 per element) and writes 1 per element per copy (rows are multiples of 16: the
 // transposed copy has no padding); an activation's or gradient's cast also reads its scale, updates its
-// amax and writes scale_inv (12), a weight's reads the scale and writes scale_inv (8); dbias writes
-// cols bf16 column sums.
+// amax and writes scale_inv (12), a weight's too (under delayed scaling, the default, the cast records
+// the weight's amax; current scaling measures it first, the amax rows below); dbias writes cols bf16
+// column sums.
 Case cast_case(const std::shared_ptr<Workspace>& ws, DType fp8_dtype, int64_t rows, int64_t cols, bool transposed,
                bool dbias, bool weight) {
   const int64_t copies = transposed ? 2 : 1;
   std::string variant = std::string(fp8_name(fp8_dtype)) + (transposed ? " row+T" : " row");
   if (weight) variant += ", weight";
   if (dbias) variant += ", dbias bf16";
-  const int64_t bytes = kBf16 * rows * cols + copies * kFp8 * rows * cols + (weight ? 2 * kF32 : kCastScalars) +
-                        (dbias ? kBf16 * cols : 0);
+  const int64_t bytes = kBf16 * rows * cols + copies * kFp8 * rows * cols + kCastScalars + (dbias ? kBf16 * cols : 0);
   return {dbias ? "fp8_cast_dbias" : "fp8_cast", variant, dims(rows, cols), bytes, [=](int64_t sets) -> Run {
             const std::vector<Tensor> x = ws->random().normals(sets, {rows, cols});
             const Fp8Slots slots = fp8_slots(fp8_dtype, ws->device);
-            const Tensor amax = weight ? Tensor() : slots.amax;
+            const Tensor amax = slots.amax;
             if (dbias) {
               return keeping<kernels::Fp8CastWithBiasGrad>(sets, [=](int64_t s) {
                 return kernels::fp8_cast_dbias(x[s], slots.scale, amax, fp8_dtype, /*rowwise=*/true, transposed,
@@ -407,7 +407,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
          });
        }});
 
-  // ---- amax alone: every weight's before its cast, and an activation's under current scaling ----
+  // ---- amax alone, as current scaling measures each tensor before its cast: the weights, activations ----
   for (const auto& [out, in] : weights) {
     cases.push_back(amax_case(ws, out, in, "bf16 weight"));
   }

@@ -138,8 +138,8 @@ TEST(CudaFp8Cast, InputsOffByEightBytesMatchTheCpu) {
   }
 }
 
-// The weights' casts run without an amax (the weight's amax is its own fp8_amax_ pass): the same bytes
-// and scale_inv, on the 16-byte path and the scalar one.
+// Casts without an amax (a weight's under current scaling, whose amax is its own fp8_amax_ pass): the
+// same bytes and scale_inv, on the 16-byte path and the scalar one.
 TEST(CudaFp8Cast, WithoutAmaxMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   for (const Shape& shape : {Shape{1280, 1280}, Shape{5120, 1280}, Shape{37, 53}}) {

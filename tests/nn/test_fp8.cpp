@@ -258,7 +258,11 @@ TEST(Fp8Linear, DelayedScalingUpdatesForwardScalesAtScopeExitAndGradientScalesAf
   Tensor y;
   {
     Fp8Autocast fp8(true, DelayedScaling{.amax_history_len = history});
+    OpLedger ledger;
     y = (*layer)(x);
+    // Both amaxes recorded by the casts themselves: no amax pass of its own (the weight's had one
+    // until the 2026-11-28 GPU run showed its 256 small launches a step).
+    EXPECT_EQ(ledger.op("fp8_amax_").calls, 0);
     const Fp8LinearState& st = *layer->fp8_state;
     EXPECT_EQ(st.forward.amax_history.select(0).to_vector<double>(), (Vec{amax_x, amax_w}));  // recorded
     EXPECT_EQ(st.forward.scale.to_vector<double>(), (Vec{1, 1}));  // not yet updated
@@ -306,7 +310,11 @@ TEST(Fp8Linear, CurrentScalingScalesEachTensorByItsOwnAmax) {
   auto layer = make_linear(32, 16, DType::f32, 60);
   Tensor x = random_tensor({7, 32}, DType::f32, 61, 5.0).requires_grad_();
   const Tensor r = random_tensor({7, 16}, DType::f32, 62, 1e-3);
+  OpLedger ledger;
   (void)step(*layer, x, r, CurrentScaling{.margin = 1});
+  // Each tensor measured before its cast: x, dy, and the weight, whose [1] amax then goes into its
+  // slot with one more (record_weight_amax, shared with FSDP's FP8 all-gather).
+  EXPECT_EQ(ledger.op("fp8_amax_").calls, 4);
   const Fp8LinearState& st = *layer->fp8_state;
   EXPECT_EQ(st.forward.amax_history.size(0), 1);
   const float ax = static_cast<float>(kernels::amax(x.detach()).item());

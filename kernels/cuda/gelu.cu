@@ -9,30 +9,41 @@
 namespace octet::kernels::cuda {
 namespace {
 
-// out[i] = op(a[i], b[i]) (b ignored when kBinary is false), grid-stride.
-template <class T, bool kBinary, class Op>
-__global__ void map_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n,
-                           bool vectorized, Op op) {
+// The grid-stride walk of both kernels below: with `vectorized`, pack(e) for the first element e of
+// each 16-byte pack of T, then element(i) for the elements past the last whole pack; otherwise
+// element(i) for every element.
+template <class T, class PackFn, class ElementFn>
+__device__ __forceinline__ void grid_stride(int64_t n, bool vectorized, PackFn pack, ElementFn element) {
+  constexpr int N = Pack<T>::N;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   int64_t scalar_from = 0;
   if (vectorized) {
-    constexpr int N = Pack<T>::N;
     const int64_t packs = n / N;
-    for (int64_t p = tid; p < packs; p += stride) {
-      const Pack<T> pa = load_pack(a + p * N);
-      Pack<T> pb{};
-      if constexpr (kBinary) pb = load_pack(b + p * N);
-      Pack<T> o;
-#pragma unroll
-      for (int k = 0; k < N; ++k) o.v[k] = from_float<T>(op(to_float(pa.v[k]), kBinary ? to_float(pb.v[k]) : 0.f));
-      store_pack(out + p * N, o);
-    }
+    for (int64_t p = tid; p < packs; p += stride) pack(p * N);
     scalar_from = packs * N;
   }
-  for (int64_t i = scalar_from + tid; i < n; i += stride) {
-    out[i] = from_float<T>(op(to_float(a[i]), kBinary ? to_float(b[i]) : 0.f));
-  }
+  for (int64_t i = scalar_from + tid; i < n; i += stride) element(i);
+}
+
+// out[i] = op(a[i], b[i]) (b ignored when kBinary is false).
+template <class T, bool kBinary, class Op>
+__global__ void map_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n,
+                           bool vectorized, Op op) {
+  grid_stride<T>(
+      n, vectorized,
+      [&](int64_t e) {
+        const Pack<T> pa = load_pack(a + e);
+        Pack<T> pb{};
+        if constexpr (kBinary) pb = load_pack(b + e);
+        Pack<T> o;
+#pragma unroll
+        for (int k = 0; k < Pack<T>::N; ++k) {
+          o.v[k] = from_float<T>(op(to_float(pa.v[k]), kBinary ? to_float(pb.v[k]) : 0.f));
+        }
+        store_pack(out + e, o);
+      },
+      [&](int64_t i) { out[i] = from_float<T>(op(to_float(a[i]), kBinary ? to_float(b[i]) : 0.f)); });
 }
 
 template <bool kBinary, class Op, class T>
@@ -57,32 +68,25 @@ void launch_map(const Tensor& a, const Tensor& b, const Tensor& out, Op op, cons
 template <class T, class Back, class Fwd>
 __global__ void gelu_backward_and_forward_kernel(const T* dy, const T* __restrict__ x, T* dx, T* __restrict__ y,
                                                  int64_t n, bool vectorized, Back back, Fwd fwd) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  int64_t scalar_from = 0;
-  if (vectorized) {
-    constexpr int N = Pack<T>::N;
-    const int64_t packs = n / N;
-    for (int64_t p = tid; p < packs; p += stride) {
-      const Pack<T> pd = load_pack(dy + p * N), px = load_pack(x + p * N);
-      Pack<T> od, oy;
+  grid_stride<T>(
+      n, vectorized,
+      [&](int64_t e) {
+        const Pack<T> pd = load_pack(dy + e), px = load_pack(x + e);
+        Pack<T> od, oy;
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float xv = to_float(px.v[k]);
-        od.v[k] = from_float<T>(back(to_float(pd.v[k]), xv));
-        oy.v[k] = from_float<T>(fwd(xv, 0.f));
-      }
-      store_pack(dx + p * N, od);
-      store_pack(y + p * N, oy);
-    }
-    scalar_from = packs * N;
-  }
-  for (int64_t i = scalar_from + tid; i < n; i += stride) {
-    const float xv = to_float(x[i]);
-    const float d = to_float(dy[i]);
-    dx[i] = from_float<T>(back(d, xv));
-    y[i] = from_float<T>(fwd(xv, 0.f));
-  }
+        for (int k = 0; k < Pack<T>::N; ++k) {
+          const float xv = to_float(px.v[k]);
+          od.v[k] = from_float<T>(back(to_float(pd.v[k]), xv));
+          oy.v[k] = from_float<T>(fwd(xv, 0.f));
+        }
+        store_pack(dx + e, od);
+        store_pack(y + e, oy);
+      },
+      [&](int64_t i) {
+        const float xv = to_float(x[i]), d = to_float(dy[i]);
+        dx[i] = from_float<T>(back(d, xv));
+        y[i] = from_float<T>(fwd(xv, 0.f));
+      });
 }
 
 template <class T, bool kTanh>

@@ -26,6 +26,11 @@ inline const Device kGpu = Device::cuda(0);
 // their element-wise bound is in tests/cuda/fp8_bound.h.
 inline double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
 
+// Row counts and widths for the row kernels' tests: one row, a few, a block's worth; widths off every
+// pack size, a warp's, ViT-H's, and past a warp's registers.
+inline const std::vector<int64_t> kRows = {1, 7, 37};
+inline const std::vector<int64_t> kWidths = {13, 96, 1280, 3000};
+
 // A copy of t on the GPU whose data starts `elements` elements past a 16-byte boundary (the allocation's
 // start), so the kernels take their scalar (unpacked) paths: one element by default; 4 bf16 or 2 f32
 // elements give an 8-byte aligned start that is still not 16-byte aligned.

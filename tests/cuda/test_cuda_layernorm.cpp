@@ -25,8 +25,8 @@ using testing::relative_error_matching_nans;
 using testing::same_bits;
 using testing::tolerance;
 
-const std::vector<int64_t> kRows = {1, 7, 37};
-const std::vector<int64_t> kWidths = {13, 96, 1280, 3000};
+using testing::kRows;
+using testing::kWidths;
 
 // ---- LayerNorm ----------------------------------------------------------------------------------------
 
@@ -182,6 +182,31 @@ TEST(CudaAddLayerNorm, MatchesTheCpuWithinTheDerivedBounds) {
   }
 }
 
+// add_layernorm_forward / _backward against add() then layernorm_forward() and layernorm_backward()
+// on the GPU, bit for bit where the two compute the same (the reasons are at each caller): the
+// forward's h, y, mean and rstd; the backward's dweight and dbias, and in f32 dh; and without a
+// residual gradient, dh equal to LayerNorm's dx. All tensors on the GPU.
+void expect_fused_add_equals_unfused(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dres,
+                                     const Tensor& w, const Tensor& b) {
+  const auto fused = kernels::add_layernorm_forward(x, y, w, b);
+  const Tensor h = kernels::add(x, y);
+  const auto unfused = kernels::layernorm_forward(h, w, b);
+  EXPECT_TRUE(same_bits(fused.h, h));
+  EXPECT_TRUE(same_bits(fused.y, unfused.y));
+  EXPECT_TRUE(same_bits(fused.mean, unfused.mean));
+  EXPECT_TRUE(same_bits(fused.rstd, unfused.rstd));
+
+  const auto fused_grads = kernels::add_layernorm_backward(dy, dres, fused.h, w, fused.mean, fused.rstd);
+  const auto ln = kernels::layernorm_backward(dy, h, w, unfused.mean, unfused.rstd);
+  if (x.dtype() == DType::f32) {
+    EXPECT_TRUE(same_bits(fused_grads.dh, kernels::add(ln.dx, dres)));
+  }
+  EXPECT_TRUE(same_bits(fused_grads.dweight, ln.dweight));
+  EXPECT_TRUE(same_bits(fused_grads.dbias, ln.dbias));
+  const auto no_residual = kernels::add_layernorm_backward(dy, Tensor(), fused.h, w, fused.mean, fused.rstd);
+  EXPECT_TRUE(same_bits(no_residual.dh, ln.dx));
+}
+
 // On aligned rows the fused kernels take the same vectorized paths as add and the LayerNorm
 // kernels, with the same f32 arithmetic in the same order: the forward equals add then
 // layernorm_forward on the GPU bit for bit (bf16 too, since h is rounded before it is normalized),
@@ -200,23 +225,7 @@ TEST(CudaAddLayerNorm, EqualsTheUnfusedGpuKernelsBitForBit) {
       const Tensor w = random_tensor({C}, DType::f32, 174 + C).to(kGpu);
       const Tensor b = random_tensor({C}, DType::f32, 175 + C).to(kGpu);
 
-      const auto fused = kernels::add_layernorm_forward(x, y, w, b);
-      const Tensor h = kernels::add(x, y);
-      const auto unfused = kernels::layernorm_forward(h, w, b);
-      EXPECT_TRUE(same_bits(fused.h, h));
-      EXPECT_TRUE(same_bits(fused.y, unfused.y));
-      EXPECT_TRUE(same_bits(fused.mean, unfused.mean));
-      EXPECT_TRUE(same_bits(fused.rstd, unfused.rstd));
-
-      const auto fused_grads = kernels::add_layernorm_backward(dy, dres, fused.h, w, fused.mean, fused.rstd);
-      const auto ln = kernels::layernorm_backward(dy, h, w, unfused.mean, unfused.rstd);
-      if (d == DType::f32) {
-        EXPECT_TRUE(same_bits(fused_grads.dh, kernels::add(ln.dx, dres)));
-      }
-      EXPECT_TRUE(same_bits(fused_grads.dweight, ln.dweight));
-      EXPECT_TRUE(same_bits(fused_grads.dbias, ln.dbias));
-      const auto no_residual = kernels::add_layernorm_backward(dy, Tensor(), fused.h, w, fused.mean, fused.rstd);
-      EXPECT_TRUE(same_bits(no_residual.dh, ln.dx));
+      expect_fused_add_equals_unfused(x, y, dy, dres, w, b);
     }
   }
 }
@@ -456,22 +465,7 @@ TEST(CudaLayerNormRowKernels, BitsDependOnTheValuesOnly) {
       }
 
       const Tensor ya = y.to(kGpu), dresa = dres.to(kGpu);
-      const auto fused = kernels::add_layernorm_forward(xa, ya, wa, ba);
-      const Tensor h = kernels::add(xa, ya);
-      const auto unfused = kernels::layernorm_forward(h, wa, ba);
-      EXPECT_TRUE(same_bits(fused.h, h));
-      EXPECT_TRUE(same_bits(fused.y, unfused.y));
-      EXPECT_TRUE(same_bits(fused.mean, unfused.mean));
-      EXPECT_TRUE(same_bits(fused.rstd, unfused.rstd));
-      const auto fused_grads = kernels::add_layernorm_backward(dya, dresa, fused.h, wa, fused.mean, fused.rstd);
-      const auto ln = kernels::layernorm_backward(dya, h, wa, unfused.mean, unfused.rstd);
-      if (d == DType::f32) {
-        EXPECT_TRUE(same_bits(fused_grads.dh, kernels::add(ln.dx, dresa)));
-      }
-      EXPECT_TRUE(same_bits(fused_grads.dweight, ln.dweight));
-      EXPECT_TRUE(same_bits(fused_grads.dbias, ln.dbias));
-      const auto no_residual = kernels::add_layernorm_backward(dya, Tensor(), fused.h, wa, fused.mean, fused.rstd);
-      EXPECT_TRUE(same_bits(no_residual.dh, ln.dx));
+      expect_fused_add_equals_unfused(xa, ya, dya, dresa, wa, ba);
     }
   }
 }

@@ -24,8 +24,8 @@ using testing::relative_error_matching_nans;
 using testing::same_bits;
 using testing::tolerance;
 
-const std::vector<int64_t> kRows = {1, 7, 37};
-const std::vector<int64_t> kWidths = {13, 96, 1280, 3000};
+using testing::kRows;
+using testing::kWidths;
 
 // ---- GELU ---------------------------------------------------------------------------------------------
 
@@ -72,7 +72,9 @@ TEST(CudaGelu, BackwardAndForwardInOnePassAreTheTwoCallsBitForBit) {
             EXPECT_TRUE(same_bits(r.dx, dx_ref));
             EXPECT_TRUE(same_bits(r.y, y_ref));
             EXPECT_EQ(r.dx.data_ptr() == dyg.data_ptr(), overwrite);
-            if (!overwrite) EXPECT_TRUE(same_bits(dyg, dy));
+            if (!overwrite) {
+              EXPECT_TRUE(same_bits(dyg, dy));
+            }
           }
         }
       }

@@ -295,6 +295,36 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
              sets, [=](int64_t s) { return kernels::gelu_backward_and_forward(dy[s], x[s], gelu); });
        }});
 
+  // With fc1's bias gradient summed in the same pass (what linear_gelu_linear's backward runs): the row
+  // above plus dbias written (the per-64-row partial sums, 4.0 MB written and read back, are scratch).
+  cases.push_back(
+      {"gelu_backward_and_forward", "bf16, erf, with dbias", nh, 4 * kBf16 * kNH + kBf16 * kHidden,
+       [=](int64_t sets) -> Run {
+         Random& r = ws->random();
+         const std::vector<Tensor> dy = r.normals(sets, {kRows, kHidden}), x = r.normals(sets, {kRows, kHidden});
+         return keeping<kernels::GeluGradAndOutput>(sets, [=](int64_t s) {
+           return kernels::gelu_backward_and_forward(dy[s], x[s], gelu, false, DType::bf16);
+         });
+       }});
+  // What that sum replaces: fc1's wgrad GEMM with cuBLASLt's BGRADB epilogue (its own kernel reads dpre
+  // again) against the GEMM alone. Reads dpre and x, writes the weight gradient (and the bias's).
+  const int64_t wgrad_bytes = kBf16 * (kNH + kNC + kHidden * kWidth);
+  const std::string wgrad_shape = std::to_string(kHidden) + " x " + std::to_string(kWidth) + " over " +
+                                  std::to_string(kRows) + " rows";
+  for (const bool bgrad : {true, false}) {
+    cases.push_back({"linear_backward (fc1 wgrad)", bgrad ? "bf16, BGRADB epilogue" : "bf16, no bias gradient",
+                     wgrad_shape, wgrad_bytes + (bgrad ? kBf16 * kHidden : 0), [=](int64_t sets) -> Run {
+                       Random& r = ws->random();
+                       const std::vector<Tensor> dpre = r.normals(sets, {kRows, kHidden}),
+                                                 x = r.normals(sets, {kRows, kWidth});
+                       const Tensor w = r.normal({kHidden, kWidth}, DType::bf16);
+                       return keeping<kernels::LinearGrads>(sets, [=](int64_t s) {
+                         return kernels::linear_backward(dpre[s], x[s], w, false, true, bgrad);
+                       });
+                     },
+                     3, false, true});
+  }
+
   // ---- the tanh GELU in cuBLASLt's epilogues (--gelu tanh), each beside what it replaces ----
   // fc1 forward: reads x, the weight and the bias; writes pre and the GELU's output. The composition
   // (BIAS epilogue, then gelu_forward) also reads pre back.

@@ -146,7 +146,8 @@ AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor&, con
 }
 Tensor gelu_forward(const Tensor& x, GeluApproximation) { no_cuda("gelu_forward", {&x}); }
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation) { no_cuda("gelu_backward", {&dy, &x}); }
-GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation, bool) {
+GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation, bool,
+                                            std::optional<DType>) {
   no_cuda("gelu_backward_and_forward", {&dy, &x});
 }
 CrossEntropyOutput cross_entropy_forward(const Tensor& logits, const Tensor& targets, double, int64_t) {

@@ -10,6 +10,7 @@
 #include "kernels/common.h"
 #include "kernels/cpu/nn_ops_cpu.h"
 #include "kernels/cuda/nn_ops_cuda.h"
+#include "kernels/reduce.h"
 
 namespace octet::kernels {
 namespace {
@@ -272,20 +273,35 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
 }
 
 GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
-                                            bool may_overwrite_dy) {
+                                            bool may_overwrite_dy, std::optional<DType> dbias_dtype) {
   constexpr const char* op = "gelu_backward_and_forward";
   check_defined(op, {&dy, &x});
   check_floating(op, x);
   check_same_dtype(op, {&dy, &x});
   OCTET_CHECK(dy.shape() == x.shape(), op, ": dy and x differ in shape (", describe_all({&dy, &x}), ")");
   check_same_device(op, {&dy, &x});
+  if (dbias_dtype) {
+    OCTET_CHECK(is_floating(*dbias_dtype) && !is_fp8(*dbias_dtype), op, ": the bias gradient's dtype must be a "
+                "floating dtype other than FP8, got ", dtype_name(*dbias_dtype), "; ask for bf16 or f32 and convert");
+    OCTET_CHECK(!x.is_cuda() || *dbias_dtype == DType::f32 || *dbias_dtype == DType::bf16 ||
+                    *dbias_dtype == DType::f16,
+                op, ": on the GPU the bias gradient is f32, bf16 or f16, got ", dtype_name(*dbias_dtype),
+                "; ask for f32 and convert");
+  }
+  // The bias gradient sums dx over its rows: [rows, cols] with cols = x's last dim (1 for a scalar).
+  const auto column_sums = [&](const Tensor& dx) {
+    return sum(dx.reshape({-1, x.dim() == 0 ? 1 : x.size(-1)}), 0).to(*dbias_dtype);
+  };
   if (!x.is_cuda()) {
-    // The CPU: the two calls (each in the op ledger under its own name).
-    return {gelu_backward(dy, x, approximation), gelu_forward(x, approximation)};
+    // The CPU: the two calls (each in the op ledger under its own name), and the sum.
+    GeluGradAndOutput r{gelu_backward(dy, x, approximation), gelu_forward(x, approximation), Tensor()};
+    if (dbias_dtype) r.dbias = column_sums(r.dx);
+    return r;
   }
   LedgerOp ledger(op);
   ledger.read({&dy, &x}).write(x).write(x);
-  return cuda::gelu_backward_and_forward(dy, x, approximation, may_overwrite_dy);
+  if (dbias_dtype) ledger.write_bytes((x.dim() == 0 ? 1 : x.size(-1)) * static_cast<int64_t>(dtype_size(*dbias_dtype)));
+  return cuda::gelu_backward_and_forward(dy, x, approximation, may_overwrite_dy, dbias_dtype);
 }
 
 // ---- softmax cross-entropy ------------------------------------------------------------------------------

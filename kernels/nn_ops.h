@@ -2,6 +2,7 @@
 // The ViT's non-GEMM layers: LayerNorm, GELU, cross-entropy and dropout. Statistics and losses
 // are kept in f32 (f64 for f64 inputs) whatever the activation dtype.
 #include <cstdint>
+#include <optional>
 
 #include "core/tensor.h"
 
@@ -60,11 +61,21 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
 // input). On the GPU one pass reads x once for both (ViT-H's MLP in bf16: 516 MB moved, not 646).
 // With may_overwrite_dy (dy needed by nobody after the call), the GPU writes dx over dy, so the pass
 // holds no more memory than gelu_backward alone; the CPU makes dx anew either way.
+//
+// With dbias_dtype, also dbias = Σ over dx's rows (dx as [rows, x.size(-1)]), the f32 sums rounded to
+// x's dtype and then to dbias_dtype: the bias gradient of the Linear whose output x is (an MLP's fc1),
+// which the GPU sums in the same pass as it stores dx, where cuBLASLt's BGRADB epilogue on fc1's wgrad
+// GEMM would read dx again (129 MB in ViT-H's bf16 MLP). On the CPU it is sum(dx, 0).to(dbias_dtype),
+// what kernels::linear_backward computes there, bit for bit; the GPU adds in its own fixed order
+// (64-row bands, then the bands in order), so its bits are reproducible but not the CPU's.
+// dbias_dtype: a floating dtype, not FP8 (f32, bf16 or f16 on the GPU).
 struct GeluGradAndOutput {
   Tensor dx, y;
+  Tensor dbias;  // [x.size(-1)] in dbias_dtype, or undefined without it
 };
 GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
-                                            bool may_overwrite_dy = false);
+                                            bool may_overwrite_dy = false,
+                                            std::optional<DType> dbias_dtype = std::nullopt);
 
 // ---- softmax cross-entropy ----------------------------------------------------------------------------
 // logits [N, C] (any floating dtype), targets [N] i64 or i32 with values in [0, C) or ignore_index.

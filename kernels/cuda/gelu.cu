@@ -2,7 +2,14 @@
 // gelu_elements.cuh (shared with the GELU writing FP8, gelu_fp8.cu), mapped over the tensors here.
 // Elementwise: 16-byte packs while every pointer is 16-byte aligned, scalars for the tail.
 // Bytes per element: forward reads x, writes y (2·sizeof(T)); backward reads dy, x, writes dx (3·sizeof(T)).
+// The backward that also makes the forward's output again (gelu_backward_and_forward) can sum dx's
+// columns as it stores them, for the bias gradient of the Linear whose output x is: then it walks the
+// rows in bands of 64 (a 2-D grid) instead of the flat grid-stride walk.
+#include <algorithm>
+#include <optional>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_cast_tiles.cuh"
 #include "kernels/cuda/gelu_elements.cuh"
 #include "kernels/cuda/nn_ops_cuda.h"
 
@@ -103,6 +110,125 @@ void launch_backward_and_forward(const Tensor& dy, const Tensor& x, const Tensor
   check_launch(op);
 }
 
+// ---- with the bias gradient: a 2-D walk that sums the columns as it stores dx ------------------------
+
+// V consecutive elements of a row: one 16-byte pack (V = Pack<T>::N) or one element (V = 1).
+template <class T, int V>
+struct Run {
+  static_assert(V == 1 || V == Pack<T>::N, "a pack or one element");
+  T v[V];
+};
+template <class T, int V>
+__device__ __forceinline__ Run<T, V> load_run(const T* p) {
+  if constexpr (V == 1) {
+    return {{*p}};
+  } else {
+    const Pack<T> pack = load_pack(p);
+    Run<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = pack.v[k];
+    return r;
+  }
+}
+template <class T, int V>
+__device__ __forceinline__ void store_run(T* p, const Run<T, V>& r) {
+  if constexpr (V == 1) {
+    *p = r.v[0];
+  } else {
+    Pack<T> pack;
+#pragma unroll
+    for (int k = 0; k < V; ++k) pack.v[k] = r.v[k];
+    store_pack(p, pack);
+  }
+}
+
+// The grid is 2-D and every block does the same work, so it must fit the SMs at once: ViT-H's MLP
+// (12,608 × 5120 bf16) is 5 column groups × 197 bands = 985 blocks, and at 8 blocks an SM (at most 64
+// registers; bf16 with the erf form needs 64 unconstrained, the tanh form spills 26 bytes) 132 SMs
+// hold 1056. At 5 an SM (the 95 registers of 4 rows in flight) they took 1.5 waves, the second half
+// empty. 2 rows in flight: 8 blocks × 128 threads × 2 rows × 32 bytes = 64 KB of loads per SM.
+constexpr int kBandRows = kTile;  // rows per band: column_partials_for's row band
+constexpr int kBandThreads = 128;
+constexpr int kBandUnroll = 2;  // rows whose loads a thread has in flight at once
+constexpr int kBandBlocksPerSm = 8;
+
+// gelu_backward_and_forward_kernel's outputs (the same functors on the same loaded values: the same
+// bits), plus partials[band, c] = the f32 sum, in row order, of dx[r, c] as stored (rounded to T, what
+// kernels::sum would read) over the band's kBandRows rows. A block is kBandThreads threads side by side
+// over kBandThreads·V columns (a warp's loads: 32 consecutive 16-byte runs of one row, 512 bytes) and
+// walks down a band, kBandUnroll rows' loads in flight per thread; blockIdx.y strides over the bands.
+// V > 1: cols % V == 0 and every pointer 16-byte aligned. dx may be dy, as in the kernel above.
+template <class T, int V, class Back, class Fwd>
+__global__ void __launch_bounds__(kBandThreads, kBandBlocksPerSm)
+    gelu_backward_and_forward_dbias_kernel(const T* dy, const T* __restrict__ x, T* dx, T* __restrict__ y,
+                                           int64_t rows, int64_t cols, float* __restrict__ partials, Back back,
+                                           Fwd fwd) {
+  const int64_t c = (int64_t{blockIdx.x} * kBandThreads + threadIdx.x) * V;
+  if (c >= cols) return;
+  const int64_t bands = (rows + kBandRows - 1) / kBandRows;
+  for (int64_t band = blockIdx.y; band < bands; band += gridDim.y) {
+    const int64_t r0 = band * kBandRows, r_end = r0 + kBandRows < rows ? r0 + kBandRows : rows;
+    float sum[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] = 0.f;
+    for (int64_t r = r0; r < r_end; r += kBandUnroll) {
+      Run<T, V> rd[kBandUnroll], rx[kBandUnroll];
+#pragma unroll
+      for (int u = 0; u < kBandUnroll; ++u) {
+        if (r + u < r_end) {
+          rd[u] = load_run<T, V>(dy + (r + u) * cols + c);
+          rx[u] = load_run<T, V>(x + (r + u) * cols + c);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBandUnroll; ++u) {
+        if (r + u < r_end) {
+          Run<T, V> od, oy;
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const float xv = to_float(rx[u].v[k]);
+            od.v[k] = from_float<T>(back(to_float(rd[u].v[k]), xv));
+            oy.v[k] = from_float<T>(fwd(xv, 0.f));
+            sum[k] = __fadd_rn(sum[k], to_float(od.v[k]));
+          }
+          store_run<T, V>(dx + (r + u) * cols + c, od);
+          store_run<T, V>(y + (r + u) * cols + c, oy);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) partials[band * cols + c + k] = sum[k];
+  }
+}
+
+template <class T, bool kTanh>
+void launch_backward_and_forward_dbias(const Tensor& dy, const Tensor& x, const Tensor& dx, const Tensor& y,
+                                       const Tensor& partials, int64_t rows, int64_t cols, const char* op) {
+  if (rows == 0 || cols == 0) return;
+  constexpr int N = Pack<T>::N;
+  const bool vectorized = cols % N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) &&
+                          aligned16(dx.data_ptr()) && aligned16(y.data_ptr());
+  const int64_t bands = (rows + kBandRows - 1) / kBandRows;
+  const int v = vectorized ? N : 1;
+  const dim3 grid(static_cast<unsigned>((cols + int64_t{kBandThreads} * v - 1) / (int64_t{kBandThreads} * v)),
+                  static_cast<unsigned>(std::min<int64_t>(bands, 65535)));
+  // Bytes: launch_backward_and_forward's, plus the partials (4 bytes per column per 64 rows) written here
+  // and read back by dbias_from_column_partials. fc1's output gradient in ViT-H's MLP, 12,608 × 5120
+  // bf16: 516.4 MB + 2 × 4.0 MB = 524.5 MB, 122 µs at 4.3 TB/s, where the wgrad GEMM's BGRADB epilogue
+  // read dpre again (129.1 MB, in cuBLASLt's own kernel: 29 µs a launch on average, measured). The grid:
+  // 5 column groups × 197 bands = 985 blocks of 128 threads, 7-8 an SM, all resident at once (above).
+  const GeluBackwardOf<T, kTanh> back{};
+  const GeluForwardOf<T, kTanh> fwd{};
+  if (vectorized) {
+    gelu_backward_and_forward_dbias_kernel<T, N><<<grid, kBandThreads, 0, stream_for(x)>>>(
+        ptr<T>(dy), ptr<T>(x), ptr<T>(dx), ptr<T>(y), rows, cols, ptr<float>(partials), back, fwd);
+  } else {
+    gelu_backward_and_forward_dbias_kernel<T, 1><<<grid, kBandThreads, 0, stream_for(x)>>>(
+        ptr<T>(dy), ptr<T>(x), ptr<T>(dx), ptr<T>(y), rows, cols, ptr<float>(partials), back, fwd);
+  }
+  check_launch(op);
+}
+
 }  // namespace
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
@@ -126,13 +252,25 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
 }
 
 GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
-                                            bool dx_into_dy) {
+                                            bool dx_into_dy, std::optional<DType> dbias_dtype) {
   constexpr const char* op = "gelu_backward_and_forward";
   GeluGradAndOutput r{dx_into_dy ? dy : empty(x.shape(), x.dtype(), x.device()), empty(x.shape(), x.dtype(), x.device())};
+  const bool tanh_form = approximation == GeluApproximation::Tanh;
+  if (!dbias_dtype) {
+    dispatch_floating(x.dtype(), op, [&]<class T>() {
+      if (tanh_form) launch_backward_and_forward<T, true>(dy, x, r.dx, r.y, op);
+      else launch_backward_and_forward<T, false>(dy, x, r.dx, r.y, op);
+    });
+    return r;
+  }
+  const int64_t cols = x.dim() == 0 ? 1 : x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor partials = column_partials_for(x.device(), rows, cols, /*transposed=*/false, rows);
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    if (approximation == GeluApproximation::Tanh) launch_backward_and_forward<T, true>(dy, x, r.dx, r.y, op);
-    else launch_backward_and_forward<T, false>(dy, x, r.dx, r.y, op);
+    if (tanh_form) launch_backward_and_forward_dbias<T, true>(dy, x, r.dx, r.y, partials, rows, cols, op);
+    else launch_backward_and_forward_dbias<T, false>(dy, x, r.dx, r.y, partials, rows, cols, op);
   });
+  // dx has x's dtype: its column sums are rounded to it, as kernels::sum returns them, then to dbias's.
+  r.dbias = dbias_from_column_partials(partials, cols, x.dtype(), *dbias_dtype);
   return r;
 }
 

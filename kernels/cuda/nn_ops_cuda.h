@@ -4,6 +4,7 @@
 // inputs' device and launch on its current stream. Activations are f32, bf16 or f16 (f64 is refused
 // by name: run it on the cpu); statistics, log-sum-exps and losses are f32.
 #include <cstdint>
+#include <optional>
 
 #include "core/tensor.h"
 #include "kernels/nn_ops.h"
@@ -25,8 +26,9 @@ AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_r
 
 Tensor gelu_forward(const Tensor& x, GeluApproximation approximation);
 Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approximation);
+// dx_into_dy: dx written over dy. dbias_dtype: f32, bf16 or f16 (the entry point checks).
 GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, GeluApproximation approximation,
-                                            bool dx_into_dy);  // dx written over dy
+                                            bool dx_into_dy, std::optional<DType> dbias_dtype);
 
 // The targets' values are not checked on the host (that would wait for the GPU): a target outside
 // [0, C) that is not ignore_index makes its row's loss and gradient NaN, and so the mean loss.

@@ -82,6 +82,72 @@ TEST(CudaGelu, BackwardAndForwardInOnePassAreTheTwoCallsBitForBit) {
   }
 }
 
+// gelu_backward_and_forward with the bias gradient (the 2-D walk that sums dx's columns as it stores
+// them): dx and y still gelu_backward's and gelu_forward's bits; dbias within its derived bound of the
+// float64 column sums of the dx the GPU returned; the same bits aligned (16-byte runs) and misaligned
+// (one element a thread), both adding each column's rows in the same order. Shapes: a row; a width
+// that 16-byte runs cannot take (13); a partial 64-row band and column tails past 1024 columns (1032);
+// ViT-H's MLP width over 2.5 bands.
+//
+// The bound: each band's f32 sum of up to 64 values, then the bands' sums added in f32, are
+// R - 1 additions in all along any column (R rows), each rounding by at most 2^-24 of a partial sum no
+// larger than Σ|dx|: |f32 sum - exact| <= (R - 1)·2^-24·Σ|dx|. Then one rounding to x's dtype (2^-8
+// bf16, 2^-11 f16, none for f32) and, for a bf16 bias from an f32 x, one more to bf16 (2^-8).
+TEST(CudaGelu, BackwardAndForwardSumsTheBiasGradientInTheSamePass) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, cols;
+  };
+  for (auto form : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+    for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+      for (Case c : {Case{1, 8}, Case{37, 13}, Case{130, 1032}, Case{160, 5120}}) {
+        for (DType bias_dtype : {DType::f32, DType::bf16}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(d) << " " << c.rows << " x " << c.cols << ", dbias "
+                                            << dtype_name(bias_dtype)
+                                            << (form == kernels::GeluApproximation::Tanh ? " tanh" : " erf"));
+          const Tensor x = random_tensor({c.rows, c.cols}, d, 90 + c.cols, 3.0);
+          const Tensor dy = random_tensor({c.rows, c.cols}, d, 91 + c.cols);
+          const Tensor xg = x.to(kGpu), dyg = dy.to(kGpu);
+          const Tensor dx_ref = kernels::gelu_backward(dyg, xg, form), y_ref = kernels::gelu_forward(xg, form);
+          const kernels::GeluGradAndOutput r = kernels::gelu_backward_and_forward(dyg, xg, form, false, bias_dtype);
+          EXPECT_TRUE(same_bits(r.dx, dx_ref));
+          EXPECT_TRUE(same_bits(r.y, y_ref));
+          EXPECT_TRUE(same_bits(dyg, dy));
+          ASSERT_TRUE(r.dbias.defined());
+          ASSERT_EQ(r.dbias.shape(), Shape({c.cols}));
+          ASSERT_EQ(r.dbias.dtype(), bias_dtype);
+
+          const std::vector<double> dx64 = r.dx.to(DType::f64).to_vector<double>();
+          const std::vector<double> got = r.dbias.to(DType::f64).to_vector<double>();
+          const double to_x = d == DType::bf16 ? 0x1p-8 : d == DType::f16 ? 0x1p-11 : 0.0;
+          const double to_bias = bias_dtype == DType::bf16 && d != DType::bf16 ? 0x1p-8 : 0.0;
+          int64_t outside = 0;
+          for (int64_t col = 0; col < c.cols; ++col) {
+            double exact = 0, magnitude = 0;
+            for (int64_t row = 0; row < c.rows; ++row) {
+              exact += dx64[row * c.cols + col];
+              magnitude += std::fabs(dx64[row * c.cols + col]);
+            }
+            const double summing = static_cast<double>(c.rows - 1) * 0x1p-24 * magnitude;
+            const double after_x = summing + to_x * (std::fabs(exact) + summing);
+            const double bound = after_x + to_bias * (std::fabs(exact) + after_x);
+            if (std::fabs(got[col] - exact) > bound) ++outside;
+          }
+          EXPECT_EQ(outside, 0);
+
+          // Misaligned (one element a thread, the same order down each column): the same bits.
+          const Tensor xm = misaligned_on_gpu(x), dym = misaligned_on_gpu(dy);
+          const kernels::GeluGradAndOutput m = kernels::gelu_backward_and_forward(dym, xm, form, true, bias_dtype);
+          EXPECT_EQ(m.dx.data_ptr(), dym.data_ptr());  // written over dy
+          EXPECT_TRUE(same_bits(m.dx, dx_ref));
+          EXPECT_TRUE(same_bits(m.y, y_ref));
+          EXPECT_TRUE(same_bits(m.dbias, r.dbias));
+        }
+      }
+    }
+  }
+}
+
 // The erf form's f32 error against the exact GELU (the CPU's f64 kernel), element by element, over
 // [-14, 14] in steps of 2^-12 (the whole left tail, where Φ = ½ + ½·erf cancels, included) and the
 // bounds derived in kernels/cuda/gelu_elements.cuh: Φ within 1.1e-7 absolutely (erff's 2 ulp, the

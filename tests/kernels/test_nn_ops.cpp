@@ -16,6 +16,7 @@
 
 #include "core/philox.h"
 #include "kernels/common.h"
+#include "kernels/reduce.h"
 #include "tests/testing.h"
 
 namespace octet::kernels {
@@ -305,8 +306,45 @@ TEST(Gelu, BackwardAndForwardIsTheTwoCalls) {
   const Tensor x = random_tensor({3, 5});
   expect_error([&] { gelu_backward_and_forward(random_tensor({5, 3}), x, GeluApproximation::None); },
                {"gelu_backward_and_forward", "differ in shape", "f32[5, 3]"});
+  expect_error([&] { gelu_backward_and_forward(random_tensor({3, 5}), x, GeluApproximation::None, false, DType::e4m3); },
+               {"gelu_backward_and_forward", "bias gradient", "e4m3"});
   expect_error([&] { gelu_backward_and_forward(random_tensor({3, 5}, DType::f64), x, GeluApproximation::Tanh); },
                {"gelu_backward_and_forward", "different dtypes"});
+}
+
+// With a bias-gradient dtype, the CPU also returns sum(dx, 0) over dx's rows in that dtype: what
+// kernels::linear_backward computes for the Linear whose output x is, bit for bit (the same dx, the same
+// sum); 3-D x sums over both leading dims. Without one, no dbias.
+TEST(Gelu, BackwardAndForwardSumsTheBiasGradient) {
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (DType bias_dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << ", dbias " << dtype_name(bias_dtype));
+      const Tensor x = random_tensor({3, 5, 33}, d, 93, 3.0), dy = random_tensor({3, 5, 33}, d, 94);
+      const GeluGradAndOutput r = gelu_backward_and_forward(dy, x, GeluApproximation::None, false, bias_dtype);
+      EXPECT_TRUE(octet::testing::same_bits(r.dx, gelu_backward(dy, x)));
+      ASSERT_TRUE(r.dbias.defined());
+      EXPECT_EQ(r.dbias.shape(), Shape({33}));
+      EXPECT_EQ(r.dbias.dtype(), bias_dtype);
+      EXPECT_TRUE(octet::testing::same_bits(r.dbias, sum(r.dx.reshape({15, 33}), 0).to(bias_dtype)));
+      // Against float64: the 15 rows of each column summed exactly. The f32 sum, in any order, is within
+      // 14·2^-24·Σ|dx| of it (each of 14 additions rounds once, relative to a partial sum <= Σ|dx|);
+      // rounding that to bf16 (for d or the bias) adds 2^-8 of its magnitude, once: bf16 -> bf16 and
+      // bf16 -> f32 are exact.
+      const std::vector<double> dx64 = r.dx.to(DType::f64).to_vector<double>(), got = r.dbias.to(DType::f64).to_vector<double>();
+      for (int64_t c = 0; c < 33; ++c) {
+        double exact = 0, magnitude = 0;
+        for (int64_t row = 0; row < 15; ++row) {
+          exact += dx64[row * 33 + c];
+          magnitude += std::fabs(dx64[row * 33 + c]);
+        }
+        const double rounding = (d == DType::bf16 || bias_dtype == DType::bf16) ? 0x1p-8 : 0.0;
+        const double summing = 14 * 0x1p-24 * magnitude;
+        EXPECT_NEAR(got[c], exact, summing + rounding * (std::fabs(exact) + summing)) << "column " << c;
+      }
+      const GeluGradAndOutput plain = gelu_backward_and_forward(dy, x, GeluApproximation::None);
+      EXPECT_FALSE(plain.dbias.defined());
+    }
+  }
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------------------------

@@ -81,6 +81,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // gradient in the same pass, and x and y both receive that sum.
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
                                          double eps = 1e-6);
+// A pre-norm block's first step: returns (r, layer_norm(x)) with r = x (the same data) as this node's
+// output, for x's other consumer, the residual add. Backward adds r's gradient to LayerNorm's input
+// gradient in LayerNorm's own pass (kernels::add_layernorm_backward), where using x twice would leave
+// the sum to a separate add. Same values as (x, layer_norm(x)); bit for bit in f32 and f64 on the CPU,
+// and in narrower dtypes the gradient is rounded once where the add rounded twice.
+std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                              double eps = 1e-6);
 Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::None);
 // linear(gelu(h), weight, bias) as one node that keeps h for backward but not the GELU's output (the
 // Linear's input, as large as h): backward makes it again from h for the weight gradient. An MLP's

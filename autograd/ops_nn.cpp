@@ -2,6 +2,7 @@
 // flags instead of materialising transposes; the layer ops save what their fused backward kernels
 // need (LayerNorm statistics, attention's log-sum-exp, dropout's Philox seed and offset).
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "autograd/function.h"
@@ -123,6 +124,23 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& y, const
   return {outs[0], outs[1]};
 }
 
+// (r, ln) = (x, layer_norm(x)) as one node, r being x's data under this node. With dr and dln the
+// gradients of the two: dx = dr + LN-backward(dln) in one pass (the add_layer_norm backward's kernel,
+// with x as h), where layer_norm with x used twice would leave that sum to the engine's own add kernel.
+std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor xd = x.detach(), wd = detached(weight), bd = detached(bias);
+  k::LayerNormOutput r = k::layernorm_forward(xd, wd, bd, eps);
+  const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
+  // r is a handle of its own to x's data (the closure's xd must not be an output of the node: a cycle).
+  std::vector<Tensor> outs =
+      record("residual_layer_norm", {x.detach(), r.y}, {x, weight, bias},
+             [=, mean = r.mean, rstd = r.rstd](const Grads& g) -> Grads {
+               k::AddLayerNormGrads d = k::add_layernorm_backward(g[1], g[0], xd, wd, mean, rstd);
+               return {nx ? d.dh : Tensor(), nw ? d.dweight : Tensor(), nb ? d.dbias : Tensor()};
+             });
+  return {outs[0], outs[1]};
+}
+
 Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation) {
   const Tensor xd = x.detach();
   return record("gelu", k::gelu_forward(xd, approximation), {x}, [xd, approximation](const Grads& g) -> Grads {
@@ -138,21 +156,28 @@ namespace {
 // (k::gelu_backward_and_forward): one read of pre, where the two GELU kernels read it twice. At most
 // two [tokens, hidden] temporaries at a time, dpre and the GELU's output, as with the kernels one
 // after another. The values are those of the separate kernels, bit for bit.
+//
+// dpre_sum_dtype: the same pass also sums dpre over its rows, in that dtype (dpre_sum), for the
+// caller's own bias whose output pre is (linear_gelu_linear's fc1), so that no later kernel reads dpre
+// again for it (cuBLASLt's BGRADB epilogue on fc1's wgrad GEMM did). Only where that pass runs: when
+// dpre_sum comes back undefined, the caller sums dpre itself.
 struct GeluLinearGrads {
   Tensor dpre;
+  Tensor dpre_sum;
   k::LinearGrads linear;
 };
 GeluLinearGrads gelu_linear_backward(const Tensor& dy, const Tensor& pre, const Tensor& weight,
                                      k::GeluApproximation approximation, bool need_dpre, bool need_dweight,
-                                     bool need_dbias) {
+                                     bool need_dbias, std::optional<DType> dpre_sum_dtype = std::nullopt) {
   GeluLinearGrads r;
   Tensor act;
   const bool need_linear = need_dweight || need_dbias;
   if (need_dpre && need_linear) {
     // dgrad: d(gelu(pre)) = dy·W (pre stands in for the activation: the same shape and dtype).
     const Tensor dact = k::linear_backward(dy, pre, weight, true, false, false).dx;
-    k::GeluGradAndOutput both = k::gelu_backward_and_forward(dact, pre, approximation, true);
+    k::GeluGradAndOutput both = k::gelu_backward_and_forward(dact, pre, approximation, true, dpre_sum_dtype);
     r.dpre = std::move(both.dx);
+    r.dpre_sum = std::move(both.dbias);
     act = std::move(both.y);
   } else if (need_dpre) {
     r.dpre = k::linear_dgelu_backward(dy, pre, weight, approximation);
@@ -163,6 +188,9 @@ GeluLinearGrads gelu_linear_backward(const Tensor& dy, const Tensor& pre, const 
   }
   return r;
 }
+
+// The dtype kernels::linear_backward gives a bias gradient for this weight (f32 for an FP8 weight).
+DType bias_grad_dtype(const Tensor& weight) { return is_fp8(weight.dtype()) ? DType::f32 : weight.dtype(); }
 
 }  // namespace
 
@@ -182,7 +210,8 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
   });
 }
 
-// Backward goes through fc2 and the GELU as gelu_linear's does (gelu_linear_backward), then fc1.
+// Backward goes through fc2 and the GELU as gelu_linear's does (gelu_linear_backward), whose pass over
+// pre also sums fc1's bias gradient, then fc1's two GEMMs.
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
                           kernels::GeluApproximation approximation, const Tensor& weight2, const Tensor& bias2) {
   OCTET_CHECK(x.dim() >= 1 && weight1.dim() == 2 && weight2.dim() == 2 && x.size(-1) == weight1.size(1) &&
@@ -196,16 +225,19 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& 
   const bool nx = x.requires_grad(), nw1 = weight1.requires_grad(), nb1 = bias1.requires_grad(),
              nw2 = weight2.requires_grad(), nb2 = bias2.requires_grad();
   const DType b1_dtype = b1.defined() ? b1.dtype() : x.dtype(), b2_dtype = b2.defined() ? b2.dtype() : x.dtype();
+  const std::optional<DType> db1_dtype = nb1 ? std::optional<DType>(bias_grad_dtype(w1)) : std::nullopt;
   return record("linear_gelu_linear", y, {x, weight1, bias1, weight2, bias2},
                 [=, pre = f.pre](const Grads& g) -> Grads {
                   Tensor dx, dw1, db1;
-                  const GeluLinearGrads fc2 = gelu_linear_backward(g[0], pre, w2, approximation, nx || nw1 || nb1, nw2, nb2);
+                  const GeluLinearGrads fc2 =
+                      gelu_linear_backward(g[0], pre, w2, approximation, nx || nw1 || nb1, nw2, nb2, db1_dtype);
                   const Tensor db2 = nb2 ? fc2.linear.dbias.to(b2_dtype) : Tensor();
                   if (fc2.dpre.defined()) {
-                    const k::LinearGrads d = k::linear_backward(fc2.dpre, xd, w1, nx, nw1, nb1);
+                    const bool summed = fc2.dpre_sum.defined();
+                    const k::LinearGrads d = k::linear_backward(fc2.dpre, xd, w1, nx, nw1, nb1 && !summed);
                     dx = d.dx;
                     dw1 = d.dweight;
-                    if (nb1) db1 = d.dbias.to(b1_dtype);
+                    if (nb1) db1 = (summed ? fc2.dpre_sum : d.dbias).to(b1_dtype);
                   }
                   return {dx, dw1, db1, fc2.linear.dweight, db2};
                 });

@@ -11,7 +11,9 @@
 //
 // and its backward through the GELU is fc2's dgrad GEMM then the GELU backward kernel
 // (linear_dgelu_backward): cuBLASLt's DGELU_BGRAD, which would do both in one GEMM, was twice as slow
-// on an H200 (kernels/cuda/gemm_cuda.h says by how much).
+// on an H200 (kernels/cuda/gemm_cuda.h says by how much). Where that backward also makes the GELU's
+// output again (autograd's linear_gelu_linear), its pass sums fc1's bias gradient too
+// (kernels::gelu_backward_and_forward), and fc1's wgrad GEMM runs without BGRADB.
 //
 // The CPU composes kernels::gemm, the bias add and kernels::sum (and the GELU kernels). On the GPU an
 // epilogue is used only where its layout rules hold and cuBLASLt offers an algorithm for it;

@@ -94,6 +94,15 @@ Tensor LayerNorm::linear_forward(Linear& next, const Tensor& x) {
   return next((*this)(x));
 }
 
+std::pair<Tensor, Tensor> LayerNorm::residual_linear_forward(Linear& next, const Tensor& x) {
+  if (std::shared_ptr<const Fp8Config> config = fused_config(*this, next, x)) {
+    return fp8_residual_layernorm_linear(x, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
+  }
+  if (has_forward_hooks()) return {x, next((*this)(x))};
+  const auto [r, normed] = residual_layer_norm(x, weight, bias, eps);
+  return {r, next(normed)};
+}
+
 std::pair<Tensor, Tensor> LayerNorm::add_linear_forward(Linear& next, const Tensor& x, const Tensor& y) {
   if (std::shared_ptr<const Fp8Config> config = fused_config(*this, next, x)) {
     return fp8_add_layernorm_linear(x, y, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);

@@ -218,11 +218,15 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
   });
 }
 
-Tensor fp8_layernorm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
-                            const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
-                            const std::shared_ptr<const Fp8Config>& config) {
-  if (!producer_fuses(config)) return fp8_linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias, state, config);
-  check_and_prepare("fp8_layernorm_linear", x, weight, bias, state, config);
+namespace {
+
+// fp8_layernorm_linear's node: {y}, or with keep_input {r, y} where r is x's data as this node's
+// output (fp8_residual_layernorm_linear), whose gradient the LayerNorm's backward adds in its pass.
+std::vector<Tensor> layernorm_linear_node(const char* op, const Tensor& x, const Tensor& ln_weight,
+                                          const Tensor& ln_bias, double eps, const Tensor& weight, const Tensor& bias,
+                                          std::shared_ptr<Fp8LinearState>& state,
+                                          const std::shared_ptr<const Fp8Config>& config, bool keep_input) {
+  check_and_prepare(op, x, weight, bias, state, config);
   const bool grad_on = GradMode::is_enabled();
   const bool nx = grad_on && x.requires_grad(), nlw = grad_on && ln_weight.defined() && ln_weight.requires_grad(),
              nlb = grad_on && ln_bias.defined() && ln_bias.requires_grad();
@@ -238,20 +242,52 @@ Tensor fp8_layernorm_linear(const Tensor& x, const Tensor& ln_weight, const Tens
   Shape y_shape = x.shape();
   y_shape.back() = p.out;
   const Tensor y = forward_gemm(ln.cast, wq, bias, p).reshape(y_shape);
-  if (!p.need_dx && !p.need_dw && !p.need_db) return y;
+  std::vector<Tensor> outs = keep_input ? std::vector<Tensor>{x.detach(), y} : std::vector<Tensor>{y};
+  if (!p.need_dx && !p.need_dw && !p.need_db) return outs;
 
   const Tensor x_t = p.need_dw ? ln.cast.transposed : Tensor(), x_scale_inv = ln.cast.scale_inv;
   const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
   std::shared_ptr<Fp8LinearState> st = state;
   return autograd::record(
-      "fp8_layernorm_linear", y, {x, ln_weight, ln_bias, weight, bias},
+      op, std::move(outs), {x, ln_weight, ln_bias, weight, bias},
       [=, mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
-        Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
+        // With keep_input, g[0] is r's gradient from x's other consumer (zeros when none came).
+        const Tensor& dy = keep_input ? g[1] : g[0];
+        Fp8LinearGrads d = backward_gemms(dy.reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
         if (!p.need_dx) return {Tensor(), Tensor(), Tensor(), d.dw, d.db};
-        // The LayerNorm's backward, as layer_norm's own (autograd/ops_nn.cpp) runs it.
-        const kernels::LayerNormGrads l = kernels::layernorm_backward(d.dx, x2, lnw, mean, rstd);
-        return {nx ? l.dx.reshape(shape) : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d.dw, d.db};
+        // The LayerNorm's backward, as layer_norm's (residual_layer_norm's) own runs it.
+        if (!keep_input) {
+          const kernels::LayerNormGrads l = kernels::layernorm_backward(d.dx, x2, lnw, mean, rstd);
+          return {nx ? l.dx.reshape(shape) : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d.dw,
+                  d.db};
+        }
+        const kernels::AddLayerNormGrads l =
+            kernels::add_layernorm_backward(d.dx, g[0].reshape({-1, p.in}), x2, lnw, mean, rstd);
+        return {nx ? l.dh.reshape(shape) : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d.dw, d.db};
       });
+}
+
+}  // namespace
+
+Tensor fp8_layernorm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, double eps,
+                            const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                            const std::shared_ptr<const Fp8Config>& config) {
+  if (!producer_fuses(config)) return fp8_linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias, state, config);
+  return layernorm_linear_node("fp8_layernorm_linear", x, ln_weight, ln_bias, eps, weight, bias, state, config,
+                               /*keep_input=*/false)[0];
+}
+
+std::pair<Tensor, Tensor> fp8_residual_layernorm_linear(const Tensor& x, const Tensor& ln_weight,
+                                                        const Tensor& ln_bias, double eps, const Tensor& weight,
+                                                        const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                                                        const std::shared_ptr<const Fp8Config>& config) {
+  if (!producer_fuses(config)) {
+    const auto [r, normed] = residual_layer_norm(x, ln_weight, ln_bias, eps);
+    return {r, fp8_linear(normed, weight, bias, state, config)};
+  }
+  const std::vector<Tensor> outs = layernorm_linear_node("fp8_residual_layernorm_linear", x, ln_weight, ln_bias, eps,
+                                                         weight, bias, state, config, /*keep_input=*/true);
+  return {outs[0], outs[1]};
 }
 
 std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,

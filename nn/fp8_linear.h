@@ -52,6 +52,15 @@ Tensor fp8_layernorm_linear(const Tensor& x, const Tensor& ln_weight, const Tens
                             const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                             const std::shared_ptr<const Fp8Config>& config);
 
+// fp8_layernorm_linear keeping its input for the residual add (autograd's residual_layer_norm, then the
+// FP8 Linear): returns {r, y} with r = x's data as this node's output. Backward adds r's gradient to the
+// LayerNorm's input gradient in the LayerNorm's pass. Bit for bit residual_layer_norm then fp8_linear on
+// the CPU, forward and backward.
+std::pair<Tensor, Tensor> fp8_residual_layernorm_linear(const Tensor& x, const Tensor& ln_weight,
+                                                        const Tensor& ln_bias, double eps, const Tensor& weight,
+                                                        const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                                                        const std::shared_ptr<const Fp8Config>& config);
+
 // The residual add before the LayerNorm too (autograd's add_layer_norm): returns {h, y} with
 // h = x + residual and y = fp8_linear(layer_norm(h)), the LayerNorm writing y's FP8 input as above.
 // Backward sums h's gradient from its other consumers with the LayerNorm's input gradient in one pass.

@@ -64,6 +64,11 @@ class LayerNorm : public Module {
   // delayed scaling). When either module has forward hooks, or `next` runs unquantised, it is exactly
   // the two calls. Same results either way (bit for bit on the CPU).
   Tensor linear_forward(Linear& next, const Tensor& x);
+  // linear_forward keeping x for the residual add after it: {r, next(forward(x))} with r = x as an output
+  // of the LayerNorm's node (autograd's residual_layer_norm; nn::fp8_residual_layernorm_linear when
+  // `next` runs in FP8), so that in backward r's gradient and the LayerNorm's input gradient are summed
+  // in the LayerNorm's pass, not by a separate add. With hooks on either module, {x, next((*this)(x))}.
+  std::pair<Tensor, Tensor> residual_linear_forward(Linear& next, const Tensor& x);
   // add_forward, then `next` on the normalised h: {h, next(forward(h))}, fused the same way
   // (nn::fp8_add_layernorm_linear).
   std::pair<Tensor, Tensor> add_linear_forward(Linear& next, const Tensor& x, const Tensor& y);
@@ -115,9 +120,10 @@ class Mlp : public Module {
  public:
   Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop = 0.0,
       Generator* gen = nullptr, kernels::GeluApproximation gelu = kernels::GeluApproximation::None);
-  // With the tanh form, unquantised and with nothing that could see the difference (no hooks on fc1,
-  // act, drop1 or fc2; drop1 the identity), fc1 -> GELU -> fc2 is one node (autograd's
-  // linear_gelu_linear), whose GEMMs carry the GELU on the GPU.
+  // Unquantised and with nothing that could see the difference (no hooks on fc1, act, drop1 or fc2;
+  // drop1 the identity), fc1 -> GELU -> fc2 is one node (autograd's linear_gelu_linear): its GELU
+  // backward pass also sums fc1's bias gradient, and with the tanh form its GEMMs carry the GELU on the
+  // GPU.
   Tensor forward(const Tensor& x) override;
   // The layers after fc1, given fc1's output: forward(x) is after_fc1((*fc1)(x)). For a caller that
   // runs fc1 itself (TransformerBlock, with norm2 writing fc1's FP8 input).
@@ -137,7 +143,7 @@ class Mlp : public Module {
 
  private:
   // Whether fc1, act, drop1 and fc2 run as autograd's linear_gelu_linear for an input of x_dtype.
-  bool gemms_carry_gelu(DType x_dtype) const;
+  bool runs_as_one_node(DType x_dtype) const;
 };
 
 // timm's Attention: one fused qkv projection [3·dim, dim] whose output is read as [B, N, 3, H, hd]

@@ -19,20 +19,20 @@ Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, dou
   drop2 = register_module("drop2", std::make_shared<Dropout>(drop, gen));
 }
 
-// cuBLASLt's GELU epilogues have the tanh form only; with the erf form the node would run exactly
-// what fc1's Linear and gelu_linear run, so the erf form keeps those (the path timm's ViTs take).
+// One node wherever nothing can tell the difference: the GELU's backward pass then also sums fc1's bias
+// gradient (gelu_backward_and_forward), where fc1's Linear would have cuBLASLt's BGRADB epilogue read
+// the GELU's input gradient again; with the tanh form cuBLASLt's GELU epilogue also runs fc1's forward.
 // Under FP8 (or where a Linear would try FP8 and fall back, which it must say) the modules decide.
-bool Mlp::gemms_carry_gelu(DType x_dtype) const {
+bool Mlp::runs_as_one_node(DType x_dtype) const {
   auto unquantised = [x_dtype](const Linear& fc) {
     return fc.fp8_config_for(x_dtype) == nullptr && (!fc.fp8_allowed || fp8_config() == nullptr);
   };
-  return act->approximation == kernels::GeluApproximation::Tanh && (drop1->p == 0.0 || !drop1->is_training()) &&
-         !fc1->has_forward_hooks() && !act->has_forward_hooks() && !drop1->has_forward_hooks() &&
-         !fc2->has_forward_hooks() && unquantised(*fc1) && unquantised(*fc2);
+  return (drop1->p == 0.0 || !drop1->is_training()) && !fc1->has_forward_hooks() && !act->has_forward_hooks() &&
+         !drop1->has_forward_hooks() && !fc2->has_forward_hooks() && unquantised(*fc1) && unquantised(*fc2);
 }
 
 Tensor Mlp::forward(const Tensor& x) {
-  if (gemms_carry_gelu(x.dtype())) {
+  if (runs_as_one_node(x.dtype())) {
     OCTET_CHECK(x.dim() >= 1 && x.size(-1) == fc1->in_features, "Mlp: input ", x.describe(), " must end in fc1's ",
                 fc1->in_features, " features");
     return (*drop2)(linear_gelu_linear(x, fc1->weight, fc1->bias, act->approximation, fc2->weight, fc2->bias));
@@ -76,7 +76,7 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
       return {h, (*drop2)(out)};
     }
   }
-  if (gemms_carry_gelu(x.dtype())) {
+  if (runs_as_one_node(x.dtype())) {
     const auto [h, normed] = norm.add_forward(x, y);
     return {h, forward(normed)};
   }
@@ -107,7 +107,9 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // do it: that add belongs to the previous block, and the fusion would cross the block boundary.
 // FSDP wraps each block as a unit (it gathers the block's parameters in the block's pre-hook, so
 // norm1's weights do not exist yet when the previous block runs), and a per-block activation
-// recompute would need each block's graph to start at its own input.
+// recompute would need each block's graph to start at its own input. What stays inside the block is
+// fused: x feeds norm1 and the first residual add, and norm1's node passes x on to that add
+// (LayerNorm::residual_linear_forward), so in backward norm1's pass sums x's two gradients.
 //
 // Each LayerNorm also runs together with what it feeds: norm1 with attn.qkv
 // (LayerNorm::linear_forward), norm2 with the whole MLP (Mlp::add_norm_forward). Without FP8 that is
@@ -122,13 +124,19 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 }
 
 Tensor TransformerBlock::run(const Tensor& x) {
-  const Tensor attended = attn->has_forward_hooks() ? (*attn)((*norm1)(x))
-                                                    : attn->after_qkv(norm1->linear_forward(*attn->qkv, x));
+  Tensor residual = x, attended;
+  if (attn->has_forward_hooks()) {
+    attended = (*attn)((*norm1)(x));
+  } else {
+    auto [r, qkv] = norm1->residual_linear_forward(*attn->qkv, x);
+    residual = std::move(r);
+    attended = attn->after_qkv(qkv);
+  }
   if (mlp->has_forward_hooks()) {
-    const auto [h, normed] = norm2->add_forward(x, (*drop_path1)(attended));
+    const auto [h, normed] = norm2->add_forward(residual, (*drop_path1)(attended));
     return h + (*drop_path2)((*mlp)(normed));
   }
-  const auto [h, mlp_out] = mlp->add_norm_forward(*norm2, x, (*drop_path1)(attended));
+  const auto [h, mlp_out] = mlp->add_norm_forward(*norm2, residual, (*drop_path1)(attended));
   return h + (*drop_path2)(mlp_out);
 }
 

@@ -188,6 +188,47 @@ TEST(OpsForward, AddLayerNormEqualsAddThenLayerNorm) {
   }
 }
 
+// residual_layer_norm against x used twice (x itself and layer_norm(x)), in f32: the outputs and every
+// input's gradient bit for bit (dh + LN-backward summed in one pass is the add's f32 sum), with
+// gradients into both outputs or into one; r is x's data under a node of its own.
+TEST(OpsForward, ResidualLayerNormEqualsXAndLayerNorm) {
+  using testing::same_bits;
+  for (int64_t C : {7, 33, 768}) {
+    for (bool affine : {true, false}) {
+      for (bool r_has_grad : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "C " << C << (affine ? " affine" : " no affine")
+                                          << (r_has_grad ? "" : ", no gradient into r"));
+        auto inputs = [&] {
+          return std::vector<Tensor>{leaf(random_tensor({3, 4, C}, DType::f32, 40 + C, 2.0)),
+                                     affine ? leaf(random_tensor({C}, DType::f32, 42 + C)) : Tensor(),
+                                     affine ? leaf(random_tensor({C}, DType::f32, 43 + C)) : Tensor()};
+        };
+        const Tensor dr = random_tensor({3, 4, C}, DType::f32, 44 + C);
+        const Tensor dln = random_tensor({3, 4, C}, DType::f32, 45 + C);
+        const std::vector<Tensor> f = inputs(), u = inputs();
+        const auto [r, ln] = residual_layer_norm(f[0], f[1], f[2]);
+        EXPECT_EQ(r.grad_fn(), ln.grad_fn());  // one node, two outputs
+        EXPECT_NE(r.grad_fn(), nullptr);
+        EXPECT_EQ(r.data_ptr(), f[0].data_ptr());  // x's data, not a copy
+        const Tensor ln_unfused = layer_norm(u[0], u[1], u[2]);
+        EXPECT_TRUE(same_bits(r, u[0]));
+        EXPECT_TRUE(same_bits(ln, ln_unfused));
+        if (r_has_grad) {
+          autograd::backward({r, ln}, {dr, dln});
+          autograd::backward({u[0], ln_unfused}, {dr, dln});
+        } else {
+          autograd::backward({ln}, {dln});
+          autograd::backward({ln_unfused}, {dln});
+        }
+        for (size_t i = 0; i < f.size(); ++i) {
+          if (!f[i].defined()) continue;
+          EXPECT_TRUE(same_bits(f[i].grad(), u[i].grad())) << "input " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(OpsForward, MaxRoutesToFirstArgmax) {
   const Tensor a = leaf(from_vector<float>({1, 3, 3, 2, 5, 5, 5, 0}, {2, 4}));
   const Tensor m = max(a, 1);

@@ -296,6 +296,34 @@ TEST(OpsGradcheck, AddLayerNorm) {
       {x, y, w, b});
 }
 
+// residual_layer_norm: r (x passed on) and layer_norm(x) both feed the output, r through another op, as
+// the residual add does in a block: x's gradient is the sum the LayerNorm's pass makes.
+TEST(OpsGradcheck, ResidualLayerNorm) {
+  const Tensor x = param({2, 3, 5}, 170), w = param({5}, 171), b = param({5}, 172), y = param({2, 3, 5}, 173);
+  auto both = [](const Inputs& t) {
+    auto [r, ln] = residual_layer_norm(t[0], t[1], t[2]);
+    return Inputs{r, ln};
+  };
+  EXPECT_GRADCHECK(both, {x, w, b});
+  EXPECT_GRADCHECK(
+      [](const Inputs& t) {
+        auto [r, ln] = residual_layer_norm(t[0], Tensor(), Tensor(), 1e-2);
+        return Inputs{r, ln};
+      },
+      {x});
+  // One output alone: the other's gradient is zeros.
+  EXPECT_GRADCHECK([](const Inputs& t) { return residual_layer_norm(t[0], t[1], t[2]).second; }, {x, w, b});
+  EXPECT_GRADCHECK([](const Inputs& t) { return residual_layer_norm(t[0], t[1], t[2]).first * 3.0; }, {x, w, b});
+  // The block's shape: r into the add_layer_norm after a branch computed from the LayerNorm's output.
+  EXPECT_GRADCHECK(
+      [](const Inputs& t) {
+        auto [r, ln] = residual_layer_norm(t[0], t[1], t[2]);
+        auto [h, ln2] = add_layer_norm(r, gelu(ln * t[3]), t[1], t[2]);
+        return h + ln2;
+      },
+      {x, w, b, y});
+}
+
 TEST(OpsGradcheck, Gelu) {
   const Tensor x = param({3, 5}, 69);
   EXPECT_GRADCHECK([](const Inputs& t) { return gelu(t[0]); }, {x});

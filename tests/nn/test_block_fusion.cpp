@@ -1,7 +1,8 @@
-// TransformerBlock fuses its first residual add into norm2 (LayerNorm::add_forward). Against the
-// block's unfused formulation written out here with the same submodules: the output and every
-// parameter's and the input's gradient bit for bit in f32, and LayerNorm's hooks still see and
-// change what they did before the fusion.
+// TransformerBlock fuses its first residual add into norm2 (LayerNorm::add_forward), and norm1 passes
+// its input on to that add (LayerNorm::residual_linear_forward, so its backward sums the input's two
+// gradients). Against the block's unfused formulation written out here with the same submodules: the
+// output and every parameter's and the input's gradient bit for bit in f32, and LayerNorm's hooks
+// still see and change what they did before the fusion.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -72,6 +73,16 @@ std::string producer_of_h(const Tensor& out) {
   return add->next_edges[0].node->name();
 }
 
+// The node that produced the first residual add's x operand (h = x + branch, fused into norm2): the
+// block's input itself (a leaf: "leaf") or norm1's node passing it on.
+std::string producer_of_residual(const Tensor& out) {
+  const auto& add = out.grad_fn();
+  if (!add || add->next_edges.empty() || !add->next_edges[0].node) return "?";
+  const auto& h_node = add->next_edges[0].node;
+  if (h_node->next_edges.empty()) return "?";
+  return h_node->next_edges[0].node ? h_node->next_edges[0].node->name() : "?";
+}
+
 TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
   for (auto gelu : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
     for (bool training : {false, true}) {
@@ -86,15 +97,20 @@ TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
       expect_same(fused, unfused);
       EXPECT_EQ(producer_of_h(fused.out), "add_layer_norm");  // the fused path did run
       EXPECT_EQ(producer_of_h(unfused.out), "add");
+      Tensor leaf = random_tensor({B, N, D}, DType::f32, 5, 2.0);
+      leaf.requires_grad_();
+      EXPECT_EQ(producer_of_residual(block(leaf)), "residual_layer_norm");
     }
   }
 }
 
-// With the tanh form in evaluation (drop1 the identity) the block's MLP is one node; a hook on fc1
+// In evaluation (drop1 the identity) the block's MLP is one node, under either GELU form; a hook on fc1
 // must see fc1's input, so then fc1 runs as a module and the GELU with fc2 as gelu_linear.
-TEST(BlockFusion, TanhMlpIsOneNodeUnlessFc1HasAHook) {
+TEST(BlockFusion, MlpIsOneNodeUnlessFc1HasAHook) {
+  for (auto gelu : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
+  SCOPED_TRACE(gelu == kernels::GeluApproximation::Tanh ? "tanh" : "erf");
   Generator gen;
-  TransformerBlock block(D, 4, 4.0, true, 0.0, 0.0, 0.0, &gen, kernels::GeluApproximation::Tanh);
+  TransformerBlock block(D, 4, 4.0, true, 0.0, 0.0, 0.0, &gen, gelu);
   randomise(block, 50);
   const Tensor x = random_tensor({B, N, D}, DType::f32, 5, 2.0);
   auto mlp_node = [](const Tensor& out) {  // out = h + drop_path2(mlp): the branch's producer
@@ -114,12 +130,13 @@ TEST(BlockFusion, TanhMlpIsOneNodeUnlessFc1HasAHook) {
   EXPECT_EQ(mlp_node(out), "gelu_linear");
   ASSERT_TRUE(seen.defined());
   EXPECT_EQ(seen.shape(), Shape({B, N, D}));
+  }
 }
 
-// An MLP's GELU and fc2 run as autograd's gelu_linear (with the tanh form, fc1 too: linear_gelu_linear)
-// when nothing sits between them (drop1 the identity, no hooks): the output and every gradient bit for
-// bit those of the modules one after the other, in f32 and bf16, under both GELU forms; with dropout on
-// in training they run as modules.
+// An MLP's fc1, GELU and fc2 run as autograd's linear_gelu_linear when nothing sits between them (drop1
+// the identity, no hooks): the output and every gradient (fc1's bias gradient summed in the GELU's
+// backward pass) bit for bit those of the modules one after the other, in f32 and bf16, under both GELU
+// forms; with dropout on in training they run as modules.
 TEST(BlockFusion, MlpGeluLinearEqualsTheModulesBitForBit) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (auto approximation : {kernels::GeluApproximation::None, kernels::GeluApproximation::Tanh}) {
@@ -147,9 +164,7 @@ TEST(BlockFusion, MlpGeluLinearEqualsTheModulesBitForBit) {
       };
       const Out fused = run_mlp(false), modules = run_mlp(true);
       ASSERT_TRUE(fused.y.grad_fn() != nullptr);
-      // The tanh form takes fc1 into the node as well (its GEMMs carry the GELU on the GPU).
-      EXPECT_EQ(fused.y.grad_fn()->name(),
-                approximation == kernels::GeluApproximation::Tanh ? "linear_gelu_linear" : "gelu_linear");
+      EXPECT_EQ(fused.y.grad_fn()->name(), "linear_gelu_linear");
       EXPECT_EQ(modules.y.grad_fn()->name(), "linear");
       EXPECT_TRUE(same_bits(fused.y, modules.y));
       EXPECT_TRUE(same_bits(fused.dx, modules.dx));
@@ -210,6 +225,53 @@ TEST(BlockFusion, HooksOnNorm2StillSeeAndChangeItsInputAndOutput) {
   });
   expect_same(changed, by_hand);
   EXPECT_FALSE(same_bits(changed.out, plain.out));
+}
+
+// A hook on norm1 runs it as a module (the block's input goes to the residual add as it is), so hooks
+// see its input and output; an observing hook leaves the results alone, and a pre-hook's replacement
+// input takes effect.
+TEST(BlockFusion, HooksOnNorm1StillSeeAndChangeItsInput) {
+  Generator gen;
+  TransformerBlock block(D, 4);
+  randomise(block, 55);
+  block.eval();
+  const Result plain = run(block, gen, [&](const Tensor& x) { return block(x); });
+  Tensor leaf = random_tensor({B, N, D}, DType::f32, 5, 2.0);
+  leaf.requires_grad_();
+  EXPECT_EQ(producer_of_residual(block(leaf)), "residual_layer_norm");
+
+  int calls = 0;
+  const size_t observer = block.norm1->register_forward_hook([&](Module&, const Tensor&, const Tensor&) {
+    ++calls;
+    return Tensor();
+  });
+  const Result observed = run(block, gen, [&](const Tensor& x) { return block(x); });
+  EXPECT_EQ(calls, 1);
+  expect_same(observed, plain);
+  EXPECT_NE(producer_of_residual(block(leaf)), "residual_layer_norm");
+  block.norm1->remove_hook(observer);
+
+  block.norm1->register_forward_pre_hook([](Module&, const Tensor& in) { return in * 0.5; });
+  const Result changed = run(block, gen, [&](const Tensor& x) { return block(x); });
+  const Result by_hand = run(block, gen, [&](const Tensor& x) {
+    const Tensor h = x + (*block.attn)(layer_norm(x * 0.5, block.norm1->weight, block.norm1->bias));
+    return h + (*block.mlp)((*block.norm2)(h));
+  });
+  expect_same(changed, by_hand);
+  EXPECT_FALSE(same_bits(changed.out, plain.out));
+}
+
+TEST(BlockFusion, ResidualLinearForwardEqualsTheInputAndTheModules) {
+  LayerNorm norm(D);
+  Linear next(D, 3 * D);
+  randomise(norm, 63);
+  randomise(next, 64);
+  const Tensor x = random_tensor({B, N, D}, DType::f32, 65, 2.0);
+  const auto [r, y] = norm.residual_linear_forward(next, x);
+  EXPECT_EQ(r.data_ptr(), x.data_ptr());
+  EXPECT_TRUE(same_bits(y, next(norm(x))));
+  EXPECT_TRUE(octet::testing::throws_with([&] { norm.residual_linear_forward(next, random_tensor({N, D + 1})); },
+                                          {"layernorm"}));
 }
 
 TEST(BlockFusion, AddForwardEqualsAddThenTheModule) {

@@ -39,17 +39,28 @@ int64_t producer_calls(const OpLedger& ledger) {
          ledger.op("gelu_fp8_forward").calls;
 }
 
-// A LayerNorm and the Linear it feeds, as a module: norm then fc, through LayerNorm::linear_forward,
-// or with a residual (add_linear_forward) whose h is also an output, so that h has a gradient of its
-// own as in a block.
+// How NormLinear calls its LayerNorm: linear_forward; residual_linear_forward, the input passed on
+// (nn::fp8_residual_layernorm_linear); or add_linear_forward, after a residual add (fp8_add_layernorm_linear).
+enum class NormMode { Plain, KeepInput, Add };
+const char* mode_name(NormMode mode) {
+  return mode == NormMode::Plain ? "plain" : mode == NormMode::KeepInput ? "keeping its input" : "with the residual add";
+}
+
+// A LayerNorm and the Linear it feeds, as a module: norm then fc, through LayerNorm::linear_forward; or
+// keeping x (residual_linear_forward), or with a residual (add_linear_forward) whose h is also an
+// output, so that x or h has a gradient of its own as in a block.
 class NormLinear : public Module {
  public:
-  NormLinear(int64_t in, int64_t out, bool residual) : Module("NormLinear"), residual_(residual) {
+  NormLinear(int64_t in, int64_t out, NormMode mode) : Module("NormLinear"), mode_(mode) {
     norm = register_module("norm", std::make_shared<LayerNorm>(in));
     fc = register_module("fc", std::make_shared<Linear>(in, out));
   }
   Tensor forward(const Tensor& x) override {
-    if (!residual_) return norm->linear_forward(*fc, x);
+    if (mode_ == NormMode::Plain) return norm->linear_forward(*fc, x);
+    if (mode_ == NormMode::KeepInput) {
+      const auto [r, y] = norm->residual_linear_forward(*fc, x);
+      return concat({y, r}, -1);
+    }
     const Tensor branch = mul(x, 0.5);
     const auto [h, y] = norm->add_linear_forward(*fc, x, branch);
     return concat({y, h}, -1);
@@ -58,14 +69,14 @@ class NormLinear : public Module {
   std::shared_ptr<Linear> fc;
 
  private:
-  bool residual_;
+  NormMode mode_;
 };
 
 // Two steps with an SGD step between (the second casts with the scales and weights the first left).
-Fp8Steps norm_linear_steps(bool residual, DType dtype, const Fp8Recipe& recipe, bool fused) {
+Fp8Steps norm_linear_steps(NormMode norm_mode, DType dtype, const Fp8Recipe& recipe, bool fused) {
   const FusedProducers mode(fused);
   OpLedger ledger;
-  NormLinear m(64, 48, residual);
+  NormLinear m(64, 48, norm_mode);
   uint64_t seed = 700;
   for (const Tensor& p : m.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.3));
   m.norm->weight.detach().copy_(kernels::add(m.norm->weight.detach(), full({64}, 1.0)));
@@ -77,7 +88,7 @@ Fp8Steps norm_linear_steps(bool residual, DType dtype, const Fp8Recipe& recipe, 
     Tensor x = random_tensor({3, 11, 64}, dtype, 720 + s, 2.0).requires_grad_();
     sgd.zero_grad();
     const std::string at = "step" + std::to_string(s) + ".";
-    const int64_t width = residual ? 48 + 64 : 48;
+    const int64_t width = norm_mode == NormMode::Plain ? 48 : 48 + 64;
     out.tensors[at + "y"] = step(m, x, random_tensor({3, 11, width}, dtype, 730 + s), recipe);
     out.tensors[at + "x.grad"] = x.grad();
     keep_grads(out, m, at);
@@ -93,11 +104,11 @@ TEST(Fp8Producers, LayerNormLinearEqualsTheUnfusedPairBitForBit) {
       {"delayed HYBRID", DelayedScaling{.amax_history_len = 4}},
       {"delayed E4M3", DelayedScaling{.amax_history_len = 4, .fp8_format = Fp8Format::E4M3}}};
   for (const auto& [name, recipe] : recipes) {
-    for (bool residual : {false, true}) {
+    for (NormMode mode : {NormMode::Plain, NormMode::KeepInput, NormMode::Add}) {
       for (DType dtype : {DType::bf16, DType::f32}) {
-        SCOPED_TRACE(name + (residual ? " with the residual add " : " ") + dtype_name(dtype));
-        const Fp8Steps fused = norm_linear_steps(residual, dtype, recipe, true);
-        const Fp8Steps unfused = norm_linear_steps(residual, dtype, recipe, false);
+        SCOPED_TRACE(name + " " + mode_name(mode) + " " + dtype_name(dtype));
+        const Fp8Steps fused = norm_linear_steps(mode, dtype, recipe, true);
+        const Fp8Steps unfused = norm_linear_steps(mode, dtype, recipe, false);
         expect_same_steps(fused, unfused);
         EXPECT_EQ(fused.fused_casts, 2);
       }
@@ -160,9 +171,10 @@ TEST(Fp8Producers, GeluLinearEqualsTheUnfusedPairBitForBit) {
 // Current scaling needs the LayerNorm output's amax before its cast, so it keeps the unfused pair:
 // no producer runs, and the results are those of the explicit pair.
 TEST(Fp8Producers, CurrentScalingKeepsTheUnfusedPair) {
-  for (bool residual : {false, true}) {
-    const Fp8Steps a = norm_linear_steps(residual, DType::bf16, CurrentScaling{}, true);
-    const Fp8Steps b = norm_linear_steps(residual, DType::bf16, CurrentScaling{}, false);
+  for (NormMode mode : {NormMode::Plain, NormMode::KeepInput, NormMode::Add}) {
+    SCOPED_TRACE(mode_name(mode));
+    const Fp8Steps a = norm_linear_steps(mode, DType::bf16, CurrentScaling{}, true);
+    const Fp8Steps b = norm_linear_steps(mode, DType::bf16, CurrentScaling{}, false);
     EXPECT_EQ(a.fused_casts, 0);
     ASSERT_EQ(a.tensors.size(), b.tensors.size());
     for (const auto& [name, t] : b.tensors) EXPECT_TRUE(same_bits(a.tensors.at(name), t)) << name;
@@ -172,7 +184,7 @@ TEST(Fp8Producers, CurrentScalingKeepsTheUnfusedPair) {
 // A hook on the Linear (LoRA hangs its adapters on one) must see the LayerNorm's output as its input,
 // so a hooked Linear is run as a module, unfused.
 TEST(Fp8Producers, AHookedLinearRunsUnfused) {
-  NormLinear m(32, 16, false);
+  NormLinear m(32, 16, NormMode::Plain);
   m.to(DType::bf16);
   int64_t seen = 0;
   m.fc->register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
@@ -264,12 +276,14 @@ TEST(Fp8Producers, FrozenLayersAndAnInputWithoutGradientTrainTheSameBits) {
   for (const auto& [name, t] : unfused.tensors) EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
 }
 
-// Without a scope LayerNorm::linear_forward and add_linear_forward are the plain pair, which passes
-// gradcheck in f64 through both. (Within a scope the fused functions equal the unfused pair bit for
-// bit, above, and tests/nn/test_fp8.cpp checks the FP8 Linear's straight-through gradients exactly.)
+// Without a scope LayerNorm::linear_forward, residual_linear_forward and add_linear_forward are the
+// plain pair, which passes gradcheck in f64 through each. (Within a scope the fused functions equal the
+// unfused pair bit for bit, above, and tests/nn/test_fp8.cpp checks the FP8 Linear's straight-through
+// gradients exactly.)
 TEST(Fp8Producers, WithoutAScopeTheModulesAreThePlainPairAndPassGradcheck) {
-  for (bool residual : {false, true}) {
-    NormLinear m(8, 4, residual);
+  for (NormMode mode : {NormMode::Plain, NormMode::KeepInput, NormMode::Add}) {
+    SCOPED_TRACE(mode_name(mode));
+    NormLinear m(8, 4, mode);
     m.to(DType::f64);
     const Tensor x = random_tensor({2, 3, 8}, DType::f64, 5).requires_grad_();
     const auto result = autograd::gradcheck([&](const std::vector<Tensor>& in) { return m(in[0]); }, {x});

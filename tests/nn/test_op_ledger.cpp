@@ -46,10 +46,12 @@ std::map<std::string, Expected> hand_counts() {
   };
   const Expected qkv_f = linear_fwd(D, 3 * D), proj_f = linear_fwd(D, D), fc1_f = linear_fwd(D, F),
                  fc2_f = linear_fwd(F, D);
-  const Expected qkv_b = linear_bwd(D, 3 * D), proj_b = linear_bwd(D, D), fc1_b = linear_bwd(D, F);
-  // act -> fc2 is autograd's gelu_linear, which keeps only the GELU's input: its backward runs fc2's
-  // dgrad (dy, W in; the GELU's output gradient out), makes the GELU's output again, then the wgrad
-  // (dy, the GELU's output in; dW, db out): two calls, dy read by each.
+  const Expected qkv_b = linear_bwd(D, 3 * D), proj_b = linear_bwd(D, D);
+  // fc1 -> act -> fc2 is autograd's linear_gelu_linear, which keeps only the GELU's input: its backward
+  // runs fc2's dgrad (dy, W in; the GELU's output gradient out), makes the GELU's output again, then
+  // the wgrad (dy, the GELU's output in; dW, db out): two calls, dy read by each. fc1's bias gradient
+  // is summed beside the GELU's backward (on the CPU a sum of its own), so fc1's backward writes no db.
+  const Expected fc1_b{1, linear_bwd(D, F).read, linear_bwd(D, F).written - F * kF32, linear_bwd(D, F).flops};
   const Expected fc2_dgrad{1, T * D * kF32 + D * F * kF32, T * F * kF32, 2.0 * T * F * D};
   const Expected fc2_wgrad{1, T * D * kF32 + T * F * kF32, D * F * kF32 + D * kF32, 2.0 * T * F * D};
   const auto sum = [](std::initializer_list<Expected> es) {
@@ -68,16 +70,18 @@ std::map<std::string, Expected> hand_counts() {
       {"add_layernorm_forward", {1, 2 * act + ln_params, 2 * act + stats, 0}},
       // Forward, and again in backward for fc2's weight gradient (gelu_linear).
       {"gelu_forward", {2, 2 * hidden, 2 * hidden, 0}},
-      // The block's last residual add forward, and in backward the engine summing x's two gradients
-      // (from norm1 and from the fused add + norm2).
-      {"add", {2, 4 * act, 2 * act, 0}},
+      // The block's last residual add, forward. (x's two gradients, from norm1 and from the fused
+      // add + norm2, are summed in norm1's backward pass: norm1's node passes x on to that add.)
+      {"add", {1, 2 * act, act, 0}},
       {"linear_backward", sum({qkv_b, proj_b, fc1_b, fc2_dgrad, fc2_wgrad})},
       {"gelu_backward", {1, 2 * hidden, hidden, 0}},
-      // dy of norm2's output, the residual gradient, h, weight, mean, rstd in; dh, dweight, dbias out.
-      {"add_layernorm_backward", {1, 3 * act + D * kF32 + stats, act + ln_params, 0}},
+      // fc1's bias gradient: the GELU's input gradient in, db out.
+      {"sum", {1, hidden, F * kF32, 0}},
+      // norm2 and norm1: dy of the LayerNorm's output, the residual gradient (h's, and x's from the add
+      // after norm1), h (x), weight, mean, rstd in; dh (dx), dweight, dbias out.
+      {"add_layernorm_backward", {2, 2 * (3 * act + D * kF32 + stats), 2 * (act + ln_params), 0}},
       // dout, qkv, out, lse in; dqkv out. Five products: q·kᵀ again, dv, dP, dq, dk.
       {"packed_attention_backward", {1, act + qkv + act + lse, qkv, 5 * attention_matmul}},
-      {"layernorm_backward", {1, 2 * act + D * kF32 + stats, act + ln_params, 0}},
   };
 }
 

@@ -100,10 +100,15 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
 // forward GEMM carries the GELU where it can (kernels::linear_gelu_forward: the tanh form in bf16/f16
 // on the GPU): fc1's GEMM writes the GELU's output beside its own. Elsewhere (the CPU, the erf form,
 // f32) the values are those of the three functions, bit for bit; the gradients are everywhere
-// (kernels::linear_dgelu_backward is the dgrad then the GELU backward kernel).
+// (kernels::linear_dgelu_backward is the dgrad then the GELU backward kernel). fc1's bias gradient is
+// summed in the GELU backward's pass (kernels::gelu_backward_and_forward).
+//
+// With a residual (the output's shape and dtype), returns residual + the MLP: a pre-norm block's last
+// residual add, which on the GPU fc2's GEMM reads in its epilogue (kernels::linear_forward, one
+// rounding where the add after it rounds twice); the residual's gradient is the output's.
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
                           kernels::GeluApproximation approximation, const Tensor& weight2,
-                          const Tensor& bias2 = Tensor());
+                          const Tensor& bias2 = Tensor(), const Tensor& residual = Tensor());
 // Mean softmax cross-entropy of logits [N, C] against class indices [N]; returns shape [].
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
                      int64_t ignore_index = -100);

@@ -213,7 +213,8 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
 // Backward goes through fc2 and the GELU as gelu_linear's does (gelu_linear_backward), whose pass over
 // pre also sums fc1's bias gradient, then fc1's two GEMMs.
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& bias1,
-                          kernels::GeluApproximation approximation, const Tensor& weight2, const Tensor& bias2) {
+                          kernels::GeluApproximation approximation, const Tensor& weight2, const Tensor& bias2,
+                          const Tensor& residual) {
   OCTET_CHECK(x.dim() >= 1 && weight1.dim() == 2 && weight2.dim() == 2 && x.size(-1) == weight1.size(1) &&
                   weight2.size(1) == weight1.size(0),
               "linear_gelu_linear: x must be [..., in], weight1 [hidden, in] and weight2 [out, hidden], got ",
@@ -221,12 +222,12 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& 
   const Tensor xd = x.detach(), w1 = weight1.detach(), b1 = detached(bias1), w2 = weight2.detach(),
                b2 = detached(bias2);
   const k::LinearGeluOutput f = k::linear_gelu_forward(xd, w1, b1, approximation);
-  const Tensor y = k::linear_forward(f.act, w2, b2);
+  const Tensor y = k::linear_forward(f.act, w2, b2, detached(residual));
   const bool nx = x.requires_grad(), nw1 = weight1.requires_grad(), nb1 = bias1.requires_grad(),
-             nw2 = weight2.requires_grad(), nb2 = bias2.requires_grad();
+             nw2 = weight2.requires_grad(), nb2 = bias2.requires_grad(), nr = residual.requires_grad();
   const DType b1_dtype = b1.defined() ? b1.dtype() : x.dtype(), b2_dtype = b2.defined() ? b2.dtype() : x.dtype();
   const std::optional<DType> db1_dtype = nb1 ? std::optional<DType>(bias_grad_dtype(w1)) : std::nullopt;
-  return record("linear_gelu_linear", y, {x, weight1, bias1, weight2, bias2},
+  return record("linear_gelu_linear", y, {x, weight1, bias1, weight2, bias2, residual},
                 [=, pre = f.pre](const Grads& g) -> Grads {
                   Tensor dx, dw1, db1;
                   const GeluLinearGrads fc2 =
@@ -239,7 +240,7 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& 
                     dw1 = d.dweight;
                     if (nb1) db1 = (summed ? fc2.dpre_sum : d.dbias).to(b1_dtype);
                   }
-                  return {dx, dw1, db1, fc2.linear.dweight, db2};
+                  return {dx, dw1, db1, fc2.linear.dweight, db2, nr ? g[0] : Tensor()};
                 });
 }
 

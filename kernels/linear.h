@@ -27,7 +27,12 @@ namespace octet::kernels {
 // FP8 x). On the GPU a weight of another dtype than x is converted to x's dtype first (cuBLASLt
 // multiplies operands of one dtype; this is what autocast does); the CPU widens both exactly and
 // needs no copy.
-Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
+//
+// With a residual (y's shape and dtype), returns residual + x·Wᵀ + b: a pre-norm block's last residual
+// add. On the GPU with a bias, cuBLASLt reads the residual in the GEMM's epilogue and rounds the sum
+// once; elsewhere add(linear_forward(x, weight, bias), residual), two roundings, bit for bit the two
+// calls.
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual = Tensor());
 
 struct LinearGrads {
   Tensor dx;       // x's shape and dtype

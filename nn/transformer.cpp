@@ -84,6 +84,18 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
   return {h, after_fc1(hidden)};
 }
 
+Tensor Mlp::add_norm_residual_forward(LayerNorm& norm, const Tensor& x, const Tensor& y) {
+  const bool drop2_identity = (drop2->p == 0.0 || !drop2->is_training()) && !drop2->has_forward_hooks();
+  if (drop2_identity && runs_as_one_node(x.dtype()) && !has_forward_hooks()) {
+    OCTET_CHECK(x.dim() >= 1 && x.size(-1) == fc1->in_features && fc2->out_features == x.size(-1), "Mlp: input ",
+                x.describe(), " must end in fc1's ", fc1->in_features, " features, and fc2 must give as many");
+    const auto [h, normed] = norm.add_forward(x, y);
+    return linear_gelu_linear(normed, fc1->weight, fc1->bias, act->approximation, fc2->weight, fc2->bias, h);
+  }
+  const auto [h, out] = add_norm_forward(norm, x, y);
+  return h + out;
+}
+
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ratio, bool qkv_bias,
                                    double proj_drop, double attn_drop, double drop_path, Generator* gen,
                                    kernels::GeluApproximation gelu)
@@ -109,11 +121,13 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // norm1's weights do not exist yet when the previous block runs), and a per-block activation
 // recompute would need each block's graph to start at its own input. What stays inside the block is
 // fused: x feeds norm1 and the first residual add, and norm1's node passes x on to that add
-// (LayerNorm::residual_linear_forward), so in backward norm1's pass sums x's two gradients.
+// (LayerNorm::residual_linear_forward), so in backward norm1's pass sums x's two gradients. The last
+// residual add, where drop_path2 is the identity and the MLP is one node without FP8, rides in fc2's
+// GEMM (Mlp::add_norm_residual_forward): cuBLASLt reads h as the GEMM's C.
 //
 // Each LayerNorm also runs together with what it feeds: norm1 with attn.qkv
-// (LayerNorm::linear_forward), norm2 with the whole MLP (Mlp::add_norm_forward). Without FP8 that is
-// the modules one after the other; under FP8 with delayed scaling the LayerNorm writes the Linear's
+// (LayerNorm::residual_linear_forward), norm2 with the whole MLP (Mlp::add_norm_forward). Without FP8
+// that is the modules one after the other (the MLP as one node); under FP8 with delayed scaling the LayerNorm writes the Linear's
 // E4M3 input (and its transpose and amax) in its own pass, as Transformer Engine's LayerNormLinear
 // and LayerNormMLP do, the GELU writes fc2's, and GELU's backward writes fc1's output gradient in
 // E5M2 with fc1's bias gradient. A hook on attn or mlp must see their inputs, so then they are called
@@ -135,6 +149,10 @@ Tensor TransformerBlock::run(const Tensor& x) {
   if (mlp->has_forward_hooks()) {
     const auto [h, normed] = norm2->add_forward(residual, (*drop_path1)(attended));
     return h + (*drop_path2)((*mlp)(normed));
+  }
+  // drop_path2 the identity: the last residual add rides in fc2's GEMM where the MLP is one node.
+  if ((drop_path2->p == 0.0 || !drop_path2->is_training()) && !drop_path2->has_forward_hooks()) {
+    return mlp->add_norm_residual_forward(*norm2, residual, (*drop_path1)(attended));
   }
   const auto [h, mlp_out] = mlp->add_norm_forward(*norm2, residual, (*drop_path1)(attended));
   return h + (*drop_path2)(mlp_out);

@@ -18,6 +18,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -48,7 +49,7 @@ using cublaslt::MatmulDesc;
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
 // follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key.
-using AlgoKey = std::array<int64_t, 17>;
+using AlgoKey = std::array<int64_t, 18>;
 
 AlgoCache<AlgoKey>& algo_cache() {
   static AlgoCache<AlgoKey> cache;
@@ -138,7 +139,9 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   const Layout c_layout(c.dtype(), p.m, p.n, p.batch, p.stride_c);
 
   const uint32_t align_a = alignment_of(a.data_ptr()), align_b = alignment_of(b.data_ptr());
-  const uint32_t align_c = alignment_of(c.data_ptr());
+  // C read from the addend when there is one (D is still c): both matrices' alignment is the least.
+  const void* c_read = epilogue.addend.defined() ? epilogue.addend.data_ptr() : c.data_ptr();
+  const uint32_t align_c = std::min(alignment_of(c.data_ptr()), alignment_of(c_read));
   const AlgoKey key{device,
                     p.m,
                     p.n,
@@ -155,7 +158,8 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                     align_c,
                     bias_ptr ? alignment_of(bias_ptr) : 0,
                     aux_ptr ? alignment_of(aux_ptr) : 0,
-                    beta != 0.0};
+                    beta != 0.0,
+                    epilogue.addend.defined()};
 
   // NOT_SUPPORTED means "no algorithm for this configuration". An epilogue that cuBLASLt rejects in
   // any way falls back to the unfused path instead of failing.
@@ -173,7 +177,7 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   const cublasStatus_t status =
       cublasLtMatmul(ctx.handle, desc.desc, &alpha_f, b.data_ptr(), b_layout.layout, a.data_ptr(), a_layout.layout,
-                     &beta_f, c.data_ptr(), c_layout.layout, c.data_ptr(), c_layout.layout, &*algo, ctx.workspace,
+                     &beta_f, c_read, c_layout.layout, c.data_ptr(), c_layout.layout, &*algo, ctx.workspace,
                      kWorkspaceBytes, stream);
   if ((status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) &&
       epilogue.kind != GemmEpilogue::None) {
@@ -225,6 +229,13 @@ bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool tra
               "gemm: the epilogue's bias vector must have ", length, " elements in ", dtype_name(c.dtype()), " on ",
               c.device().str(), ", got ",
               epilogue.bias.defined() ? epilogue.bias.describe() : std::string("undefined"));
+  if (epilogue.addend.defined()) {
+    OCTET_CHECK(epilogue.kind == GemmEpilogue::Bias && epilogue.addend.dtype() == c.dtype() &&
+                    epilogue.addend.device() == c.device() && epilogue.addend.numel() == problem.m * problem.n,
+                "gemm: an addend (C apart from the output) goes with the BIAS epilogue and must be a [", problem.m,
+                ", ", problem.n, "] ", dtype_name(c.dtype()), " tensor on ", c.device().str(), ", got ",
+                epilogue.addend.describe(), " with epilogue ", epilogue_name(epilogue.kind));
+  }
   const bool gelu = epilogue.kind == GemmEpilogue::GeluAuxBias;
   OCTET_CHECK(gelu == epilogue.aux.defined(), "gemm: the ", epilogue_name(epilogue.kind), " epilogue ",
               gelu ? "needs" : "takes no", " aux matrix");

@@ -40,6 +40,10 @@ struct GemmEpilogueArgs {
   Tensor bias;
   // GeluAuxBias: the output [m, n], the GELU's input, kept for backward. C's dtype, shape and device.
   Tensor aux = {};
+  // Bias: the matrix beta scales when it is not the output itself (cuBLASLt's out-of-place form, C read
+  // from here, D written to c): c = alpha·P + beta·addend + bias, rounded once. c's dtype and [m, n].
+  // Undefined: C is c.
+  Tensor addend = {};
 };
 
 // Runs the GEMM on c's device and current stream. Throws an error naming the shapes and dtypes when

@@ -357,6 +357,18 @@ TEST(OpsGradcheck, LinearGeluLinear) {
           return linear_gelu_linear(x.detach(), w1.detach(), t[0], approximation, t[1], b2.detach());
         },
         {b1, w2});
+    // With the residual added (a block's last residual add), the residual a function of x as in a block.
+    const Tensor r = param({2, 3, 4}, 86);
+    EXPECT_GRADCHECK(
+        [approximation](const Inputs& t) {
+          return linear_gelu_linear(t[0], t[1], t[2], approximation, t[3], t[4], t[5] * 2.0);
+        },
+        {x, w1, b1, w2, b2, r});
+    EXPECT_GRADCHECK(
+        [approximation](const Inputs& t) {
+          return linear_gelu_linear(t[0], t[1], t[2], approximation, t[3], t[4], slice(t[0], 2, 0, 4));
+        },
+        {x, w1, b1, w2, b2});
   }
 }
 

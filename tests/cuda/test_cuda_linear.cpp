@@ -3,10 +3,12 @@
 // error ||gpu - cpu||_2 / ||cpu||_2 in f64: 1e-5 for f32, 1e-2 for bf16.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "autograd/ops.h"
+#include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
@@ -52,6 +54,56 @@ TEST(CudaLinear, ForwardMatchesTheCpu) {
     EXPECT_TRUE(got.is_cuda());
     EXPECT_LE(relative_error(got, want), tolerance(c.dtype)) << name(c);
   }
+}
+
+// linear_forward with a residual (a block's last residual add): residual + x·Wᵀ + b against float64.
+// The bound, element by element, with u = 2^-24 (f32) or 2^-8 (bf16) and A = Σ_k |x_k·w_k|: the
+// f32 accumulation of K products, in any order, is within K·2^-24·A of exact; where cuBLASLt adds the
+// residual in its epilogue (a bias, and it offers an algorithm) the sum is rounded once, so
+//   |got - exact| <= e + u·(|exact| + e),  e = K·2^-24·A;
+// elsewhere y is rounded, then the sum: e' = e + u·(|y| + e), |got - exact| <= e' + u·(|exact| + e').
+// The small cases may take either path and are held to the second bound; ViT-Base's fc2 (bf16, a bias,
+// every row 16-byte aligned) must take the epilogue, and is held to the first.
+TEST(CudaLinear, ResidualAddedInTheEpilogueRoundsOnce) {
+  SKIP_WITHOUT_GPU();
+  auto check = [](const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& r, bool one_rounding,
+                  const std::string& what) {
+    const Tensor got = kernels::linear_forward(x.to(kGpu), w.to(kGpu), b.defined() ? b.to(kGpu) : Tensor(), r.to(kGpu));
+    ASSERT_TRUE(got.is_cuda());
+    ASSERT_EQ(got.shape(), r.shape());
+    const Tensor b64 = b.defined() ? b.to(DType::f64) : Tensor();
+    const Tensor y64 = kernels::linear_forward(x.to(DType::f64), w.to(DType::f64), b64);
+    const std::vector<double> y = y64.to_vector<double>();
+    const std::vector<double> exact = kernels::add(y64, r.to(DType::f64)).to_vector<double>();
+    const std::vector<double> mag =
+        kernels::linear_forward(kernels::abs(x.to(DType::f64)), kernels::abs(w.to(DType::f64)), Tensor())
+            .to_vector<double>();
+    const std::vector<double> g = got.to(DType::f64).to_vector<double>();
+    const double u = x.dtype() == DType::bf16 ? 0x1p-8 : 0x1p-24;
+    const double K = static_cast<double>(w.size(1));
+    int64_t outside = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double e = K * 0x1p-24 * mag[i];
+      const double e2 = one_rounding ? e : e + u * (std::fabs(y[i]) + e);
+      if (std::fabs(g[i] - exact[i]) > e2 + u * (std::fabs(exact[i]) + e2)) ++outside;
+    }
+    EXPECT_EQ(outside, 0) << what;
+  };
+  uint64_t seed = 300;
+  for (const Case& c : cases()) {
+    const Tensor x = random_tensor({2, 5, c.in}, c.dtype, seed += 3);
+    const Tensor w = random_tensor({c.out, c.in}, c.dtype, seed += 3, 0.2);
+    const Tensor b = c.bias ? random_tensor({c.out}, c.dtype, seed += 3) : Tensor();
+    check(x, w, b, random_tensor({2, 5, c.out}, c.dtype, seed += 3), false, name(c));
+  }
+  const Tensor x = random_tensor({2, 197, 3072}, DType::bf16, 330);
+  const Tensor w = random_tensor({768, 3072}, DType::bf16, 331, 0.03);
+  check(x, w, random_tensor({768}, DType::bf16, 332), random_tensor({2, 197, 768}, DType::bf16, 333, 2.0), true,
+        "ViT-Base fc2");
+  // The residual checked like any input.
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::linear_forward(x.to(kGpu), w.to(kGpu), Tensor(), random_tensor({2, 197, 767}).to(kGpu)); },
+      {"linear_forward", "residual", "[2, 197, 768]"}));
 }
 
 TEST(CudaLinear, BackwardMatchesTheCpu) {

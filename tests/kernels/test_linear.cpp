@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "tests/testing.h"
@@ -119,6 +121,26 @@ TEST(Linear, ShapeErrorsNameTheTensors) {
   const Tensor bad_dy = random_tensor({4, 2}, DType::f32, 55);
   EXPECT_TRUE(testing::throws_with([&] { kernels::linear_backward(bad_dy, x, w_ok, true, true, true); },
                                    {"linear_backward", "dy"}));
+}
+
+// With a residual, on the CPU: add(linear_forward(x, w, b), residual) bit for bit (f32, bf16; with and
+// without a bias; 3-D x), and a residual of the wrong shape or dtype named.
+TEST(Linear, ForwardWithAResidualIsTheLinearThenTheAdd) {
+  for (DType d : {DType::f32, DType::bf16}) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + (with_bias ? " with bias" : " no bias"));
+      const Tensor x = random_tensor({2, 3, 6}, d, 61), w = random_tensor({5, 6}, d, 62, 0.3);
+      const Tensor b = with_bias ? random_tensor({5}, d, 63) : Tensor(), r = random_tensor({2, 3, 5}, d, 64, 2.0);
+      const Tensor got = kernels::linear_forward(x, w, b, r);
+      EXPECT_TRUE(testing::same_bits(got, kernels::add(kernels::linear_forward(x, w, b), r)));
+    }
+  }
+  const Tensor x = random_tensor({4, 6}, DType::f32, 65), w = random_tensor({3, 6}, DType::f32, 66);
+  EXPECT_TRUE(testing::throws_with([&] { kernels::linear_forward(x, w, Tensor(), random_tensor({4, 2})); },
+                                   {"linear_forward", "residual", "[4, 3]"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::linear_forward(x, w, Tensor(), random_tensor({4, 3}, DType::bf16)); },
+      {"linear_forward", "residual", "f32"}));
 }
 
 // linear_gelu_forward: pre is the Linear's output (the f64 loop), act the GELU of it; on the CPU both

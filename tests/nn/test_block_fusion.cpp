@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <string>
 
 #include "autograd/engine.h"
@@ -66,21 +67,26 @@ void expect_same(const Result& got, const Result& want) {
   }
 }
 
-// The node that produced h, the first operand of the block's last add (out = h + branch).
+// The node that produced h, the block's last residual: the first operand of its last add (out = h +
+// branch), or the residual input (the last) of the MLP's node when fc2's GEMM adds it.
+std::shared_ptr<autograd::Node> h_node(const Tensor& out) {
+  const auto& last = out.grad_fn();
+  if (!last || last->next_edges.empty()) return nullptr;
+  if (last->name() == "add") return last->next_edges[0].node;
+  if (last->name() == "linear_gelu_linear" && last->next_edges.size() == 6) return last->next_edges[5].node;
+  return nullptr;
+}
 std::string producer_of_h(const Tensor& out) {
-  const auto& add = out.grad_fn();
-  if (!add || add->name() != "add" || add->next_edges.empty() || !add->next_edges[0].node) return "?";
-  return add->next_edges[0].node->name();
+  const auto node = h_node(out);
+  return node ? node->name() : "?";
 }
 
 // The node that produced the first residual add's x operand (h = x + branch, fused into norm2): the
-// block's input itself (a leaf: "leaf") or norm1's node passing it on.
+// block's input itself (a leaf) or norm1's node passing it on.
 std::string producer_of_residual(const Tensor& out) {
-  const auto& add = out.grad_fn();
-  if (!add || add->next_edges.empty() || !add->next_edges[0].node) return "?";
-  const auto& h_node = add->next_edges[0].node;
-  if (h_node->next_edges.empty()) return "?";
-  return h_node->next_edges[0].node ? h_node->next_edges[0].node->name() : "?";
+  const auto node = h_node(out);
+  if (!node || node->next_edges.empty()) return "?";
+  return node->next_edges[0].node ? node->next_edges[0].node->name() : "?";
 }
 
 TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
@@ -97,6 +103,8 @@ TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
       expect_same(fused, unfused);
       EXPECT_EQ(producer_of_h(fused.out), "add_layer_norm");  // the fused path did run
       EXPECT_EQ(producer_of_h(unfused.out), "add");
+      // Without drop path the last residual add rides in the MLP's node (fc2's GEMM on the GPU).
+      EXPECT_EQ(fused.out.grad_fn()->name(), training ? "add" : "linear_gelu_linear");
       Tensor leaf = random_tensor({B, N, D}, DType::f32, 5, 2.0);
       leaf.requires_grad_();
       EXPECT_EQ(producer_of_residual(block(leaf)), "residual_layer_norm");
@@ -114,9 +122,10 @@ TEST(BlockFusion, MlpIsOneNodeUnlessFc1HasAHook) {
   randomise(block, 50);
   const Tensor x = random_tensor({B, N, D}, DType::f32, 5, 2.0);
   auto mlp_node = [](const Tensor& out) {  // out = h + drop_path2(mlp): the branch's producer
-    const auto& add = out.grad_fn();
-    return add && add->next_edges.size() == 2 && add->next_edges[1].node ? add->next_edges[1].node->name()
-                                                                         : std::string("?");
+    const auto& last = out.grad_fn();
+    if (last && last->name() == "linear_gelu_linear") return last->name();  // h added in fc2's GEMM
+    return last && last->next_edges.size() == 2 && last->next_edges[1].node ? last->next_edges[1].node->name()
+                                                                           : std::string("?");
   };
   Tensor leaf = x.clone();
   leaf.requires_grad_();

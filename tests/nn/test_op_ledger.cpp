@@ -44,8 +44,9 @@ std::map<std::string, Expected> hand_counts() {
     return Expected{1, T * out * kF32 + out * in * kF32 + T * in * kF32, T * in * kF32 + out * in * kF32 + out * kF32,
                     4.0 * T * in * out};
   };
+  // fc2 also reads the block's last residual, which it adds to its output (no drop path here).
   const Expected qkv_f = linear_fwd(D, 3 * D), proj_f = linear_fwd(D, D), fc1_f = linear_fwd(D, F),
-                 fc2_f = linear_fwd(F, D);
+                 fc2_f{1, linear_fwd(F, D).read + act, linear_fwd(F, D).written, linear_fwd(F, D).flops};
   const Expected qkv_b = linear_bwd(D, 3 * D), proj_b = linear_bwd(D, D);
   // fc1 -> act -> fc2 is autograd's linear_gelu_linear, which keeps only the GELU's input: its backward
   // runs fc2's dgrad (dy, W in; the GELU's output gradient out), makes the GELU's output again, then
@@ -70,9 +71,8 @@ std::map<std::string, Expected> hand_counts() {
       {"add_layernorm_forward", {1, 2 * act + ln_params, 2 * act + stats, 0}},
       // Forward, and again in backward for fc2's weight gradient (gelu_linear).
       {"gelu_forward", {2, 2 * hidden, 2 * hidden, 0}},
-      // The block's last residual add, forward. (x's two gradients, from norm1 and from the fused
-      // add + norm2, are summed in norm1's backward pass: norm1's node passes x on to that add.)
-      {"add", {1, 2 * act, act, 0}},
+      // No "add": the block's last residual add is fc2's (above), and x's two gradients, from norm1 and
+      // from the fused add + norm2, are summed in norm1's backward pass (norm1's node passes x on).
       {"linear_backward", sum({qkv_b, proj_b, fc1_b, fc2_dgrad, fc2_wgrad})},
       {"gelu_backward", {1, 2 * hidden, hidden, 0}},
       // fc1's bias gradient: the GELU's input gradient in, db out.

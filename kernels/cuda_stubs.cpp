@@ -115,7 +115,7 @@ void fp8_scale_from_amax_(const Tensor& amax, const Tensor& scale, const Tensor&
   no_cuda("fp8_scale_from_amax_", {&amax, &scale, &scale_inv});
 }
 void fp8_gemm(const Tensor& a, const Tensor&, const Tensor& b, const Tensor&, const Tensor& out, const Tensor&, bool,
-              bool) {
+              bool, const Tensor&) {
   no_cuda("fp8_gemm", {&a, &b, &out});
 }
 

@@ -77,7 +77,7 @@ void scale_bias_round(const float* sum, float scale, const float* bias, const Ou
 // and the old out while rounding once into out. An f32 out that is not accumulated into holds the sum
 // itself; otherwise the sum goes to a scratch buffer.
 void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
-                  const Tensor& out, const Tensor& bias, bool accumulate) {
+                  const Tensor& out, const Tensor& bias, bool accumulate, const Tensor& addend) {
   check_cpu(kOp, {&a, &scale_inv_a, &b, &scale_inv_b, &out});
   const int64_t m = out.size(0), n = out.size(1);
   const bool sum_in_out = out.dtype() == DType::f32 && !accumulate;
@@ -88,30 +88,41 @@ void fp8_gemm_cpu(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, c
   const float scale = scale_inv_a.item<float>() * scale_inv_b.item<float>();
   const Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
   const float* bias_values = bias32.defined() ? bias32.data<float>() : nullptr;
+  // What is added before the rounding: the old out (accumulate), the addend, or nothing.
+  const void* old = accumulate ? out.data_ptr() : addend.defined() ? addend.data_ptr() : nullptr;
   if (out.dtype() == DType::f32) {
     float* o = out.data<float>();
-    scale_bias_round(sum.data<float>(), scale, bias_values, accumulate ? o : nullptr, o, m, n);
+    scale_bias_round(sum.data<float>(), scale, bias_values, static_cast<const float*>(old), o, m, n);
   } else {
     auto* o = static_cast<bfloat16*>(out.data_ptr());  // out is bf16 (check_fp8_gemm)
-    scale_bias_round(sum.data<float>(), scale, bias_values, accumulate ? o : nullptr, o, m, n);
+    scale_bias_round(sum.data<float>(), scale, bias_values, static_cast<const bfloat16*>(old), o, m, n);
   }
 }
 
 }  // namespace
 
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
-              const Tensor& bias, bool accumulate, bool fast_accumulate) {
+              const Tensor& bias, bool accumulate, bool fast_accumulate, const Tensor& addend) {
   check_fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias);
+  if (addend.defined()) {
+    check_same_device(kOp, {&out, &addend});
+    OCTET_CHECK(!accumulate && addend.shape() == out.shape() && addend.dtype() == out.dtype(), kOp, ": the addend ",
+                addend.describe(), " must have out's shape and dtype (", out.describe(),
+                "), and goes without accumulate (which adds out itself)");
+  }
   LedgerOp ledger("fp8_gemm", OpClass::kMatmul);
   // a [M, K] and b [N, K] give out [M, N].
   ledger.read({&a, &scale_inv_a, &b, &scale_inv_b, &bias}).write(out).flops(2.0 * static_cast<double>(a.size(0)) *
                                                                             static_cast<double>(b.size(0)) *
                                                                             static_cast<double>(a.size(1)));
   if (accumulate) ledger.read(out);
+  ledger.read(addend);
   out.bump_version();
-  if (a.is_cuda()) return cuda::fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate);
+  if (a.is_cuda()) {
+    return cuda::fp8_gemm(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, fast_accumulate, addend);
+  }
   (void)fast_accumulate;  // the CPU sums in f32 throughout: there is nothing faster to switch to
-  fp8_gemm_cpu(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate);
+  fp8_gemm_cpu(a, scale_inv_a, b, scale_inv_b, out, bias, accumulate, addend);
 }
 
 }  // namespace octet::kernels

@@ -3,6 +3,7 @@
 // in bf16 or f32.
 //
 //   out[m, n] = scale_inv_a · scale_inv_b · Σ_k a[m, k]·b[n, k]   (+ bias[n]) (+ out, with accumulate)
+//                                                                  (+ addend[m, n], with an addend)
 //
 // Layout. Hopper's FP8 tensor cores read both operands K-major: a is [m, k] and b is [n, k], each row
 // contiguous over the reduction dim. This is cuBLASLt's "TN" (its A transposed, its B not, in
@@ -29,7 +30,11 @@ namespace octet::kernels {
 
 // a: [m, k] FP8, b: [n, k] FP8, out: [m, n] bf16 or f32 (written; read too with accumulate),
 // bias: [n] in out's dtype or undefined. All on one device.
+// addend: [m, n] in out's dtype, or undefined: out = ... + bias + addend, rounded once, as accumulate
+// adds the old out (a residual added in the GEMM: on the GPU cuBLASLt reads it as C, apart from D).
+// Not with accumulate.
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
-              const Tensor& bias = Tensor(), bool accumulate = false, bool fast_accumulate = false);
+              const Tensor& bias = Tensor(), bool accumulate = false, bool fast_accumulate = false,
+              const Tensor& addend = Tensor());
 
 }  // namespace octet::kernels

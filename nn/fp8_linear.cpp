@@ -123,11 +123,22 @@ struct Fp8LinearPlan {
 };
 
 // y [rows, out] = x·Wᵀ + b from the FP8 copies, in x's dtype.
-Tensor forward_gemm(const kernels::Fp8Cast& xq, const kernels::Fp8Cast& wq, const Tensor& bias, const Fp8LinearPlan& p) {
+// y = x·Wᵀ + b (+ residual, added before the one rounding: cuBLASLt reads it as C on the GPU).
+Tensor forward_gemm(const kernels::Fp8Cast& xq, const kernels::Fp8Cast& wq, const Tensor& bias, const Fp8LinearPlan& p,
+                    const Tensor& residual = Tensor()) {
   Tensor y = empty({p.rows, p.out}, p.x_dtype, p.device);
   const Tensor b = bias.defined() ? bias.detach().to(p.x_dtype) : Tensor();
-  kernels::fp8_gemm(xq.data, xq.scale_inv, wq.data, wq.scale_inv, y, b, /*accumulate=*/false, /*fast_accumulate=*/true);
+  const Tensor r = residual.defined() ? residual.detach().reshape({p.rows, p.out}) : Tensor();
+  kernels::fp8_gemm(xq.data, xq.scale_inv, wq.data, wq.scale_inv, y, b, /*accumulate=*/false, /*fast_accumulate=*/true,
+                    r);
   return y;
+}
+
+// A residual for an FP8 Linear's output: its shape and x's dtype, checked by name.
+void check_residual(const char* op, const Tensor& residual, const Shape& y_shape, DType dtype) {
+  OCTET_CHECK(!residual.defined() || (residual.shape() == y_shape && residual.dtype() == dtype), op,
+              ": the residual ", residual.defined() ? residual.describe() : std::string(), " must have the output's shape ",
+              y_shape, " and dtype ", dtype_name(dtype));
 }
 
 struct Fp8LinearGrads {
@@ -195,26 +206,29 @@ bool producer_fuses(const std::shared_ptr<const Fp8Config>& config) {
 }  // namespace
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
-                  const std::shared_ptr<const Fp8Config>& config) {
+                  const std::shared_ptr<const Fp8Config>& config, const Tensor& residual) {
   check_and_prepare("fp8_linear", x, weight, bias, state, config);
   const Fp8LinearPlan p = plan_for(x, weight, bias, GradMode::is_enabled() && x.requires_grad());
+  Shape y_shape = x.shape();
+  y_shape.back() = p.out;
+  check_residual("fp8_linear", residual, y_shape, p.x_dtype);  // before the casts move the FP8 state on
   const Tensor x2 = x.detach().reshape({-1, p.in});
   const kernels::Fp8Cast xq =
       cast_entry(x2, state->forward, Fp8FwdTensors::kInput, config->recipe, /*rowwise=*/true, /*transposed=*/p.need_dw);
   const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
   fp8_forward_ran(state);
-  Shape y_shape = x.shape();
-  y_shape.back() = p.out;
-  const Tensor y = forward_gemm(xq, wq, bias, p).reshape(y_shape);
-  if (!p.need_dx && !p.need_dw && !p.need_db) return y;
+  const Tensor y = forward_gemm(xq, wq, bias, p, residual).reshape(y_shape);
+  const bool nr = GradMode::is_enabled() && residual.defined() && residual.requires_grad();
+  if (!p.need_dx && !p.need_dw && !p.need_db && !nr) return y;
 
   const Tensor x_t = p.need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
   const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
   const Shape x_shape = x.shape();
   std::shared_ptr<Fp8LinearState> st = state;
-  return autograd::record("fp8_linear", y, {x, weight, bias}, [=](const autograd::Grads& g) -> autograd::Grads {
+  return autograd::record("fp8_linear", y, {x, weight, bias, residual}, [=](const autograd::Grads& g) -> autograd::Grads {
+    if (!p.need_dx && !p.need_dw && !p.need_db) return {Tensor(), Tensor(), Tensor(), g[0]};
     Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
-    return {p.need_dx ? d.dx.reshape(x_shape) : Tensor(), d.dw, d.db};
+    return {p.need_dx ? d.dx.reshape(x_shape) : Tensor(), d.dw, d.db, nr ? g[0] : Tensor()};
   });
 }
 
@@ -340,44 +354,52 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor
 
 Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approximation, const Tensor& weight,
                        const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
-                       const std::shared_ptr<const Fp8Config>& config) {
-  if (!producer_fuses(config)) return fp8_linear(gelu(hidden, approximation), weight, bias, state, config);
+                       const std::shared_ptr<const Fp8Config>& config, const Tensor& residual) {
+  if (!producer_fuses(config)) return fp8_linear(gelu(hidden, approximation), weight, bias, state, config, residual);
   check_and_prepare("fp8_gelu_linear", hidden, weight, bias, state, config);
   const Fp8LinearPlan p = plan_for(hidden, weight, bias, GradMode::is_enabled() && hidden.requires_grad());
+  Shape y_shape = hidden.shape();
+  y_shape.back() = p.out;
+  check_residual("fp8_gelu_linear", residual, y_shape, p.x_dtype);  // before the casts move the FP8 state on
   const Tensor x2 = hidden.detach().reshape({-1, p.in});
   const Fp8LinearState::Entry e = Fp8LinearState::entry(state->forward, Fp8FwdTensors::kInput);
   const kernels::Fp8Cast xq = kernels::gelu_fp8_forward(x2, approximation, e.scale, e.amax, state->forward.fp8_dtype,
                                                         /*rowwise=*/true, /*transposed=*/p.need_dw);
   const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
   fp8_forward_ran(state);
-  Shape y_shape = hidden.shape();
-  y_shape.back() = p.out;
-  const Tensor y = forward_gemm(xq, wq, bias, p).reshape(y_shape);
-  if (!p.need_dx && !p.need_dw && !p.need_db) return y;
+  const Tensor y = forward_gemm(xq, wq, bias, p, residual).reshape(y_shape);
+  const bool nr = GradMode::is_enabled() && residual.defined() && residual.requires_grad();
+  if (!p.need_dx && !p.need_dw && !p.need_db && !nr) return y;
 
   const Tensor x_t = p.need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
   const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
   std::shared_ptr<Fp8LinearState> st = state;
-  return autograd::record("fp8_gelu_linear", y, {hidden, weight, bias},
+  return autograd::record("fp8_gelu_linear", y, {hidden, weight, bias, residual},
                           [=, shape = hidden.shape()](const autograd::Grads& g) -> autograd::Grads {
+                            if (!p.need_dx && !p.need_dw && !p.need_db) return {Tensor(), Tensor(), Tensor(), g[0]};
                             Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t,
                                                               w_scale_inv, st, config);
                             // gelu's backward (autograd/ops_nn.cpp), on the dgrad.
                             const Tensor dh = p.need_dx ? kernels::gelu_backward(d.dx, x2, approximation).reshape(shape)
                                                         : Tensor();
-                            return {dh, d.dw, d.db};
+                            return {dh, d.dw, d.db, nr ? g[0] : Tensor()};
                           });
 }
 
-std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
-                                                const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
-                                                kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
-                                                const std::shared_ptr<const Fp8Config>& config) {
+namespace {
+
+// fp8_add_layernorm_mlp's node: {h, y}, or with add_h {h + y} (fc2's GEMM adding h before its one
+// rounding: fp8_add_layernorm_mlp_residual), whose gradient is then both y's and h's other one.
+std::vector<Tensor> add_layernorm_mlp_node(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                           const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
+                                           kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
+                                           const std::shared_ptr<const Fp8Config>& config, bool add_h) {
   // The dGELU fusion hands fc1 its output gradient already cast, with the bias gradient from that
   // pass; when the bias gradient is summed apart (set_fp8_fused_bias_grad(false)) it runs as two nodes.
   if (!producer_fuses(config) || !fused_bias_grad.load(std::memory_order_relaxed)) {
     const auto [h, hidden] = fp8_add_layernorm_linear(x, residual, ln_weight, ln_bias, eps, fc1.weight, fc1.bias,
                                                       fc1.state, config);
+    if (add_h) return {fp8_gelu_linear(hidden, approximation, fc2.weight, fc2.bias, fc2.state, config, h)};
     return {h, fp8_gelu_linear(hidden, approximation, fc2.weight, fc2.bias, fc2.state, config)};
   }
   check_and_prepare("fp8_add_layernorm_mlp", x, fc1.weight, fc1.bias, fc1.state, config);
@@ -411,20 +433,24 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& r
   Shape y_shape = x.shape();
   y_shape.back() = p2.out;
   const Tensor h = ln.h.reshape(x.shape());
-  const Tensor y = forward_gemm(act, wq2, fc2.bias, p2).reshape(y_shape);
-  if (!upstream && !p2.need_dw && !p2.need_db) return {h, y};
+  const Tensor y = forward_gemm(act, wq2, fc2.bias, p2, add_h ? h : Tensor()).reshape(y_shape);
+  if (!upstream && !p2.need_dw && !p2.need_db) return add_h ? std::vector<Tensor>{y} : std::vector<Tensor>{h, y};
 
   std::shared_ptr<Fp8LinearState> st1 = fc1.state, st2 = fc2.state;
   const Tensor x1_t = p1.need_dw ? ln.cast.transposed : Tensor(), x1_si = ln.cast.scale_inv;
   const Tensor w1_t = p1.need_dx ? wq1.transposed : Tensor(), w1_si = wq1.scale_inv;
   const Tensor x2_t = p2.need_dw ? act.transposed : Tensor(), x2_si = act.scale_inv;
   const Tensor w2_t = p2.need_dx ? wq2.transposed : Tensor(), w2_si = wq2.scale_inv;
-  std::vector<Tensor> outs = autograd::record(
-      "fp8_add_layernorm_mlp", {h, y},
+  return autograd::record(
+      add_h ? "fp8_add_layernorm_mlp_residual" : "fp8_add_layernorm_mlp",
+      add_h ? std::vector<Tensor>{y} : std::vector<Tensor>{h, y},
       {x, residual, ln_weight, ln_bias, fc1.weight, fc1.bias, fc2.weight, fc2.bias},
       [=, hd = ln.h.detach(), mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
+        // The output's gradient, and h's from elsewhere: with add_h both are the one output's.
+        const Tensor& gy = add_h ? g[0] : g[1];
+        const Tensor& gh = g[0];
         // fc2, as its own node would run it; its dgrad is the GELU output's gradient.
-        const Fp8LinearGrads d2 = backward_gemms(g[1].reshape({-1, p2.out}), p2, x2_t, x2_si, w2_t, w2_si, st2, config);
+        const Fp8LinearGrads d2 = backward_gemms(gy.reshape({-1, p2.out}), p2, x2_t, x2_si, w2_t, w2_si, st2, config);
         if (!upstream) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), d2.dw, d2.db};
         // GELU's backward and fc1's output-gradient cast (with fc1's bias gradient) in one pass: the
         // bits of gelu_backward and then fc1's cast_entry under delayed scaling.
@@ -438,12 +464,30 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& r
         if (!p1.need_dx) return {Tensor(), Tensor(), Tensor(), Tensor(), d1.dw, db1, d2.dw, d2.db};
         // add_layer_norm's backward: the LayerNorm's input gradient plus h's other one.
         const kernels::AddLayerNormGrads l =
-            kernels::add_layernorm_backward(d1.dx, g[0].reshape({-1, p1.in}), hd, lnw, mean, rstd);
+            kernels::add_layernorm_backward(d1.dx, gh.reshape({-1, p1.in}), hd, lnw, mean, rstd);
         const Tensor dh = l.dh.reshape(shape);
         return {nx ? dh : Tensor(), nr ? dh : Tensor(), nlw ? l.dweight : Tensor(), nlb ? l.dbias : Tensor(), d1.dw,
                 db1, d2.dw, d2.db};
       });
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                                const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
+                                                kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
+                                                const std::shared_ptr<const Fp8Config>& config) {
+  const std::vector<Tensor> outs =
+      add_layernorm_mlp_node(x, residual, ln_weight, ln_bias, eps, fc1, approximation, fc2, config, /*add_h=*/false);
   return {outs[0], outs[1]};
+}
+
+Tensor fp8_add_layernorm_mlp_residual(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                      const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
+                                      kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
+                                      const std::shared_ptr<const Fp8Config>& config) {
+  return add_layernorm_mlp_node(x, residual, ln_weight, ln_bias, eps, fc1, approximation, fc2, config,
+                                /*add_h=*/true)[0];
 }
 
 void set_fp8_fused_producers(bool fused) { fused_producers.store(fused, std::memory_order_relaxed); }

@@ -35,9 +35,11 @@ std::string fp8_linear_unsupported_reason(int64_t in_features, int64_t out_featu
 
 // y = x·Wᵀ + b with the GEMMs in FP8 under config's recipe; differentiable in x, weight and bias.
 // `state` is created, or made anew when the recipe's formats or history length changed, on the
-// weight's device. Check fp8_linear_unsupported_reason first.
+// weight's device. Check fp8_linear_unsupported_reason first. With a residual (y's shape, x's dtype),
+// y + residual, the residual added in the FP8 GEMM before its one rounding (kernels::fp8_gemm's
+// addend), and its gradient y's.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
-                  const std::shared_ptr<const Fp8Config>& config);
+                  const std::shared_ptr<const Fp8Config>& config, const Tensor& residual = Tensor());
 
 // LayerNorm, then an FP8 Linear, with the LayerNorm writing the Linear's FP8 input itself (Transformer
 // Engine's LayerNormLinear): fp8_linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias), where
@@ -73,9 +75,10 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor
 // fp8_linear(gelu(hidden, approximation), weight, bias) with the GELU's output never stored in
 // hidden's dtype (kernels::gelu_fp8_forward), under delayed scaling; current scaling runs the pair.
 // Backward: the Linear's GEMMs, then GELU's backward on the dgrad. Bit for bit the pair on the CPU.
+// A residual as fp8_linear's.
 Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approximation, const Tensor& weight,
                        const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
-                       const std::shared_ptr<const Fp8Config>& config);
+                       const std::shared_ptr<const Fp8Config>& config, const Tensor& residual = Tensor());
 
 // One Linear of an FP8 MLP: its parameters and its FP8 state (created on first use).
 struct Fp8MlpLinear {
@@ -94,6 +97,15 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& r
                                                 const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
                                                 kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
                                                 const std::shared_ptr<const Fp8Config>& config);
+
+// The same with h added back to the output, the whole second half of a pre-norm block: returns h + y,
+// h added in fc2's FP8 GEMM before its one rounding (fp8_gelu_linear's residual), and its gradient
+// summed with the LayerNorm's input gradient in the LayerNorm's backward pass. Bit for bit
+// fp8_add_layernorm_linear then fp8_gelu_linear with h as its residual, on the CPU.
+Tensor fp8_add_layernorm_mlp_residual(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
+                                      const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
+                                      kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
+                                      const std::shared_ptr<const Fp8Config>& config);
 
 // Whether fp8_layernorm_linear, fp8_add_layernorm_linear, fp8_gelu_linear and fp8_add_layernorm_mlp fuse (the default) or run their unfused
 // pairs even under delayed scaling: the same bits on the CPU; the switch lets tests show it.

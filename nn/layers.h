@@ -135,9 +135,10 @@ class Mlp : public Module {
   // owns the residual (TransformerBlock).
   std::pair<Tensor, Tensor> add_norm_forward(LayerNorm& norm, const Tensor& x, const Tensor& y);
   // add_norm_forward with h added back to the output: h + forward(norm(h)), h = x + y, the whole second
-  // half of a pre-norm block. As one node (linear_gelu_linear with h as its residual, which fc2's GEMM
-  // adds in its epilogue on the GPU) where add_norm_forward's MLP is one node and drop2 is the
-  // identity with no hooks; otherwise add_norm_forward and the add.
+  // half of a pre-norm block. Where drop2 is the identity with no hooks and add_norm_forward's MLP is
+  // one node, fc2's GEMM adds h before its one rounding (cuBLASLt reads it as C on the GPU): under FP8
+  // nn::fp8_add_layernorm_mlp_residual, without it linear_gelu_linear with h as its residual.
+  // Otherwise add_norm_forward and the add.
   Tensor add_norm_residual_forward(LayerNorm& norm, const Tensor& x, const Tensor& y);
 
   std::shared_ptr<Linear> fc1;

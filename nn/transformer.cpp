@@ -86,6 +86,18 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
 
 Tensor Mlp::add_norm_residual_forward(LayerNorm& norm, const Tensor& x, const Tensor& y) {
   const bool drop2_identity = (drop2->p == 0.0 || !drop2->is_training()) && !drop2->has_forward_hooks();
+  const bool adjacent = (drop1->p == 0.0 || !drop1->is_training()) && !norm.has_forward_hooks() &&
+                        !fc1->has_forward_hooks() && !act->has_forward_hooks() && !drop1->has_forward_hooks() &&
+                        !fc2->has_forward_hooks();
+  if (drop2_identity && adjacent && x.dim() >= 1 && x.size(-1) == norm.dim && norm.dim == fc1->in_features &&
+      fc2->out_features == norm.dim) {
+    std::shared_ptr<const Fp8Config> config = fc1->fp8_config_for(x.dtype());
+    if (config != nullptr && fc2->fp8_config_for(x.dtype()) != nullptr) {
+      return fp8_add_layernorm_mlp_residual(x, y, norm.weight, norm.bias, norm.eps,
+                                            {fc1->weight, fc1->bias, fc1->fp8_state}, act->approximation,
+                                            {fc2->weight, fc2->bias, fc2->fp8_state}, config);
+    }
+  }
   if (drop2_identity && runs_as_one_node(x.dtype()) && !has_forward_hooks()) {
     OCTET_CHECK(x.dim() >= 1 && x.size(-1) == fc1->in_features && fc2->out_features == x.size(-1), "Mlp: input ",
                 x.describe(), " must end in fc1's ", fc1->in_features, " features, and fc2 must give as many");
@@ -122,8 +134,8 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // recompute would need each block's graph to start at its own input. What stays inside the block is
 // fused: x feeds norm1 and the first residual add, and norm1's node passes x on to that add
 // (LayerNorm::residual_linear_forward), so in backward norm1's pass sums x's two gradients. The last
-// residual add, where drop_path2 is the identity and the MLP is one node without FP8, rides in fc2's
-// GEMM (Mlp::add_norm_residual_forward): cuBLASLt reads h as the GEMM's C.
+// residual add, where drop_path2 is the identity and the MLP is one node (with or without FP8), rides
+// in fc2's GEMM (Mlp::add_norm_residual_forward): cuBLASLt reads h as the GEMM's C.
 //
 // Each LayerNorm also runs together with what it feeds: norm1 with attn.qkv
 // (LayerNorm::residual_linear_forward), norm2 with the whole MLP (Mlp::add_norm_forward). Without FP8

@@ -11,7 +11,8 @@
 //
 // Scaling. CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER point at the [1] f32 scale_inv tensors on the
 // device (so no step reads them back to the host); cuBLASLt multiplies the f32 sum by both, after
-// the sum, and alpha stays 1. beta is 1 with accumulate (C = D = out), else 0.
+// the sum, and alpha stays 1. beta is 1 with accumulate (C = D = out) and with an addend (C = the
+// addend, D = out: cuBLASLt's out-of-place form, C and D of one type and shape), else 0.
 // cuBLASLt's heuristic never sees the scale pointers, but cublasLtMatmul answers
 // CUBLAS_STATUS_NOT_SUPPORTED for scales that are not 16-byte aligned: [1] views at 4 and 8 bytes
 // into a layer's [3] scale_inv state were refused, fresh allocations (256-byte aligned) never are.
@@ -30,6 +31,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -93,7 +95,7 @@ std::string problem_text(const Tensor& a, const Tensor& b, const Tensor& out, bo
 
 // Everything the heuristic's answer depends on: device, m, n, k, the three dtypes, bias (and its
 // dtype and alignment), fast accumulation, whether C is read, and the operand alignments.
-using Fp8AlgoKey = std::array<int64_t, 15>;
+using Fp8AlgoKey = std::array<int64_t, 16>;
 
 AlgoCache<Fp8AlgoKey>& algo_cache() {
   static AlgoCache<Fp8AlgoKey> cache;
@@ -111,7 +113,7 @@ void note_unfused_bias(const Tensor& a, const Tensor& b, const Tensor& out, cons
 // written nothing, when cuBLASLt has no algorithm (or, with a bias, refuses in any way); throws on
 // any other failure.
 bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
-                const Tensor& out, const Tensor& bias, bool accumulate, bool fast_accumulate) {
+                const Tensor& out, const Tensor& bias, bool accumulate, bool fast_accumulate, const Tensor& addend) {
   const int device = out.device().index;
   cublaslt::DeviceContext& ctx = cublaslt::context_for(device);
   cudaStream_t stream = octet::cuda::current_stream(device);
@@ -140,7 +142,9 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
   const Layout lt_d(out.dtype(), m, n);  // our out [m, n]: column-major n × m, ld n
 
   const uint32_t align_a = alignment_of(a.data_ptr()), align_b = alignment_of(b.data_ptr());
-  const uint32_t align_out = alignment_of(out.data_ptr());
+  // C is read from the addend when there is one: C's and D's alignment is the least of the two.
+  const void* c_read = addend.defined() ? addend.data_ptr() : out.data_ptr();
+  const uint32_t align_out = std::min(alignment_of(out.data_ptr()), alignment_of(c_read));
   const Fp8AlgoKey key{device,
                        m,
                        n,
@@ -153,6 +157,7 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
                        with_bias ? alignment_of(bias.data_ptr()) : 0,
                        fast_accumulate,
                        accumulate,
+                       addend.defined(),
                        align_a,
                        align_b,
                        align_out};
@@ -170,10 +175,10 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
 
   // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
   // applied through the scale pointers.
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const float alpha = 1.0f, beta = accumulate || addend.defined() ? 1.0f : 0.0f;
   const cublasStatus_t status =
       cublasLtMatmul(ctx.handle, desc.desc, &alpha, b.data_ptr(), lt_a.layout, a.data_ptr(), lt_b.layout, &beta,
-                     out.data_ptr(), lt_d.layout, out.data_ptr(), lt_d.layout, &*algo, ctx.workspace,
+                     c_read, lt_d.layout, out.data_ptr(), lt_d.layout, &*algo, ctx.workspace,
                      cublaslt::kWorkspaceBytes, stream);
   if (with_bias && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
     note_unfused_bias(a, b, out, bias, fast_accumulate, status);
@@ -200,13 +205,15 @@ Tensor readable_scale(const Tensor& scale_inv) {
 }  // namespace
 
 void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, const Tensor& out,
-              const Tensor& bias, bool accumulate, bool fast_accumulate) {
+              const Tensor& bias, bool accumulate, bool fast_accumulate, const Tensor& addend) {
   if (out.numel() == 0) return;
   const int device = out.device().index;
   octet::cuda::DeviceGuard device_guard(device);
   check_fp8_capable(device, a, b, out);
-  if (a.size(1) == 0) {  // k = 0: the sum is empty, out = (accumulate ? out : 0) + bias
-    if (!accumulate) {
+  if (a.size(1) == 0) {  // k = 0: the sum is empty, out = (accumulate ? out : addend or 0) + bias
+    if (addend.defined()) {
+      out.copy_(addend);
+    } else if (!accumulate) {
       octet::cuda::check(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), octet::cuda::current_stream(device)),
                          "fp8_gemm: cudaMemsetAsync");
     }
@@ -214,12 +221,20 @@ void fp8_gemm(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const
     return;
   }
   const Tensor scale_a = readable_scale(scale_inv_a), scale_b = readable_scale(scale_inv_b);
-  if (bias.defined() && run_fp8_lt(a, scale_a, b, scale_b, out, bias, accumulate, fast_accumulate)) return;
-  if (!run_fp8_lt(a, scale_a, b, scale_b, out, Tensor(), accumulate, fast_accumulate)) {
-    OCTET_FAIL("fp8_gemm: cuBLASLt has no FP8 algorithm for ", problem_text(a, b, out, false, fast_accumulate),
-               "; FP8 GEMMs need an sm_89/sm_90 GPU, k and n multiples of 16 and operands at 16-byte aligned "
-               "addresses (a view at another offset is not): copy the operands into fresh tensors");
+  if (bias.defined() && run_fp8_lt(a, scale_a, b, scale_b, out, bias, accumulate, fast_accumulate, addend)) return;
+  // What cuBLASLt refuses runs unfused, each later term added and rounded in turn: a bias (f32 out),
+  // then an addend it will not read as C (one at an address it cannot take).
+  bool added = !addend.defined();
+  if (!run_fp8_lt(a, scale_a, b, scale_b, out, Tensor(), accumulate, fast_accumulate, addend)) {
+    if (added || !run_fp8_lt(a, scale_a, b, scale_b, out, Tensor(), accumulate, fast_accumulate, Tensor())) {
+      OCTET_FAIL("fp8_gemm: cuBLASLt has no FP8 algorithm for ", problem_text(a, b, out, false, fast_accumulate),
+                 "; FP8 GEMMs need an sm_89/sm_90 GPU, k and n multiples of 16 and operands at 16-byte aligned "
+                 "addresses (a view at another offset is not): copy the operands into fresh tensors");
+    }
+  } else {
+    added = true;
   }
+  if (!added) add_(out, addend);
   if (bias.defined()) add_bias(out, bias);
 }
 

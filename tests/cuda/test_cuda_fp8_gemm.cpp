@@ -108,6 +108,37 @@ TEST(CudaFp8Gemm, MatchesTheExactResultWithBiasAndAccumulate) {
   }
 }
 
+// An addend (a block's residual, read as cuBLASLt's C apart from D): the exact result with the addend
+// where accumulate has the old out, within the same bound, and the addend unchanged. Small and odd, and
+// ViT-B's fc2 fprop (1576 tokens, 3072 -> 768, E4M3·E4M3, bf16 out, bias, fast accumulation).
+TEST(CudaFp8Gemm, MatchesTheExactResultWithAnAddend) {
+  SKIP_WITHOUT_GPU();
+  struct Shape3 {
+    int64_t m, k, n;
+  };
+  uint64_t seed = 700;
+  for (const Shape3 s : {Shape3{37, 48, 32}, Shape3{1576, 3072, 768}}) {
+    for (DType out : {DType::f32, DType::bf16}) {
+      for (bool bias : {false, true}) {
+        const Tensor a = random_fp8({s.m, s.k}, DType::e4m3, seed), b = random_fp8({s.n, s.k}, DType::e4m3, seed + 1);
+        const Tensor scale_inv_a = scalar_f32(0.37f), scale_inv_b = scalar_f32(3.1f);
+        const double product_rms = 448.0 / 64 * 448.0 / 64 * std::sqrt(double(s.k)) * 0.37 * 3.1;
+        const Tensor b_vec = bias ? random_tensor({s.n}, out, seed + 2, product_rms) : Tensor();
+        const Tensor addend = random_tensor({s.m, s.n}, out, seed + 3, product_rms);
+        const Tensor addend_gpu = addend.to(kGpu);
+        const Tensor got = full({s.m, s.n}, 7.0, out).to(kGpu);
+        kernels::fp8_gemm(a.to(kGpu), scale_inv_a.to(kGpu), b.to(kGpu), scale_inv_b.to(kGpu), got,
+                          bias ? b_vec.to(kGpu) : Tensor(), false, /*fast_accumulate=*/true, addend_gpu);
+        const Fp8GemmReference want = fp8_gemm_reference(a, scale_inv_a, b, scale_inv_b, out, b_vec, addend);
+        EXPECT_TRUE(within_fp8_gemm_bound(got, want))
+            << "m=" << s.m << " k=" << s.k << " n=" << s.n << " " << dtype_name(out) << " bias=" << bias;
+        EXPECT_TRUE(testing::same_bits(addend_gpu, addend));
+        seed += 4;
+      }
+    }
+  }
+}
+
 // The ViT-B problems of an FP8 Linear: the qkv fprop over 8 images of 197 tokens (x E4M3 · W E4M3,
 // bf16 out, bias, fast accumulation), and the fc1 wgrad dW[3072, 768] = dyᵀ·x with the 1576 tokens
 // padded to 1584 (dyᵀ E5M2 · xᵀ E4M3, accumulated into an f32 gradient) and its dgrad (dy E5M2 · W

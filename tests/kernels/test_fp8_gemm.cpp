@@ -145,6 +145,35 @@ TEST(Fp8Gemm, AddsTheBiasAndAccumulatesIntoOut) {
   }
 }
 
+// An addend is added as accumulate adds the old out, before the one rounding: bit for bit the same
+// out, with the addend left as it was; and it is refused with accumulate, or in another shape or dtype.
+TEST(Fp8Gemm, AnAddendIsAddedAsAccumulateAddsTheOldOut) {
+  const int64_t m = 37, k = 48, n = 32;
+  uint64_t seed = 260;
+  for (DType out_dtype : {DType::f32, DType::bf16}) {
+    for (bool with_bias : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(out_dtype)) + (with_bias ? " with bias" : ""));
+      const Tensor a = random_fp8({m, k}, DType::e4m3, seed++), b = random_fp8({n, k}, DType::e4m3, seed++);
+      const Tensor bias = with_bias ? random_tensor({n}, out_dtype, seed++, 50.0) : Tensor();
+      const Tensor addend = random_tensor({m, n}, out_dtype, seed++, 50.0), before = addend.clone();
+      const Tensor accumulated = addend.clone();
+      kernels::fp8_gemm(a, scalar_f32(0.37f), b, scalar_f32(3.1f), accumulated, bias, /*accumulate=*/true);
+      const Tensor out = full({m, n}, 7.0, out_dtype);  // overwritten, never read
+      kernels::fp8_gemm(a, scalar_f32(0.37f), b, scalar_f32(3.1f), out, bias, false, false, addend);
+      EXPECT_TRUE(testing::same_bits(out, accumulated));
+      EXPECT_TRUE(testing::same_bits(addend, before));
+    }
+  }
+  const Tensor a = random_fp8({m, k}, DType::e4m3, 1), b = random_fp8({n, k}, DType::e4m3, 2);
+  const Tensor out = empty({m, n}, DType::bf16);
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::fp8_gemm(a, scalar_f32(1), b, scalar_f32(1), out, Tensor(), true, false, out.clone()); },
+      {"fp8_gemm", "addend", "accumulate"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::fp8_gemm(a, scalar_f32(1), b, scalar_f32(1), out, Tensor(), false, false, empty({m, n})); },
+      {"fp8_gemm", "addend", "f32[37, 32]", "bf16[37, 32]"}));
+}
+
 TEST(Fp8Gemm, FastAccumulateChangesNothingOnTheCpu) {
   const Tensor a = random_fp8({37, 48}, DType::e4m3, 1), b = random_fp8({32, 48}, DType::e4m3, 2);
   const Tensor plain = empty({37, 32}, DType::f32), fast = empty({37, 32}, DType::f32);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "autograd/gradcheck.h"
+#include "autograd/node.h"
 #include "core/op_ledger.h"
 #include "kernels/elementwise.h"
 #include "nn/fp8.h"
@@ -219,6 +220,8 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
         const std::string at = "step" + std::to_string(s) + ".";
         out.tensors[at + "y"] = step(block, x, random_tensor({2, 17, 32}, DType::bf16, 830 + s),
                                      DelayedScaling{.amax_history_len = 3, .fp8_format = format});
+        // The block's last node: fc2's GEMM, adding h (the whole MLP's node when fused).
+        EXPECT_EQ(out.tensors[at + "y"].grad_fn()->name(), fused ? "fp8_add_layernorm_mlp_residual" : "fp8_linear");
         out.tensors[at + "x.grad"] = x.grad();
         keep_grads(out, block, at);
         keep_fp8_state(out, block, at);
@@ -230,6 +233,9 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
                 fused ? 0 : 8)
           << "the fused block stores no LayerNorm or GELU output, nor GELU's input gradient";
       EXPECT_EQ(ledger.op("dgelu_fp8_cast_dbias").calls, fused ? 2 : 0);
+      // Both residual adds ride in kernels either way (norm2's, and fc2's FP8 GEMM reading h), and the
+      // block input's two gradients are summed in norm1's backward pass: no add kernel runs.
+      EXPECT_EQ(ledger.op("add").calls, 0);
       return out;
     };
     const Fp8Steps fused = run(true), unfused = run(false);

@@ -235,7 +235,8 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& 
                   const Tensor db2 = nb2 ? fc2.linear.dbias.to(b2_dtype) : Tensor();
                   if (fc2.dpre.defined()) {
                     const bool summed = fc2.dpre_sum.defined();
-                    const k::LinearGrads d = k::linear_backward(fc2.dpre, xd, w1, nx, nw1, nb1 && !summed);
+                    k::LinearGrads d;
+                    if (nx || nw1 || (nb1 && !summed)) d = k::linear_backward(fc2.dpre, xd, w1, nx, nw1, nb1 && !summed);
                     dx = d.dx;
                     dw1 = d.dweight;
                     if (nb1) db1 = (summed ? fc2.dpre_sum : d.dbias).to(b1_dtype);

@@ -108,8 +108,13 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
       return y.reshape(y_shape);
     }
   }
-  // Elsewhere the residual is added after the product: y rounded, then the sum rounded.
-  if (residual.defined()) return add(linear_forward(x, weight, bias), residual);
+  // Elsewhere the residual is added after the product: y rounded, then the sum rounded (and y read
+  // back and the sum written: the add's traffic, counted here since the calls inside are not).
+  if (residual.defined()) {
+    const int64_t y_bytes = rows * out * static_cast<int64_t>(dtype_size(y_dtype));
+    ledger.read_bytes(y_bytes).write_bytes(y_bytes);
+    return add(linear_forward(x, weight, bias), residual);
+  }
 
   // On the CPU in f32, a product the tile kernels take adds the bias as it stores y.
   if (!x.is_cuda() && bias.defined() && x.dtype() == DType::f32 && w.dtype() == DType::f32 &&

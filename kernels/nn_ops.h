@@ -62,12 +62,14 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
 // With may_overwrite_dy (dy needed by nobody after the call), the GPU writes dx over dy, so the pass
 // holds no more memory than gelu_backward alone; the CPU makes dx anew either way.
 //
-// With dbias_dtype, also dbias = Σ over dx's rows (dx as [rows, x.size(-1)]), the f32 sums rounded to
-// x's dtype and then to dbias_dtype: the bias gradient of the Linear whose output x is (an MLP's fc1),
-// which the GPU sums in the same pass as it stores dx, where cuBLASLt's BGRADB epilogue on fc1's wgrad
-// GEMM would read dx again (129 MB in ViT-H's bf16 MLP). On the CPU it is sum(dx, 0).to(dbias_dtype),
-// what kernels::linear_backward computes there, bit for bit; the GPU adds in its own fixed order
-// (64-row bands, then the bands in order), so its bits are reproducible but not the CPU's.
+// With dbias_dtype, also dbias = Σ over dx's rows (dx as [rows, x.size(-1)]): the bias gradient of the
+// Linear whose output x is (an MLP's fc1), which the GPU sums in the same pass as it stores dx, where
+// cuBLASLt's BGRADB epilogue on fc1's wgrad GEMM would read dx again (129 MB in ViT-H's bf16 MLP). On
+// the CPU it is sum(dx, 0).to(dbias_dtype), what kernels::linear_backward computes there, bit for bit
+// (the sum rounded to x's dtype, as kernels::sum returns it, then to dbias_dtype). The GPU adds the
+// f32 sums in its own fixed order (per 64-row band, then the bands), so its bits are reproducible but
+// not the CPU's, and rounds them to dbias_dtype alone when that is f32 (as BGRADB wrote an f32
+// gradient), else through x's dtype as the CPU does.
 // dbias_dtype: a floating dtype, not FP8 (f32, bf16 or f16 on the GPU).
 struct GeluGradAndOutput {
   Tensor dx, y;

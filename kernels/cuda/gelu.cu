@@ -269,8 +269,10 @@ GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, G
     if (tanh_form) launch_backward_and_forward_dbias<T, true>(dy, x, r.dx, r.y, partials, rows, cols, op);
     else launch_backward_and_forward_dbias<T, false>(dy, x, r.dx, r.y, partials, rows, cols, op);
   });
-  // dx has x's dtype: its column sums are rounded to it, as kernels::sum returns them, then to dbias's.
-  r.dbias = dbias_from_column_partials(partials, cols, x.dtype(), *dbias_dtype);
+  // dx has x's dtype: its column sums are rounded to it, as kernels::sum returns them, then to dbias's;
+  // an f32 dbias keeps the f32 sums (kernels/nn_ops.h).
+  const DType through = *dbias_dtype == DType::f32 ? DType::f32 : x.dtype();
+  r.dbias = dbias_from_column_partials(partials, cols, through, *dbias_dtype);
   return r;
 }
 

@@ -91,8 +91,9 @@ TEST(CudaGelu, BackwardAndForwardInOnePassAreTheTwoCallsBitForBit) {
 //
 // The bound: each band's f32 sum of up to 64 values, then the bands' sums added in f32, are
 // R - 1 additions in all along any column (R rows), each rounding by at most 2^-24 of a partial sum no
-// larger than Σ|dx|: |f32 sum - exact| <= (R - 1)·2^-24·Σ|dx|. Then one rounding to x's dtype (2^-8
-// bf16, 2^-11 f16, none for f32) and, for a bf16 bias from an f32 x, one more to bf16 (2^-8).
+// larger than Σ|dx|: |f32 sum - exact| <= (R - 1)·2^-24·Σ|dx|. Then, for a bf16 bias, one rounding to
+// x's dtype (2^-8 bf16, 2^-11 f16, none for f32) and one to bf16 (2^-8, none from bf16); an f32 bias
+// keeps the f32 sum.
 TEST(CudaGelu, BackwardAndForwardSumsTheBiasGradientInTheSamePass) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -119,8 +120,9 @@ TEST(CudaGelu, BackwardAndForwardSumsTheBiasGradientInTheSamePass) {
 
           const std::vector<double> dx64 = r.dx.to(DType::f64).to_vector<double>();
           const std::vector<double> got = r.dbias.to(DType::f64).to_vector<double>();
-          const double to_x = d == DType::bf16 ? 0x1p-8 : d == DType::f16 ? 0x1p-11 : 0.0;
-          const double to_bias = bias_dtype == DType::bf16 && d != DType::bf16 ? 0x1p-8 : 0.0;
+          const bool bf16_bias = bias_dtype == DType::bf16;
+          const double to_x = !bf16_bias ? 0.0 : d == DType::bf16 ? 0x1p-8 : d == DType::f16 ? 0x1p-11 : 0.0;
+          const double to_bias = bf16_bias && d != DType::bf16 ? 0x1p-8 : 0.0;
           int64_t outside = 0;
           for (int64_t col = 0; col < c.cols; ++col) {
             double exact = 0, magnitude = 0;

@@ -44,9 +44,10 @@ std::map<std::string, Expected> hand_counts() {
     return Expected{1, T * out * kF32 + out * in * kF32 + T * in * kF32, T * in * kF32 + out * in * kF32 + out * kF32,
                     4.0 * T * in * out};
   };
-  // fc2 also reads the block's last residual, which it adds to its output (no drop path here).
+  // fc2 also adds the block's last residual to its output (no drop path here); on the CPU after the
+  // product: the residual and y read, the sum written.
   const Expected qkv_f = linear_fwd(D, 3 * D), proj_f = linear_fwd(D, D), fc1_f = linear_fwd(D, F),
-                 fc2_f{1, linear_fwd(F, D).read + act, linear_fwd(F, D).written, linear_fwd(F, D).flops};
+                 fc2_f{1, linear_fwd(F, D).read + 2 * act, linear_fwd(F, D).written + act, linear_fwd(F, D).flops};
   const Expected qkv_b = linear_bwd(D, 3 * D), proj_b = linear_bwd(D, D);
   // fc1 -> act -> fc2 is autograd's linear_gelu_linear, which keeps only the GELU's input: its backward
   // runs fc2's dgrad (dy, W in; the GELU's output gradient out), makes the GELU's output again, then

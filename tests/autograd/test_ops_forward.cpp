@@ -148,6 +148,25 @@ TEST(OpsForward, SplitUnusedPiecesGetZeros) {
   EXPECT_TRUE(all_close(a.grad(), {0, 0, 2, 2, 2}, 0, 0));
 }
 
+// A fused node's two outputs against the unfused ops' two: backward from both outputs (or from the
+// second alone, when the first gets no gradient) with the same gradients, then every defined input's
+// gradient bit for bit, the fused inputs' against the unfused ones'.
+void expect_same_input_gradients(const std::vector<Tensor>& fused, const std::vector<Tensor>& unfused,
+                                 const std::vector<Tensor>& grads, bool first_has_grad,
+                                 const std::vector<Tensor>& fused_inputs, const std::vector<Tensor>& unfused_inputs) {
+  if (first_has_grad) {
+    autograd::backward(fused, grads);
+    autograd::backward(unfused, grads);
+  } else {
+    autograd::backward({fused[1]}, {grads[1]});
+    autograd::backward({unfused[1]}, {grads[1]});
+  }
+  for (size_t i = 0; i < fused_inputs.size(); ++i) {
+    if (!fused_inputs[i].defined()) continue;
+    EXPECT_TRUE(testing::same_bits(fused_inputs[i].grad(), unfused_inputs[i].grad())) << "input " << i;
+  }
+}
+
 // add_layer_norm against x + y and layer_norm(h) recorded separately, in f32: the outputs and every
 // input's gradient bit for bit, with gradients flowing into both outputs or into one.
 TEST(OpsForward, AddLayerNormEqualsAddThenLayerNorm) {
@@ -172,17 +191,7 @@ TEST(OpsForward, AddLayerNormEqualsAddThenLayerNorm) {
         const Tensor ln_unfused = layer_norm(h_unfused, u[2], u[3]);
         EXPECT_TRUE(same_bits(h, h_unfused));
         EXPECT_TRUE(same_bits(ln, ln_unfused));
-        if (h_has_grad) {
-          autograd::backward({h, ln}, {dh, dln});
-          autograd::backward({h_unfused, ln_unfused}, {dh, dln});
-        } else {
-          autograd::backward({ln}, {dln});
-          autograd::backward({ln_unfused}, {dln});
-        }
-        for (size_t i = 0; i < f.size(); ++i) {
-          if (!f[i].defined()) continue;
-          EXPECT_TRUE(same_bits(f[i].grad(), u[i].grad())) << "input " << i;
-        }
+        expect_same_input_gradients({h, ln}, {h_unfused, ln_unfused}, {dh, dln}, h_has_grad, f, u);
       }
     }
   }
@@ -213,17 +222,7 @@ TEST(OpsForward, ResidualLayerNormEqualsXAndLayerNorm) {
         const Tensor ln_unfused = layer_norm(u[0], u[1], u[2]);
         EXPECT_TRUE(same_bits(r, u[0]));
         EXPECT_TRUE(same_bits(ln, ln_unfused));
-        if (r_has_grad) {
-          autograd::backward({r, ln}, {dr, dln});
-          autograd::backward({u[0], ln_unfused}, {dr, dln});
-        } else {
-          autograd::backward({ln}, {dln});
-          autograd::backward({ln_unfused}, {dln});
-        }
-        for (size_t i = 0; i < f.size(); ++i) {
-          if (!f[i].defined()) continue;
-          EXPECT_TRUE(same_bits(f[i].grad(), u[i].grad())) << "input " << i;
-        }
+        expect_same_input_gradients({r, ln}, {u[0], ln_unfused}, {dr, dln}, r_has_grad, f, u);
       }
     }
   }

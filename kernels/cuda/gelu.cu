@@ -145,8 +145,8 @@ __device__ __forceinline__ void store_run(T* p, const Run<T, V>& r) {
 // The grid is 2-D and every block does the same work, so it must fit the SMs at once: ViT-H's MLP
 // (12,608 × 5120 bf16) is 5 column groups × 197 bands = 985 blocks, and at 8 blocks an SM (at most 64
 // registers; bf16 with the erf form needs 64 unconstrained, the tanh form spills 26 bytes) 132 SMs
-// hold 1056. At 5 an SM (the 95 registers of 4 rows in flight) they took 1.5 waves, the second half
-// empty. 2 rows in flight: 8 blocks × 128 threads × 2 rows × 32 bytes = 64 KB of loads per SM.
+// hold 1056. At 5 an SM (the 95 registers of 4 rows in flight, the first build) they would take 1.5
+// waves, the second half empty. 2 rows in flight: 8 blocks × 128 threads × 2 rows × 32 bytes = 64 KB of loads per SM.
 constexpr int kBandRows = kTile;  // rows per band: column_partials_for's row band
 constexpr int kBandThreads = 128;
 constexpr int kBandUnroll = 2;  // rows whose loads a thread has in flight at once

@@ -289,18 +289,16 @@ GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, G
                 "; ask for f32 and convert");
   }
   // The bias gradient sums dx over its rows: [rows, cols] with cols = x's last dim (1 for a scalar).
-  const auto column_sums = [&](const Tensor& dx) {
-    return sum(dx.reshape({-1, x.dim() == 0 ? 1 : x.size(-1)}), 0).to(*dbias_dtype);
-  };
+  const int64_t cols = x.dim() == 0 ? 1 : x.size(-1);
   if (!x.is_cuda()) {
     // The CPU: the two calls (each in the op ledger under its own name), and the sum.
     GeluGradAndOutput r{gelu_backward(dy, x, approximation), gelu_forward(x, approximation), Tensor()};
-    if (dbias_dtype) r.dbias = column_sums(r.dx);
+    if (dbias_dtype) r.dbias = sum(r.dx.reshape({-1, cols}), 0).to(*dbias_dtype);
     return r;
   }
   LedgerOp ledger(op);
   ledger.read({&dy, &x}).write(x).write(x);
-  if (dbias_dtype) ledger.write_bytes((x.dim() == 0 ? 1 : x.size(-1)) * static_cast<int64_t>(dtype_size(*dbias_dtype)));
+  if (dbias_dtype) ledger.write_bytes(cols * static_cast<int64_t>(dtype_size(*dbias_dtype)));
   return cuda::gelu_backward_and_forward(dy, x, approximation, may_overwrite_dy, dbias_dtype);
 }
 

@@ -8,6 +8,27 @@
 #include "nn/recompute.h"
 
 namespace octet::nn {
+namespace {
+
+// Whether a dropout-like module (Dropout, DropPath) passes its input through untouched: p = 0 or
+// evaluation, and no hook that could see or change what passes.
+template <class M>
+bool passes_through(const M& m) {
+  return (m.p == 0.0 || !m.is_training()) && !m.has_forward_hooks();
+}
+
+// The FP8 config under which norm then the whole MLP runs as one FP8 node (nn::fp8_add_layernorm_mlp
+// and its _residual form): nothing sits between the layers (drop1 passes through, no hooks on norm,
+// fc1, act or fc2), x ends in norm's width, which fc1 takes, and both Linears run in FP8. Else null.
+std::shared_ptr<const Fp8Config> fp8_mlp_config(const Mlp& mlp, const LayerNorm& norm, const Tensor& x) {
+  const bool adjacent = passes_through(*mlp.drop1) && !norm.has_forward_hooks() && !mlp.fc1->has_forward_hooks() &&
+                        !mlp.act->has_forward_hooks() && !mlp.fc2->has_forward_hooks();
+  if (!adjacent || x.dim() < 1 || x.size(-1) != norm.dim || norm.dim != mlp.fc1->in_features) return nullptr;
+  std::shared_ptr<const Fp8Config> config = mlp.fc1->fp8_config_for(x.dtype());
+  return config != nullptr && mlp.fc2->fp8_config_for(x.dtype()) != nullptr ? config : nullptr;
+}
+
+}  // namespace
 
 Mlp::Mlp(int64_t in_features, int64_t hidden_features, int64_t out_features, double drop, Generator* gen,
          kernels::GeluApproximation gelu)
@@ -27,8 +48,8 @@ bool Mlp::runs_as_one_node(DType x_dtype) const {
   auto unquantised = [x_dtype](const Linear& fc) {
     return fc.fp8_config_for(x_dtype) == nullptr && (!fc.fp8_allowed || fp8_config() == nullptr);
   };
-  return (drop1->p == 0.0 || !drop1->is_training()) && !fc1->has_forward_hooks() && !act->has_forward_hooks() &&
-         !drop1->has_forward_hooks() && !fc2->has_forward_hooks() && unquantised(*fc1) && unquantised(*fc2);
+  return passes_through(*drop1) && !fc1->has_forward_hooks() && !act->has_forward_hooks() &&
+         !fc2->has_forward_hooks() && unquantised(*fc1) && unquantised(*fc2);
 }
 
 Tensor Mlp::forward(const Tensor& x) {
@@ -48,9 +69,7 @@ Tensor Mlp::forward(const Tensor& x) {
 // Linear that would try FP8 and fall back (a shape FP8 cannot take) runs as a module, to say so.
 // Otherwise the modules one after the other.
 Tensor Mlp::after_fc1(const Tensor& hidden) {
-  const bool adjacent = (drop1->p == 0.0 || !drop1->is_training()) && !act->has_forward_hooks() &&
-                        !drop1->has_forward_hooks() && !fc2->has_forward_hooks();
-  if (adjacent) {
+  if (passes_through(*drop1) && !act->has_forward_hooks() && !fc2->has_forward_hooks()) {
     OCTET_CHECK(hidden.dim() >= 1 && hidden.size(-1) == fc2->in_features, "Mlp: hidden ", hidden.describe(),
                 " must end in fc2's ", fc2->in_features, " features");
     if (std::shared_ptr<const Fp8Config> config = fc2->fp8_config_for(hidden.dtype())) {
@@ -64,17 +83,11 @@ Tensor Mlp::after_fc1(const Tensor& hidden) {
 }
 
 std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x, const Tensor& y) {
-  const bool adjacent = (drop1->p == 0.0 || !drop1->is_training()) && !norm.has_forward_hooks() &&
-                        !fc1->has_forward_hooks() && !act->has_forward_hooks() && !drop1->has_forward_hooks() &&
-                        !fc2->has_forward_hooks();
-  if (adjacent && x.dim() >= 1 && x.size(-1) == norm.dim && norm.dim == fc1->in_features) {
-    std::shared_ptr<const Fp8Config> config = fc1->fp8_config_for(x.dtype());
-    if (config != nullptr && fc2->fp8_config_for(x.dtype()) != nullptr) {
-      const auto [h, out] = fp8_add_layernorm_mlp(x, y, norm.weight, norm.bias, norm.eps,
-                                                  {fc1->weight, fc1->bias, fc1->fp8_state}, act->approximation,
-                                                  {fc2->weight, fc2->bias, fc2->fp8_state}, config);
-      return {h, (*drop2)(out)};
-    }
+  if (std::shared_ptr<const Fp8Config> config = fp8_mlp_config(*this, norm, x)) {
+    const auto [h, out] = fp8_add_layernorm_mlp(x, y, norm.weight, norm.bias, norm.eps,
+                                                {fc1->weight, fc1->bias, fc1->fp8_state}, act->approximation,
+                                                {fc2->weight, fc2->bias, fc2->fp8_state}, config);
+    return {h, (*drop2)(out)};
   }
   if (runs_as_one_node(x.dtype())) {
     const auto [h, normed] = norm.add_forward(x, y);
@@ -85,14 +98,9 @@ std::pair<Tensor, Tensor> Mlp::add_norm_forward(LayerNorm& norm, const Tensor& x
 }
 
 Tensor Mlp::add_norm_residual_forward(LayerNorm& norm, const Tensor& x, const Tensor& y) {
-  const bool drop2_identity = (drop2->p == 0.0 || !drop2->is_training()) && !drop2->has_forward_hooks();
-  const bool adjacent = (drop1->p == 0.0 || !drop1->is_training()) && !norm.has_forward_hooks() &&
-                        !fc1->has_forward_hooks() && !act->has_forward_hooks() && !drop1->has_forward_hooks() &&
-                        !fc2->has_forward_hooks();
-  if (drop2_identity && adjacent && x.dim() >= 1 && x.size(-1) == norm.dim && norm.dim == fc1->in_features &&
-      fc2->out_features == norm.dim) {
-    std::shared_ptr<const Fp8Config> config = fc1->fp8_config_for(x.dtype());
-    if (config != nullptr && fc2->fp8_config_for(x.dtype()) != nullptr) {
+  const bool drop2_identity = passes_through(*drop2);
+  if (drop2_identity && fc2->out_features == norm.dim) {
+    if (std::shared_ptr<const Fp8Config> config = fp8_mlp_config(*this, norm, x)) {
       return fp8_add_layernorm_mlp_residual(x, y, norm.weight, norm.bias, norm.eps,
                                             {fc1->weight, fc1->bias, fc1->fp8_state}, act->approximation,
                                             {fc2->weight, fc2->bias, fc2->fp8_state}, config);
@@ -163,7 +171,7 @@ Tensor TransformerBlock::run(const Tensor& x) {
     return h + (*drop_path2)((*mlp)(normed));
   }
   // drop_path2 the identity: the last residual add rides in fc2's GEMM where the MLP is one node.
-  if ((drop_path2->p == 0.0 || !drop_path2->is_training()) && !drop_path2->has_forward_hooks()) {
+  if (passes_through(*drop_path2)) {
     return mlp->add_norm_residual_forward(*norm2, residual, (*drop_path1)(attended));
   }
   const auto [h, mlp_out] = mlp->add_norm_forward(*norm2, residual, (*drop_path1)(attended));

@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
+#include "kernels/gemm_autotune.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "kernels/optimizers.h"
@@ -307,19 +308,33 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
          });
        }});
   // What that sum replaces: fc1's wgrad GEMM with cuBLASLt's BGRADB epilogue (its own kernel reads dpre
-  // again) against the GEMM alone. Reads dpre and x, writes the weight gradient (and the bias's).
-  const int64_t wgrad_bytes = kBf16 * (kNH + kNC + kHidden * kWidth);
-  const std::string wgrad_shape = std::to_string(kHidden) + " x " + std::to_string(kWidth) + " over " +
-                                  std::to_string(kRows) + " rows";
-  for (const bool bgrad : {true, false}) {
-    cases.push_back({"linear_backward (fc1 wgrad)", bgrad ? "bf16, BGRADB epilogue" : "bf16, no bias gradient",
-                     wgrad_shape, wgrad_bytes + (bgrad ? kBf16 * kHidden : 0), [=](int64_t sets) -> Run {
+  // again) against the GEMM alone; then fc1's and fc2's wgrad GEMMs with cuBLASLt's heuristic algorithm
+  // and with the fastest of its candidates (--gemm-autotune on, kernels/gemm_autotune.h; the first,
+  // untimed run tunes). Each reads dy and x and writes the weight gradient (and the bias's).
+  struct Wgrad {
+    const char* linear;
+    int64_t out, in;
+    bool bgrad, autotune;
+  };
+  for (const Wgrad g : {Wgrad{"fc1", kHidden, kWidth, true, false}, Wgrad{"fc1", kHidden, kWidth, false, false},
+                        Wgrad{"fc1", kHidden, kWidth, false, true}, Wgrad{"fc2", kWidth, kHidden, false, false},
+                        Wgrad{"fc2", kWidth, kHidden, false, true}}) {
+    const std::string variant = std::string(g.bgrad ? "bf16, BGRADB epilogue" : "bf16, no bias gradient") +
+                                (g.autotune ? ", GEMM autotune" : "");
+    const std::string shape =
+        std::to_string(g.out) + " x " + std::to_string(g.in) + " over " + std::to_string(kRows) + " rows";
+    const int64_t bytes = kBf16 * (kRows * (g.out + g.in) + g.out * g.in + (g.bgrad ? g.out : 0));
+    cases.push_back({"linear_backward (" + std::string(g.linear) + " wgrad)", variant, shape, bytes,
+                     [=](int64_t sets) -> Run {
                        Random& r = ws->random();
-                       const std::vector<Tensor> dpre = r.normals(sets, {kRows, kHidden}),
-                                                 x = r.normals(sets, {kRows, kWidth});
-                       const Tensor w = r.normal({kHidden, kWidth}, DType::bf16);
+                       const std::vector<Tensor> dy = r.normals(sets, {kRows, g.out}), x = r.normals(sets, {kRows, g.in});
+                       const Tensor w = r.normal({g.out, g.in}, DType::bf16);
                        return keeping<kernels::LinearGrads>(sets, [=](int64_t s) {
-                         return kernels::linear_backward(dpre[s], x[s], w, false, true, bgrad);
+                         // Autotuning is the process's switch: on for this row's calls only.
+                         kernels::set_gemm_autotune(g.autotune);
+                         kernels::LinearGrads grads = kernels::linear_backward(dy[s], x[s], w, false, true, g.bgrad);
+                         kernels::set_gemm_autotune(false);
+                         return grads;
                        });
                      },
                      3, false, true});

@@ -3,11 +3,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "kernels/gemm_autotune.h"
 
 namespace octet::kernels::cuda::cublaslt {
 
@@ -67,22 +72,96 @@ Layout::Layout(DType dtype, int64_t rows, int64_t cols, int64_t batch, int64_t s
   }
 }
 
-std::optional<cublasLtMatmulAlgo_t> best_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
-                                              const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
-                                              uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status) {
+std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
+                                                  const Layout& b, const Layout& cd, uint32_t align_a,
+                                                  uint32_t align_b, uint32_t align_cd, int count,
+                                                  bool failure_is_refusal, cublasStatus_t& status) {
   Preference pref;
   pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_cd);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_cd);
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
   int returned = 0;
-  status = cublasLtMatmulAlgoGetHeuristic(handle, desc.desc, a.layout, b.layout, cd.layout, cd.layout, pref.pref, 1,
-                                          &result, &returned);
+  status = cublasLtMatmulAlgoGetHeuristic(handle, desc.desc, a.layout, b.layout, cd.layout, cd.layout, pref.pref, count,
+                                          results.data(), &returned);
   if (status != CUBLAS_STATUS_NOT_SUPPORTED && !failure_is_refusal) check_lt(status, "cublasLtMatmulAlgoGetHeuristic");
-  if (status == CUBLAS_STATUS_SUCCESS && returned > 0) return result.algo;
-  return std::nullopt;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (status != CUBLAS_STATUS_SUCCESS) return algos;
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i].algo);
+  }
+  return algos;
+}
+
+namespace {
+
+// CUDA events, destroyed on every path out.
+struct Events {
+  std::array<cudaEvent_t, kAutotuneTimedRuns + 1> e{};
+  Events() {
+    for (cudaEvent_t& event : e) octet::cuda::check(cudaEventCreate(&event), "GEMM autotune: cudaEventCreate");
+  }
+  ~Events() {
+    for (cudaEvent_t event : e) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+};
+
+// The median time of `trial(algo)` in seconds over kAutotuneTimedRuns runs after an untimed one, or
+// -1 when cuBLASLt refuses to run it. Waits for the stream.
+double median_seconds(const cublasLtMatmulAlgo_t& algo, cudaStream_t stream, const TrialRun& trial, Events& events) {
+  if (trial(algo) != CUBLAS_STATUS_SUCCESS) return -1.0;
+  for (int r = 0; r < kAutotuneTimedRuns; ++r) {
+    octet::cuda::check(cudaEventRecord(events.e[r], stream), "GEMM autotune: cudaEventRecord");
+    if (trial(algo) != CUBLAS_STATUS_SUCCESS) return -1.0;
+  }
+  octet::cuda::check(cudaEventRecord(events.e[kAutotuneTimedRuns], stream), "GEMM autotune: cudaEventRecord");
+  octet::cuda::check(cudaEventSynchronize(events.e[kAutotuneTimedRuns]), "GEMM autotune: cudaEventSynchronize");
+  std::array<double, kAutotuneTimedRuns> seconds{};
+  for (int r = 0; r < kAutotuneTimedRuns; ++r) {
+    float ms = 0.f;
+    octet::cuda::check(cudaEventElapsedTime(&ms, events.e[r], events.e[r + 1]), "GEMM autotune: cudaEventElapsedTime");
+    seconds[r] = 1e-3 * ms;
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[kAutotuneTimedRuns / 2];
+}
+
+}  // namespace
+
+std::optional<cublasLtMatmulAlgo_t> choose_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
+                                                const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
+                                                uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status,
+                                                cudaStream_t stream, const TrialRun& trial,
+                                                const std::function<std::string()>& what) {
+  const bool tune = gemm_autotune();
+  const std::vector<cublasLtMatmulAlgo_t> candidates = heuristic_algos(
+      handle, desc, a, b, cd, align_a, align_b, align_cd, tune ? kAutotuneCandidates : 1, failure_is_refusal, status);
+  if (candidates.empty()) return std::nullopt;
+  if (!tune) return candidates.front();
+
+  Events events;
+  std::vector<double> seconds;
+  for (const cublasLtMatmulAlgo_t& algo : candidates) seconds.push_back(median_seconds(algo, stream, trial, events));
+  const int pick = autotune_pick(seconds);
+  count_gemm_autotuned_problem();
+  if (pick < 0) {
+    logging::info("GEMM autotune: cuBLASLt ran none of the {} algorithms it offered for {}", candidates.size(), what());
+    return std::nullopt;
+  }
+  if (seconds[0] >= 0.0) {
+    logging::info("GEMM autotune: {}: algorithm {} of {} ({:.1f} us; the heuristic's first: {:.1f} us)", what(),
+                  pick + 1, candidates.size(), 1e6 * seconds[pick], 1e6 * seconds[0]);
+  } else {
+    logging::info("GEMM autotune: {}: algorithm {} of {} ({:.1f} us; the heuristic's first did not run)", what(),
+                  pick + 1, candidates.size(), 1e6 * seconds[pick]);
+  }
+  return candidates[pick];
 }
 
 }  // namespace octet::kernels::cuda::cublaslt

@@ -10,9 +10,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -75,13 +78,31 @@ struct Preference {
   }
 };
 
-// The heuristic's best algorithm for `desc` with cuBLASLt's A, B and C = D layouts, the shared
-// workspace, and the operands' alignments in bytes. nullopt when cuBLASLt has none for it
-// (NOT_SUPPORTED, or no result); `status` receives what the heuristic returned. Any other failure
-// throws, unless `failure_is_refusal` (a fused epilogue, which the caller runs unfused instead).
-std::optional<cublasLtMatmulAlgo_t> best_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
-                                              const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
-                                              uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status);
+// The heuristic's algorithms for `desc` with cuBLASLt's A, B and C = D layouts, the shared
+// workspace, and the operands' alignments in bytes, best first, at most `count`. Empty when cuBLASLt
+// has none for it (NOT_SUPPORTED, or no result); `status` receives what the heuristic returned. Any
+// other failure throws, unless `failure_is_refusal` (a fused epilogue, which the caller runs
+// unfused instead).
+std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
+                                                  const Layout& b, const Layout& cd, uint32_t align_a,
+                                                  uint32_t align_b, uint32_t align_cd, int count,
+                                                  bool failure_is_refusal, cublasStatus_t& status);
+
+// One cublasLtMatmul of the problem with `algo`, its operands bound in by the caller, on the stream
+// the problem runs on, writing only what the real run writes again afterwards (or scratch):
+// autotuning times candidates with it.
+using TrialRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+
+// The algorithm for a problem not seen before (kernels/gemm_autotune.h): the heuristic's first with
+// autotuning off; with it on, the one autotune_pick keeps of the heuristic's first
+// kAutotuneCandidates, each run by `trial` on `stream`, once untimed and then kAutotuneTimedRuns
+// times between events. `what` names the problem in the log line that reports the choice. nullopt
+// and `status` as for heuristic_algos (or when no candidate ran).
+std::optional<cublasLtMatmulAlgo_t> choose_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
+                                                const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
+                                                uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status,
+                                                cudaStream_t stream, const TrialRun& trial,
+                                                const std::function<std::string()>& what);
 
 // Algorithms per problem key for the life of the process. nullopt records "no algorithm", so that a
 // refused configuration is asked about (and logged) once, not every step.

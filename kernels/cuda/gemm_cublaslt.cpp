@@ -30,6 +30,7 @@
 #include "kernels/cuda/cublaslt_context.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm_autotune.h"
 
 namespace octet::kernels::cuda {
 
@@ -42,14 +43,16 @@ using cublaslt::cuda_type;
 using cublaslt::DeviceContext;
 using cublaslt::kWorkspaceBytes;
 using cublaslt::AlgoCache;
-using cublaslt::best_algo;
+using cublaslt::choose_algo;
 using cublaslt::Layout;
 using cublaslt::MatmulDesc;
 
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
-// follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key.
-using AlgoKey = std::array<int64_t, 18>;
+// follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key. So is
+// whether the algorithm was measured (kernels/gemm_autotune.h), so that switching autotuning on
+// tunes the problems that already ran.
+using AlgoKey = std::array<int64_t, 19>;
 
 AlgoCache<AlgoKey>& algo_cache() {
   static AlgoCache<AlgoKey> cache;
@@ -159,7 +162,24 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                     bias_ptr ? alignment_of(bias_ptr) : 0,
                     aux_ptr ? alignment_of(aux_ptr) : 0,
                     beta != 0.0,
-                    epilogue.addend.defined()};
+                    epilogue.addend.defined(),
+                    gemm_autotune()};
+
+  // alpha and beta are host floats: the scale type of CUBLAS_COMPUTE_32F is f32.
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
+    return cublasLtMatmul(ctx.handle, desc.desc, &alpha_f, b.data_ptr(), b_layout.layout, a.data_ptr(),
+                          a_layout.layout, &beta_f, c_read, c_layout.layout, d, c_layout.layout, &algo, ctx.workspace,
+                          kWorkspaceBytes, stream);
+  };
+  // Autotuning's trials (kernels/gemm_autotune.h) write D, which the real run writes again after
+  // them, unless D is also the C they read: then a scratch D, so that C is added once.
+  Tensor scratch;
+  auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {
+    const bool accumulates_in_place = beta_f != 0.f && c_read == c.data_ptr();
+    if (accumulates_in_place && !scratch.defined()) scratch = empty({p.batch * p.m * p.n}, c.dtype(), c.device());
+    return run(candidate, accumulates_in_place ? scratch.data_ptr() : c.data_ptr());
+  };
 
   // NOT_SUPPORTED means "no algorithm for this configuration". An epilogue that cuBLASLt rejects in
   // any way falls back to the unfused path instead of failing.
@@ -167,18 +187,14 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get(key, [&] {
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     std::optional<cublasLtMatmulAlgo_t> found =
-        best_algo(ctx.handle, desc, b_layout, a_layout, c_layout, align_b, align_a, align_c, fused, status);
+        choose_algo(ctx.handle, desc, b_layout, a_layout, c_layout, align_b, align_a, align_c, fused, status, stream,
+                    trial, [&] { return problem_text(a, trans_a, b, trans_b, c, p, epilogue.kind); });
     if (!found && fused) note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);
     return found;
   });
   if (!algo) return false;
 
-  // alpha and beta are host floats: the scale type of CUBLAS_COMPUTE_32F is f32.
-  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  const cublasStatus_t status =
-      cublasLtMatmul(ctx.handle, desc.desc, &alpha_f, b.data_ptr(), b_layout.layout, a.data_ptr(), a_layout.layout,
-                     &beta_f, c_read, c_layout.layout, c.data_ptr(), c_layout.layout, &*algo, ctx.workspace,
-                     kWorkspaceBytes, stream);
+  const cublasStatus_t status = run(*algo, c.data_ptr());
   if ((status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) &&
       epilogue.kind != GemmEpilogue::None) {
     note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);

@@ -45,6 +45,7 @@
 #include "kernels/cuda/cublaslt_context.h"
 #include "kernels/cuda/fp8_gemm_cuda.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm_autotune.h"
 
 namespace octet::kernels::cuda {
 
@@ -52,7 +53,7 @@ namespace {
 
 using cublaslt::alignment_of;
 using cublaslt::AlgoCache;
-using cublaslt::best_algo;
+using cublaslt::choose_algo;
 using cublaslt::check_lt;
 using cublaslt::cuda_type;
 using cublaslt::Layout;
@@ -94,8 +95,9 @@ std::string problem_text(const Tensor& a, const Tensor& b, const Tensor& out, bo
 }
 
 // Everything the heuristic's answer depends on: device, m, n, k, the three dtypes, bias (and its
-// dtype and alignment), fast accumulation, whether C is read, and the operand alignments.
-using Fp8AlgoKey = std::array<int64_t, 16>;
+// dtype and alignment), fast accumulation, whether C is read, the operand alignments, and whether
+// the algorithm was measured (kernels/gemm_autotune.h).
+using Fp8AlgoKey = std::array<int64_t, 17>;
 
 AlgoCache<Fp8AlgoKey>& algo_cache() {
   static AlgoCache<Fp8AlgoKey> cache;
@@ -160,26 +162,38 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
                        addend.defined(),
                        align_a,
                        align_b,
-                       align_out};
+                       align_out,
+                       gemm_autotune()};
+
+  // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
+  // applied through the scale pointers.
+  const float alpha = 1.0f, beta = accumulate || addend.defined() ? 1.0f : 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
+    return cublasLtMatmul(ctx.handle, desc.desc, &alpha, b.data_ptr(), lt_a.layout, a.data_ptr(), lt_b.layout, &beta,
+                          c_read, lt_d.layout, d, lt_d.layout, &algo, ctx.workspace, cublaslt::kWorkspaceBytes, stream);
+  };
+  // Autotuning's trials (kernels/gemm_autotune.h) write out, which the real run writes again after
+  // them, unless out is also the C they read (accumulate): then a scratch D, so that C is added once.
+  Tensor scratch;
+  auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {
+    const bool accumulates_in_place = beta != 0.f && c_read == out.data_ptr();
+    if (accumulates_in_place && !scratch.defined()) scratch = empty({m, n}, out.dtype(), out.device());
+    return run(candidate, accumulates_in_place ? scratch.data_ptr() : out.data_ptr());
+  };
 
   // NOT_SUPPORTED means "no algorithm for this configuration". A bias epilogue rejected in any way
   // falls back to the unfused bias instead of failing.
   const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get(key, [&] {
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     std::optional<cublasLtMatmulAlgo_t> found =
-        best_algo(ctx.handle, desc, lt_a, lt_b, lt_d, align_b, align_a, align_out, with_bias, status);
+        choose_algo(ctx.handle, desc, lt_a, lt_b, lt_d, align_b, align_a, align_out, with_bias, status, stream, trial,
+                    [&] { return "FP8 " + problem_text(a, b, out, with_bias, fast_accumulate); });
     if (!found && with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
     return found;
   });
   if (!algo) return false;
 
-  // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
-  // applied through the scale pointers.
-  const float alpha = 1.0f, beta = accumulate || addend.defined() ? 1.0f : 0.0f;
-  const cublasStatus_t status =
-      cublasLtMatmul(ctx.handle, desc.desc, &alpha, b.data_ptr(), lt_a.layout, a.data_ptr(), lt_b.layout, &beta,
-                     c_read, lt_d.layout, out.data_ptr(), lt_d.layout, &*algo, ctx.workspace,
-                     cublaslt::kWorkspaceBytes, stream);
+  const cublasStatus_t status = run(*algo, out.data_ptr());
   if (with_bias && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
     note_unfused_bias(a, b, out, bias, fast_accumulate, status);
     algo_cache().refuse(key);

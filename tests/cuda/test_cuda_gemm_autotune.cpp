@@ -1,0 +1,129 @@
+// GEMM autotuning on the GPU (kernels/gemm_autotune.h). With it on, the GEMMs of a training step
+// (plain, accumulating into their output, with the BIAS and BGRADB epilogues, with a residual read
+// as C, and FP8) must compute what they compute with it off, against the float64 product within the
+// suite's bounds, although each new problem first ran 1 + kAutotuneTimedRuns times for each of up
+// to kAutotuneCandidates algorithms. The failure these guard against: trials that add C again (an
+// accumulated gradient summed many times), or leave a trial's output where the real run's belongs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "kernels/fp8_gemm.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_autotune.h"
+#include "kernels/linear.h"
+#include "tests/cuda/cuda_testing.h"
+#include "tests/cuda/fp8_bound.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+using testing::kGpu;
+using testing::random_tensor;
+using testing::relative_error_to_reference;
+using testing::tolerance;
+
+// Autotuning on for one test's scope.
+struct AutotuneOn {
+  AutotuneOn() { kernels::set_gemm_autotune(true); }
+  ~AutotuneOn() { kernels::set_gemm_autotune(false); }
+  AutotuneOn(const AutotuneOn&) = delete;
+  AutotuneOn& operator=(const AutotuneOn&) = delete;
+};
+
+// alpha·a·bᵀ + beta·c0 in float64 on the CPU.
+Tensor reference(const Tensor& a, const Tensor& b, const Tensor& c0, double alpha, double beta) {
+  Tensor want = c0.to(DType::f64).clone();
+  kernels::gemm(a.to(DType::f64), false, b.to(DType::f64), true, want, alpha, beta);
+  return want;
+}
+
+// Shapes no other test uses (m prime), so that the problem is new to the process here.
+TEST(CudaGemmAutotune, TunesEachProblemOnceAndComputesTheProduct) {
+  SKIP_WITHOUT_GPU();
+  AutotuneOn on;
+  const Tensor a = random_tensor({331, 264}, DType::bf16, 1), b = random_tensor({136, 264}, DType::bf16, 2);
+  const Tensor a_gpu = a.to(kGpu), b_gpu = b.to(kGpu);
+  const int before = kernels::gemm_autotuned_problems();
+  Tensor got = empty({331, 136}, DType::bf16, kGpu);
+  kernels::gemm(a_gpu, false, b_gpu, true, got);
+  EXPECT_EQ(kernels::gemm_autotuned_problems(), before + 1) << "a new problem is tuned";
+  const Tensor want = reference(a, b, zeros({331, 136}), 1.0, 0.0);
+  EXPECT_LE(relative_error_to_reference(got, want), tolerance(DType::bf16));
+
+  Tensor again = empty({331, 136}, DType::bf16, kGpu);
+  kernels::gemm(a_gpu, false, b_gpu, true, again);
+  EXPECT_EQ(kernels::gemm_autotuned_problems(), before + 1) << "a problem seen before keeps its algorithm";
+  EXPECT_TRUE(testing::same_bits(again, got)) << "the same algorithm on the same operands";
+}
+
+// beta != 0 with C = D (a weight gradient accumulated over micro-batches): the trials write scratch,
+// so the output holds alpha·a·bᵀ + beta·c0 once. f32 and bf16 outputs, beta 1 and 0.5.
+TEST(CudaGemmAutotune, AccumulatingIntoTheOutputAddsItOnce) {
+  SKIP_WITHOUT_GPU();
+  AutotuneOn on;
+  uint64_t seed = 20;
+  for (DType out : {DType::f32, DType::bf16}) {
+    for (double beta : {1.0, 0.5}) {
+      const Tensor a = random_tensor({211, 1024}, DType::bf16, seed), b = random_tensor({96, 1024}, DType::bf16, seed + 1);
+      // The old output on the product's scale (sqrt(k) = 32), so that adding it twice fails any bound.
+      const Tensor c0 = random_tensor({211, 96}, out, seed + 2, 32.0);
+      Tensor got = c0.to(kGpu);
+      const int before = kernels::gemm_autotuned_problems();
+      kernels::gemm(a.to(kGpu), false, b.to(kGpu), true, got, 0.75, beta);
+      EXPECT_EQ(kernels::gemm_autotuned_problems(), before + 1);
+      EXPECT_LE(relative_error_to_reference(got, reference(a, b, c0, 0.75, beta)), tolerance(out))
+          << dtype_name(out) << " beta " << beta;
+      seed += 3;
+    }
+  }
+}
+
+// A Linear's forward with the BIAS epilogue, with a residual read as C apart from D, and its backward
+// with the bias gradient from BGRADB: against the CPU's kernels on the same bf16 inputs.
+TEST(CudaGemmAutotune, LinearForwardAndBackwardThroughTheEpilogues) {
+  SKIP_WITHOUT_GPU();
+  AutotuneOn on;
+  const Tensor x = random_tensor({3, 67, 104}, DType::bf16, 40), w = random_tensor({152, 104}, DType::bf16, 41);
+  const Tensor bias = random_tensor({152}, DType::bf16, 42), residual = random_tensor({3, 67, 152}, DType::bf16, 43);
+  const Tensor dy = random_tensor({3, 67, 152}, DType::bf16, 44);
+  const Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = bias.to(kGpu), rg = residual.to(kGpu), dyg = dy.to(kGpu);
+
+  EXPECT_LE(relative_error_to_reference(kernels::linear_forward(xg, wg, bg), kernels::linear_forward(x, w, bias)),
+            tolerance(DType::bf16));
+  EXPECT_LE(relative_error_to_reference(kernels::linear_forward(xg, wg, bg, rg),
+                                        kernels::linear_forward(x, w, bias, residual)),
+            tolerance(DType::bf16));
+  EXPECT_TRUE(testing::same_bits(rg, residual)) << "the residual is read, never written";
+
+  const kernels::LinearGrads got = kernels::linear_backward(dyg, xg, wg, true, true, true);
+  const kernels::LinearGrads want = kernels::linear_backward(dy, x, w, true, true, true);
+  EXPECT_LE(relative_error_to_reference(got.dx, want.dx), tolerance(DType::bf16));
+  EXPECT_LE(relative_error_to_reference(got.dweight, want.dweight), tolerance(DType::bf16));
+  EXPECT_LE(relative_error_to_reference(got.dbias, want.dbias), tolerance(DType::bf16));
+}
+
+// The FP8 GEMM accumulating into its output with a bias (ViT-B's qkv over one image), element by
+// element within the FP8 bound of the exact result: out added once.
+TEST(CudaGemmAutotune, Fp8GemmAccumulatesOnceWithinTheBound) {
+  SKIP_WITHOUT_GPU();
+  AutotuneOn on;
+  const int64_t m = 197, k = 768, n = 2304;
+  const double sd = 448.0 / 64;  // E4M3 values well inside the range
+  const Tensor a = random_tensor({m, k}, DType::f32, 60, sd).to(DType::e4m3);
+  const Tensor b = random_tensor({n, k}, DType::f32, 61, sd).to(DType::e4m3);
+  const Tensor scale_inv_a = from_vector<float>({0.37f}, {1}), scale_inv_b = from_vector<float>({3.1f}, {1});
+  const double product_rms = sd * sd * std::sqrt(double(k)) * 0.37 * 3.1;
+  const Tensor bias = random_tensor({n}, DType::bf16, 62, product_rms);
+  const Tensor old = random_tensor({m, n}, DType::bf16, 63, product_rms);
+  const Tensor got = old.to(kGpu);
+  kernels::fp8_gemm(a.to(kGpu), scale_inv_a.to(kGpu), b.to(kGpu), scale_inv_b.to(kGpu), got, bias.to(kGpu),
+                    /*accumulate=*/true, /*fast_accumulate=*/true);
+  EXPECT_TRUE(testing::within_fp8_gemm_bound(
+      got, testing::fp8_gemm_reference(a, scale_inv_a, b, scale_inv_b, DType::bf16, bias, old)));
+}
+
+}  // namespace
+}  // namespace octet

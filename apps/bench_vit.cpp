@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "apps/fp8_flags.h"
-#include "apps/gemm_flags.h"
+#include "apps/autotune_flag.h"
 #include "apps/train_step.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
@@ -265,8 +265,8 @@ int main(int argc, char** argv) {
   app.add_option("--gelu", gelu,
                  "the MLPs' GELU: erf (timm's ViTs) or tanh (computed in the GEMM epilogues on the GPU in bf16)")
       ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
-  std::string gemm_autotune = "off";
-  add_gemm_autotune_flag(app, gemm_autotune);
+  std::string autotune = "off";
+  add_autotune_flag(app, autotune);
   std::string recompute = "none";
   app.add_option("--recompute", recompute, "none, or blocks: activation recompute (each block reruns in backward)")
       ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
                                                 : Device::parse(device_flag);
     OCTET_CHECK(device.is_cpu() || cuda::is_available(), "bench_vit: --device ", device.str(),
                 " but no CUDA device is visible (or this build has no CUDA); pass --device cpu");
-    apply_gemm_autotune(gemm_autotune, device);
+    apply_autotune(autotune, device);
     const std::string name = device_name(device);
     if (peak_tflops < 0) peak_tflops = default_peak_tflops(name, precision);
 
@@ -366,7 +366,7 @@ int main(int argc, char** argv) {
                 gelu.c_str(), static_cast<long long>(batch_size), precision_text.c_str(), optimizer_name.c_str(),
                 device.is_cuda() ? (device.str() + " (" + name + ")").c_str()
                                  : ("cpu, " + std::to_string(threads) + " thread(s)").c_str(),
-                gemm_autotune == "on" ? ", GEMM algorithms timed (--gemm-autotune on)" : "",
+                autotune == "on" ? ", cuBLASLt and cuDNN candidates timed (--autotune on)" : "",
                 static_cast<long long>(model.num_parameters()));
     std::printf("%.4g GFLOP per training image (3x forward)%s\n", flops_per_image / 1e9,
                 config.name == "vit_huge_patch16_224" ? "; the issue's figure for this model: 764" : "");
@@ -409,7 +409,7 @@ int main(int argc, char** argv) {
         {"device", name},
         {"precision", precision},
         {"gelu", gelu},
-        {"gemm_autotune", gemm_autotune == "on"},
+        {"autotune", autotune == "on"},
         {"fp8_recipe", fp8 ? nlohmann::json(fp8_recipe.describe()) : nlohmann::json(nullptr)},
         {"optimizer", optimizer_name},
         {"batch_size", batch_size},

@@ -46,7 +46,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "the MLPs' GELU: erf (timm's ViTs) or tanh (the approximation; on the GPU in bf16 the fc1 and "
                  "fc2 GEMMs then compute it and its gradient in their epilogues)")
       ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
-  add_gemm_autotune_flag(app, o.gemm_autotune);
+  add_autotune_flag(app, o.autotune);
   app.add_option("--precision", o.precision,
                  "fp32; bf16 (bf16 weights, activations and GEMMs; f32 master weights, optimizer state, "
                  "norm statistics and loss); or fp8 (bf16, with the transformer blocks' Linears running their "
@@ -205,7 +205,7 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
           {"clip_grad", num(o.clip_grad)},
           {"drop_path", num(o.drop_path)},
           {"gelu", o.gelu},
-          {"gemm_autotune", o.gemm_autotune},
+          {"autotune", o.autotune},
           {"precision", o.precision},
           {"device", o.device},
           {"seed", std::to_string(o.seed)},

@@ -13,7 +13,7 @@
 #include "data/synthetic.h"
 #include "models/vit.h"
 #include "apps/fp8_flags.h"
-#include "apps/gemm_flags.h"
+#include "apps/autotune_flag.h"
 #include "nn/layers.h"
 
 namespace octet {
@@ -33,7 +33,7 @@ struct RunOptions {
   int64_t warmup_steps = 200;
   double label_smoothing = 0.1, clip_grad = 1.0, drop_path = -1;  // drop_path < 0: the model config's
   std::string gelu = "erf";  // or "tanh"
-  std::string gemm_autotune = "off";  // or "on": kernels/gemm_autotune.h, on a GPU only
+  std::string autotune = "off";  // or "on": kernels/autotune.h, on a GPU only
   std::string precision = "fp32";  // or "bf16", "fp8"
   Fp8Options fp8;
   std::string fp8_log_layer = "blocks.0.mlp.fc1";  // the Linear whose FP8 numbers are logged

@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     check_run_options(options);
     apply_fp8_switches(options.fp8);
-    apply_gemm_autotune(options.gemm_autotune, Device::parse(options.device));
+    apply_autotune(options.autotune, Device::parse(options.device));
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error and a pointer to --help
     return code == 0 ? 0 : 2;

@@ -13,7 +13,7 @@
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
-#include "kernels/gemm_autotune.h"
+#include "kernels/autotune.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "kernels/optimizers.h"
@@ -309,7 +309,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
        }});
   // What that sum replaces: fc1's wgrad GEMM with cuBLASLt's BGRADB epilogue (its own kernel reads dpre
   // again) against the GEMM alone; then fc1's and fc2's wgrad GEMMs with cuBLASLt's heuristic algorithm
-  // and with the fastest of its candidates (--gemm-autotune on, kernels/gemm_autotune.h; the first,
+  // and with the fastest of its candidates (--autotune on, kernels/autotune.h; the first,
   // untimed run tunes). Each reads dy and x and writes the weight gradient (and the bias's).
   struct Wgrad {
     const char* linear;
@@ -320,7 +320,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                         Wgrad{"fc1", kHidden, kWidth, false, true}, Wgrad{"fc2", kWidth, kHidden, false, false},
                         Wgrad{"fc2", kWidth, kHidden, false, true}}) {
     const std::string variant = std::string(g.bgrad ? "bf16, BGRADB epilogue" : "bf16, no bias gradient") +
-                                (g.autotune ? ", GEMM autotune" : "");
+                                (g.autotune ? ", autotune" : "");
     const std::string shape =
         std::to_string(g.out) + " x " + std::to_string(g.in) + " over " + std::to_string(kRows) + " rows";
     const int64_t bytes = kBf16 * (kRows * (g.out + g.in) + g.out * g.in + (g.bgrad ? g.out : 0));
@@ -331,9 +331,9 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                        const Tensor w = r.normal({g.out, g.in}, DType::bf16);
                        return keeping<kernels::LinearGrads>(sets, [=](int64_t s) {
                          // Autotuning is the process's switch: on for this row's calls only.
-                         kernels::set_gemm_autotune(g.autotune);
+                         kernels::set_autotune(g.autotune);
                          kernels::LinearGrads grads = kernels::linear_backward(dy[s], x[s], w, false, true, g.bgrad);
-                         kernels::set_gemm_autotune(false);
+                         kernels::set_autotune(false);
                          return grads;
                        });
                      },

@@ -307,7 +307,7 @@ expect "$summary" '\(shard 4 of 4\): ran to the end' "no shards report"
 expect "$summary" '^SKIP  PyTorch eager: skipped: (no torch|it needs a GPU)' "PyTorch eager does not say why it is skipped"
 expect "$summary" '^SKIP  torch.compile: skipped: (no torch|it needs a GPU)' "torch.compile does not say why it is skipped"
 expect "$summary" '^SKIP  kernel table: no (ncu|GPU to profile)' "the kernel table does not say why it is skipped"
-expect "$summary" '^SKIP  bench_vit_bf16_autotune: skipped: the CPU has no GEMM algorithms to time' \
+expect "$summary" '^SKIP  bench_vit_bf16_autotune: skipped: the CPU has no GPU algorithms to time' \
   "the autotuned bench run does not say why it is skipped"
 expect "$summary" '^PASS  fsdp_hybrid_nccl tracks its CPU twin: steps 1-6: .*bit for bit: True' "no track verdict (hybrid)"
 expect "$summary" '^PASS  mpi2_fsdp_fp8_gather tracks its CPU twin: steps 1-6' "no track verdict (2 ranks over MPI)"

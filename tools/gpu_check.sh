@@ -11,8 +11,9 @@
 #   bench          bench_vit for ViT-H/16 at batch 64, 10 steps after 3 warm-up, on an idle GPU: bf16
 #                  (14 s), fp8 (10 s), fp8 with --fp8-fused-producers off (10 s), bf16 with
 #                  --recompute blocks (10 s), bf16 with --gelu tanh (the GELU in cuBLASLt's epilogue;
-#                  11 s): 55 s on the third run; then bf16 and fp8 with --gemm-autotune on (cuBLASLt's
-#                  algorithms timed per GEMM shape in the first step; not run yet, about 25 s)
+#                  11 s): 55 s on the third run; then bf16 and fp8 with --autotune on (cuBLASLt's
+#                  algorithms and cuDNN's attention engines timed per shape in the first step; not run
+#                  yet, about 25 s)
 #   bench_kernels  bench_kernels, where the build has it (1 s on the third run)
 #   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (14 s), then plain SGD
 #                  with the tanh GELU (11 s)
@@ -377,11 +378,11 @@ stage_bench() {
               "fp8_unfused octet-fp8-unfused --precision fp8 --fp8-fused-producers off" \
               "bf16_recompute octet-recompute --precision bf16 --recompute blocks" \
               "bf16_gelu_tanh octet-gelu-tanh --precision bf16 --gelu tanh" \
-              "bf16_autotune octet-autotune --precision bf16 --gemm-autotune on" \
-              "fp8_autotune octet-fp8-autotune --precision fp8 --gemm-autotune on"; do
+              "bf16_autotune octet-autotune --precision bf16 --autotune on" \
+              "fp8_autotune octet-fp8-autotune --precision fp8 --autotune on"; do
     read -r name run flags <<< "$spec"
-    if ((rehearsal)) && [[ $flags == *--gemm-autotune* ]]; then
-      note SKIP "bench_vit_$name: skipped: the CPU has no GEMM algorithms to time (a rehearsal)"
+    if ((rehearsal)) && [[ $flags == *--autotune* ]]; then
+      note SKIP "bench_vit_$name: skipped: the CPU has no GPU algorithms to time (a rehearsal)"
       continue
     fi
     # shellcheck disable=SC2086  # flags: words

@@ -26,7 +26,8 @@
 //
 // Plans are built once per (device, layout, B, H, S, Sk, D, dtype, scale, direction) and cached;
 // each call then only fills a variant pack (the data pointers) and executes on the device's current
-// stream.
+// stream. With autotuning on (kernels/autotune.h), the first call of a key times cuDNN's candidate
+// engine configurations on its own tensors and caches the fastest.
 #include <cudnn.h>
 #include <cuda_runtime_api.h>
 
@@ -44,6 +45,7 @@
 #include "core/cuda_stream.h"
 #include "core/error.h"
 #include "kernels/attention_layout.h"
+#include "kernels/autotune.h"
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/cudnn_graph.h"
 
@@ -62,7 +64,8 @@ struct PlanKey {
   DType dtype;
   double scale;
   bool backward;
-  auto tie() const { return std::tie(device, layout, b, h, s, sk, d, dtype, scale, backward); }
+  bool autotune;  // the plan was timed among cuDNN's candidates (kernels/autotune.h)
+  auto tie() const { return std::tie(device, layout, b, h, s, sk, d, dtype, scale, backward, autotune); }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
 
@@ -102,9 +105,11 @@ cudnnDataType_t cudnn_dtype(DType dtype) {
   }
 }
 
-// Looks the plan up, building and caching it (or its absence) on the first call. Caller holds the mutex.
+// Looks the plan up, building and caching it (or its absence) on the first call; while autotuning,
+// `trial` runs a candidate on the call's own tensors (build_plan). Caller holds the mutex.
 template <class BuildGraph>
-const Plan* find_plan(const PlanKey& key, cudnnHandle_t handle, BuildGraph&& build_graph, std::string& why_not) {
+const Plan* find_plan(const PlanKey& key, cudnnHandle_t handle, BuildGraph&& build_graph, const PlanTrial& trial,
+                      std::string& why_not) {
   auto& cache = plan_cache();
   auto it = cache.find(key);
   if (it == cache.end()) {
@@ -112,7 +117,12 @@ const Plan* find_plan(const PlanKey& key, cudnnHandle_t handle, BuildGraph&& bui
     try {
       GraphBuilder builder;
       build_graph(builder);
-      entry.plan = build_plan(handle, builder, entry.why_not);
+      const auto what = [&] {
+        return std::string(key.backward ? "attention backward" : "attention forward") + " B=" + std::to_string(key.b) +
+               " H=" + std::to_string(key.h) + " S=" + std::to_string(key.s) + " Sk=" + std::to_string(key.sk) +
+               " D=" + std::to_string(key.d) + " " + dtype_name(key.dtype);
+      };
+      entry.plan = build_plan(handle, builder, entry.why_not, octet::cuda::current_stream(key.device), trial, what);
     } catch (const Error& e) {  // cuDNN refused a tensor or an operation of the graph
       entry.why_not = e.what();
     }
@@ -293,6 +303,17 @@ void* offset_bytes(void* p, int64_t elements, DType dtype) {
   return static_cast<char*>(p) + elements * static_cast<int64_t>(dtype_size(dtype));
 }
 
+// execute(), with a refusal (cuDNN failing to run the plan) as false rather than an exception.
+bool try_execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>& uids,
+                 const std::vector<void*>& pointers, const Tensor& like, const char* op) {
+  try {
+    execute(handle, plan, uids, pointers, like, op);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // Runs the forward graph; `like` gives the device and dtype. False with why_not when no plan builds.
 bool run_forward(const Tensor& like, AttentionLayout layout, const Sizes& z, const Operands& ops, void* out, void* lse,
                  double scale, std::string& why_not) {
@@ -302,15 +323,19 @@ bool run_forward(const Tensor& like, AttentionLayout layout, const Sizes& z, con
   octet::cuda::DeviceGuard device(like.device().index);
   const cudnnHandle_t handle = handle_for(like.device().index);
   const cudnnDataType_t io = cudnn_dtype(like.dtype());
-  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, false};
-  const Plan* plan =
-      find_plan(key, handle, [&](GraphBuilder& g) { build_forward_graph(g, z, layout, io); }, why_not);
-  if (plan == nullptr) return false;
   float scale_value = static_cast<float>(scale);
   const std::vector<int64_t> uids = {kQ, kK, kV, kScale, kOut, kStats};
   const std::vector<void*> pointers = {const_cast<void*>(ops.q), const_cast<void*>(ops.k), const_cast<void*>(ops.v),
                                        &scale_value, out, lse};
-  execute(handle, *plan, uids, pointers, like, "cuDNN attention forward");
+  constexpr const char* op = "cuDNN attention forward";
+  // Autotuning's trials write out and lse, which the real run writes again after them.
+  const PlanTrial trial = [&](const Plan& candidate) { return try_execute(handle, candidate, uids, pointers, like, op); };
+  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, false,
+                    autotune_enabled()};
+  const Plan* plan =
+      find_plan(key, handle, [&](GraphBuilder& g) { build_forward_graph(g, z, layout, io); }, trial, why_not);
+  if (plan == nullptr) return false;
+  execute(handle, *plan, uids, pointers, like, op);
   return true;
 }
 
@@ -323,19 +348,16 @@ bool run_backward(const Tensor& like, AttentionLayout layout, const Sizes& z, co
   octet::cuda::DeviceGuard device(like.device().index);
   const cudnnHandle_t handle = handle_for(like.device().index);
   const cudnnDataType_t io = cudnn_dtype(like.dtype());
-  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, true};
-  const Plan* plan =
-      find_plan(key, handle, [&](GraphBuilder& g) { build_backward_graph(g, z, layout, io); }, why_not);
-  if (plan == nullptr) return false;
-
   // The engine's own f32 buffers (the frontend carves them out of its workspace).
   Tensor softmax_sum = empty({z.b, z.h, z.s}, DType::f32, like.device());
   Tensor dq_accum = empty({z.b, z.h, z.s, z.d}, DType::f32, like.device());
-  if (cudnnGetVersion() < 90600) {  // from 9.6 the engine clears the accumulator itself
-    const cudaStream_t stream = octet::cuda::current_stream(like.device().index);
-    octet::cuda::check(cudaMemsetAsync(dq_accum.data_ptr(), 0, dq_accum.nbytes(), stream),
-                       "cuDNN attention backward: zero the dQ accumulator");
-  }
+  const auto clear_accumulator = [&] {
+    if (cudnnGetVersion() < 90600) {  // from 9.6 the engine clears the accumulator itself
+      const cudaStream_t stream = octet::cuda::current_stream(like.device().index);
+      octet::cuda::check(cudaMemsetAsync(dq_accum.data_ptr(), 0, dq_accum.nbytes(), stream),
+                         "cuDNN attention backward: zero the dQ accumulator");
+    }
+  };
   float scale_value = static_cast<float>(scale);
   float one = 1.0f;
   const std::vector<int64_t> uids = {kQ,  kK,  kV,  kOut, kDout, kStats,     kScale,
@@ -347,7 +369,20 @@ bool run_backward(const Tensor& like, AttentionLayout layout, const Sizes& z, co
                                        ops.dq,                      ops.dk,
                                        ops.dv,                      softmax_sum.data_ptr(),
                                        dq_accum.data_ptr()};
-  execute(handle, *plan, uids, pointers, like, "cuDNN attention backward");
+  constexpr const char* op = "cuDNN attention backward";
+  // Autotuning's trials write dq, dk and dv (and the engine's buffers), which the real run writes
+  // again after them; each starts from a cleared accumulator, as the real run does.
+  const PlanTrial trial = [&](const Plan& candidate) {
+    clear_accumulator();
+    return try_execute(handle, candidate, uids, pointers, like, op);
+  };
+  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, true,
+                    autotune_enabled()};
+  const Plan* plan =
+      find_plan(key, handle, [&](GraphBuilder& g) { build_backward_graph(g, z, layout, io); }, trial, why_not);
+  if (plan == nullptr) return false;
+  clear_accumulator();
+  execute(handle, *plan, uids, pointers, like, op);
   return true;
 }
 

@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <array>
 #include <mutex>
 #include <string>
@@ -11,8 +10,8 @@
 
 #include "core/cuda_stream.h"
 #include "core/error.h"
-#include "core/log.h"
-#include "kernels/gemm_autotune.h"
+#include "kernels/autotune.h"
+#include "kernels/cuda/autotune_cuda.h"
 
 namespace octet::kernels::cuda::cublaslt {
 
@@ -95,72 +94,21 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const
   return algos;
 }
 
-namespace {
-
-// CUDA events, destroyed on every path out.
-struct Events {
-  std::array<cudaEvent_t, kAutotuneTimedRuns + 1> e{};
-  Events() {
-    for (cudaEvent_t& event : e) octet::cuda::check(cudaEventCreate(&event), "GEMM autotune: cudaEventCreate");
-  }
-  ~Events() {
-    for (cudaEvent_t event : e) {
-      if (event != nullptr) cudaEventDestroy(event);
-    }
-  }
-  Events(const Events&) = delete;
-  Events& operator=(const Events&) = delete;
-};
-
-// The median time of `trial(algo)` in seconds over kAutotuneTimedRuns runs after an untimed one, or
-// -1 when cuBLASLt refuses to run it. Waits for the stream.
-double median_seconds(const cublasLtMatmulAlgo_t& algo, cudaStream_t stream, const TrialRun& trial, Events& events) {
-  if (trial(algo) != CUBLAS_STATUS_SUCCESS) return -1.0;
-  for (int r = 0; r < kAutotuneTimedRuns; ++r) {
-    octet::cuda::check(cudaEventRecord(events.e[r], stream), "GEMM autotune: cudaEventRecord");
-    if (trial(algo) != CUBLAS_STATUS_SUCCESS) return -1.0;
-  }
-  octet::cuda::check(cudaEventRecord(events.e[kAutotuneTimedRuns], stream), "GEMM autotune: cudaEventRecord");
-  octet::cuda::check(cudaEventSynchronize(events.e[kAutotuneTimedRuns]), "GEMM autotune: cudaEventSynchronize");
-  std::array<double, kAutotuneTimedRuns> seconds{};
-  for (int r = 0; r < kAutotuneTimedRuns; ++r) {
-    float ms = 0.f;
-    octet::cuda::check(cudaEventElapsedTime(&ms, events.e[r], events.e[r + 1]), "GEMM autotune: cudaEventElapsedTime");
-    seconds[r] = 1e-3 * ms;
-  }
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[kAutotuneTimedRuns / 2];
-}
-
-}  // namespace
-
 std::optional<cublasLtMatmulAlgo_t> choose_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
                                                 const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
                                                 uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status,
                                                 cudaStream_t stream, const TrialRun& trial,
                                                 const std::function<std::string()>& what) {
-  const bool tune = gemm_autotune();
+  const bool tune = autotune_enabled();
   const std::vector<cublasLtMatmulAlgo_t> candidates = heuristic_algos(
       handle, desc, a, b, cd, align_a, align_b, align_cd, tune ? kAutotuneCandidates : 1, failure_is_refusal, status);
   if (candidates.empty()) return std::nullopt;
   if (!tune) return candidates.front();
 
-  Events events;
-  std::vector<double> seconds;
-  for (const cublasLtMatmulAlgo_t& algo : candidates) seconds.push_back(median_seconds(algo, stream, trial, events));
-  const int pick = autotune_pick(seconds);
-  count_gemm_autotuned_problem();
-  if (pick < 0) {
-    logging::info("GEMM autotune: cuBLASLt ran none of the {} algorithms it offered for {}", candidates.size(), what());
-    return std::nullopt;
-  }
-  if (seconds[0] >= 0.0) {
-    logging::info("GEMM autotune: {}: algorithm {} of {} ({:.1f} us; the heuristic's first: {:.1f} us)", what(),
-                  pick + 1, candidates.size(), 1e6 * seconds[pick], 1e6 * seconds[0]);
-  } else {
-    logging::info("GEMM autotune: {}: algorithm {} of {} ({:.1f} us; the heuristic's first did not run)", what(),
-                  pick + 1, candidates.size(), 1e6 * seconds[pick]);
-  }
+  const int pick = time_candidates(
+      stream, static_cast<int>(candidates.size()),
+      [&](int i) { return trial(candidates[i]) == CUBLAS_STATUS_SUCCESS; }, "cuBLASLt algorithm", what);
+  if (pick < 0) return std::nullopt;
   return candidates[pick];
 }
 

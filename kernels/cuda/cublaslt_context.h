@@ -93,7 +93,7 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const
 // autotuning times candidates with it.
 using TrialRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
 
-// The algorithm for a problem not seen before (kernels/gemm_autotune.h): the heuristic's first with
+// The algorithm for a problem not seen before (kernels/autotune.h): the heuristic's first with
 // autotuning off; with it on, the one autotune_pick keeps of the heuristic's first
 // kAutotuneCandidates, each run by `trial` on `stream`, once untimed and then kAutotuneTimedRuns
 // times between events. `what` names the problem in the log line that reports the choice. nullopt

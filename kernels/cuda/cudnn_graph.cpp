@@ -4,11 +4,14 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_stream.h"
+#include "kernels/autotune.h"
+#include "kernels/cuda/autotune_cuda.h"
 
 namespace octet::kernels::cuda::cudnn {
 
-std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, std::string& why_not) {
-  auto plan = std::make_unique<Plan>();
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, std::string& why_not,
+                                 cudaStream_t stream, const PlanTrial& trial, const std::function<std::string()>& what) {
+  const bool tune = autotune_enabled() && trial;
   try {
     Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     graph.set(ATTR(CUDNN_ATTR_OPERATIONGRAPH_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
@@ -37,6 +40,10 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
       check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                      available, &returned, raw_configs.data()),
             "cudnnBackendGetAttribute", "engine heuristics CUDNN_ATTR_ENGINEHEUR_RESULTS");
+      // The plans that finalize, in the heuristics' order, each with its engine config's index: the
+      // first one, or while tuning up to kAutotuneCandidates.
+      std::vector<std::unique_ptr<Plan>> candidates;
+      std::vector<int64_t> config_of;
       for (int64_t i = 0; i < returned && i < available; ++i) {
         auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
         candidate->set(ATTR(CUDNN_ATTR_EXECUTION_PLAN_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
@@ -46,16 +53,33 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
           last_failure = "cudnnBackendFinalize on an execution plan failed: " + cudnn_message(status);
           continue;
         }
+        auto plan = std::make_unique<Plan>();
         int64_t returned_sizes = 0;
         check(cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
                                        &returned_sizes, &plan->workspace_bytes),
               "cudnnBackendGetAttribute", "execution plan CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE");
         plan->execution_plan = std::move(candidate);
-        plan->graph_parts = builder.take_descriptors();
-        plan->graph_parts.push_back(std::move(graph));
-        plan->graph_parts.push_back(std::move(configs[i]));
-        return plan;
+        candidates.push_back(std::move(plan));
+        config_of.push_back(i);
+        if (!tune || static_cast<int>(candidates.size()) == kAutotuneCandidates) break;
       }
+      if (candidates.empty()) continue;
+      int pick = 0;
+      if (tune) {
+        pick = time_candidates(
+            stream, static_cast<int>(candidates.size()), [&](int i) { return trial(*candidates[i]); },
+            "cuDNN engine configuration", what);
+        if (pick < 0) {
+          why_not = "cuDNN ran none of the " + std::to_string(candidates.size()) +
+                    " engine configurations it offered for this attention graph";
+          return nullptr;
+        }
+      }
+      std::unique_ptr<Plan> plan = std::move(candidates[pick]);
+      plan->graph_parts = builder.take_descriptors();
+      plan->graph_parts.push_back(std::move(graph));
+      plan->graph_parts.push_back(std::move(configs[config_of[pick]]));
+      return plan;
     }
     why_not = "cuDNN has no engine for this attention graph: " + last_failure;
   } catch (const Error& e) {

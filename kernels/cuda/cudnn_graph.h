@@ -4,11 +4,13 @@
 // the plan built from a graph (heuristics, then the first engine configuration that finalizes) and
 // its execution. Plain cuDNN, nothing about attention: kernels/cuda/attention_cudnn.cpp builds its
 // graphs with it.
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -209,10 +211,17 @@ struct Plan {
   int64_t workspace_bytes = 0;
 };
 
+// One run of a candidate plan on the problem's own tensors, queued on the stream the problem runs
+// on; false when cuDNN refuses it. Autotuning (kernels/autotune.h) times candidates with it.
+using PlanTrial = std::function<bool(const Plan&)>;
+
 // Finalizes the graph and asks cuDNN's heuristics (mode A, then the fallback list) for engine
-// configurations, keeping the first one whose execution plan finalizes. Returns nullptr with the
-// reason in why_not when none does, or when cuDNN refuses the graph itself.
-std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, std::string& why_not);
+// configurations. With autotuning off, keeps the first one whose execution plan finalizes; with it
+// on, the fastest of the first kAutotuneCandidates that finalize in the first list that has any, as
+// `trial` runs them on `stream` (`what` names the problem in the log line). Returns nullptr with the
+// reason in why_not when none finalizes (or, tuning, none runs), or when cuDNN refuses the graph.
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, std::string& why_not,
+                                 cudaStream_t stream, const PlanTrial& trial, const std::function<std::string()>& what);
 
 // Runs a plan with the tensors named by uid, on the device's current stream; `like` gives the
 // device, `op` names the call in errors.

@@ -30,7 +30,7 @@
 #include "kernels/cuda/cublaslt_context.h"
 #include "kernels/cuda/gemm_cuda.h"
 #include "kernels/elementwise.h"
-#include "kernels/gemm_autotune.h"
+#include "kernels/autotune.h"
 
 namespace octet::kernels::cuda {
 
@@ -50,7 +50,7 @@ using cublaslt::MatmulDesc;
 // Everything the heuristic's answer depends on, and whether C is read (beta != 0), since an
 // algorithm cuBLASLt refuses at run time is remembered under the key too. Leading dims and strides
 // follow from m, n, k and the transposes (tensors are contiguous); a shared b is in the key. So is
-// whether the algorithm was measured (kernels/gemm_autotune.h), so that switching autotuning on
+// whether the algorithm was measured (kernels/autotune.h), so that switching autotuning on
 // tunes the problems that already ran.
 using AlgoKey = std::array<int64_t, 19>;
 
@@ -163,7 +163,7 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                     aux_ptr ? alignment_of(aux_ptr) : 0,
                     beta != 0.0,
                     epilogue.addend.defined(),
-                    gemm_autotune()};
+                    autotune_enabled()};
 
   // alpha and beta are host floats: the scale type of CUBLAS_COMPUTE_32F is f32.
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
@@ -172,7 +172,7 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                           a_layout.layout, &beta_f, c_read, c_layout.layout, d, c_layout.layout, &algo, ctx.workspace,
                           kWorkspaceBytes, stream);
   };
-  // Autotuning's trials (kernels/gemm_autotune.h) write D, which the real run writes again after
+  // Autotuning's trials (kernels/autotune.h) write D, which the real run writes again after
   // them, unless D is also the C they read: then a scratch D, so that C is added once.
   Tensor scratch;
   auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {

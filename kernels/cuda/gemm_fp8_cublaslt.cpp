@@ -45,7 +45,7 @@
 #include "kernels/cuda/cublaslt_context.h"
 #include "kernels/cuda/fp8_gemm_cuda.h"
 #include "kernels/elementwise.h"
-#include "kernels/gemm_autotune.h"
+#include "kernels/autotune.h"
 
 namespace octet::kernels::cuda {
 
@@ -96,7 +96,7 @@ std::string problem_text(const Tensor& a, const Tensor& b, const Tensor& out, bo
 
 // Everything the heuristic's answer depends on: device, m, n, k, the three dtypes, bias (and its
 // dtype and alignment), fast accumulation, whether C is read, the operand alignments, and whether
-// the algorithm was measured (kernels/gemm_autotune.h).
+// the algorithm was measured (kernels/autotune.h).
 using Fp8AlgoKey = std::array<int64_t, 17>;
 
 AlgoCache<Fp8AlgoKey>& algo_cache() {
@@ -163,7 +163,7 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
                        align_a,
                        align_b,
                        align_out,
-                       gemm_autotune()};
+                       autotune_enabled()};
 
   // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
   // applied through the scale pointers.
@@ -172,7 +172,7 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
     return cublasLtMatmul(ctx.handle, desc.desc, &alpha, b.data_ptr(), lt_a.layout, a.data_ptr(), lt_b.layout, &beta,
                           c_read, lt_d.layout, d, lt_d.layout, &algo, ctx.workspace, cublaslt::kWorkspaceBytes, stream);
   };
-  // Autotuning's trials (kernels/gemm_autotune.h) write out, which the real run writes again after
+  // Autotuning's trials (kernels/autotune.h) write out, which the real run writes again after
   // them, unless out is also the C they read (accumulate): then a scratch D, so that C is added once.
   Tensor scratch;
   auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {

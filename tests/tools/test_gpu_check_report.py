@@ -375,7 +375,7 @@ class Report(unittest.TestCase):
              "step_ms": 152.4, "tflops": 321.0, "mfu": 0.32, "peak_memory_gib": 30.0, "gflop_per_image": 764.0},
             {"bench": "pytorch-eager-gelu-tanh", "precision": "bf16", "gelu": "tanh", "images_per_s": 260.0,
              "step_ms": 246.2, "tflops": 199.0, "mfu": 0.2, "peak_memory_gib": 40.0, "gflop_per_image": 764.0},
-            {"run": "octet-autotune", "bench": "octet", "precision": "bf16", "gemm_autotune": True,
+            {"run": "octet-autotune", "bench": "octet", "precision": "bf16", "autotune": True,
              "images_per_s": 440.0, "step_ms": 145.5, "tflops": 330.0, "mfu": 0.33, "peak_memory_gib": 30.1,
              "gflop_per_image": 764.0},
         ]
@@ -395,9 +395,9 @@ class Report(unittest.TestCase):
         self.assertIn("Octet bf16 peak memory ÷ PyTorch eager's = 0.750 (goal <= 0.8): met", out)
         self.assertIn("| Octet bf16, --gelu tanh (the GELU in cuBLASLt's GEMM epilogues) | 420.0 |", out)
         self.assertIn("bf16 --gelu tanh: 1.050x bf16's (erf) images/s, 1.615x PyTorch eager with the same GELU", out)
-        self.assertIn("| Octet bf16, --gemm-autotune on | 440.0 | 145.5 | 330.0 | 33.0% | 30.1 | 1.760 | n/a |", out)
-        self.assertIn("bf16 --gemm-autotune on: 1.100x bf16's images/s with cuBLASLt's heuristic algorithms", out)
-        self.assertNotIn("fp8 --gemm-autotune on:", out)  # its row did not run
+        self.assertIn("| Octet bf16, --autotune on | 440.0 | 145.5 | 330.0 | 33.0% | 30.1 | 1.760 | n/a |", out)
+        self.assertIn("bf16 --autotune on: 1.100x bf16's images/s with the libraries' heuristic choices", out)
+        self.assertNotIn("fp8 --autotune on:", out)  # its row did not run
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
         self.assertIn("did not run: octet-recompute, octet-fp8-autotune, pytorch-eager-fused, pytorch-compile, "
                       "pytorch-compile-fused", out)

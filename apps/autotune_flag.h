@@ -1,5 +1,5 @@
 #pragma once
-// --gemm-autotune (kernels/gemm_autotune.h) as a command-line flag, shared by train_vit and bench_vit.
+// --autotune (kernels/autotune.h) as a command-line flag, shared by train_vit and bench_vit.
 #include <CLI/CLI.hpp>
 
 #include <string>
@@ -8,10 +8,10 @@
 
 namespace octet {
 
-// --gemm-autotune on|off into `value` ("off" unless given).
-void add_gemm_autotune_flag(CLI::App& app, std::string& value);
+// --autotune on|off into `value` ("off" unless given).
+void add_autotune_flag(CLI::App& app, std::string& value);
 // Checks `value` against the device the run resolved to and switches autotuning on or off for the
 // process. On the CPU there is nothing to tune: "on" throws octet::Error naming the flag and the fix.
-void apply_gemm_autotune(const std::string& value, const Device& device);
+void apply_autotune(const std::string& value, const Device& device);
 
 }  // namespace octet

@@ -1,6 +1,6 @@
-// GEMM autotuning's switch and choice rule (kernels/gemm_autotune.h); the timing is in
-// kernels/cuda/cublaslt_context.cpp.
-#include "kernels/gemm_autotune.h"
+// Autotuning's switch and choice rule (kernels/autotune.h); the timing is in
+// kernels/cuda/autotune_cuda.cpp.
+#include "kernels/autotune.h"
 
 #include <atomic>
 
@@ -11,8 +11,8 @@ std::atomic<bool> autotune{false};
 std::atomic<int> tuned_problems{0};
 }  // namespace
 
-void set_gemm_autotune(bool on) { autotune.store(on, std::memory_order_relaxed); }
-bool gemm_autotune() { return autotune.load(std::memory_order_relaxed); }
+void set_autotune(bool on) { autotune.store(on, std::memory_order_relaxed); }
+bool autotune_enabled() { return autotune.load(std::memory_order_relaxed); }
 
 int autotune_pick(const std::vector<double>& seconds, double margin) {
   int fastest = -1;
@@ -23,7 +23,7 @@ int autotune_pick(const std::vector<double>& seconds, double margin) {
   return seconds[fastest] < seconds[0] * (1.0 - margin) ? fastest : 0;
 }
 
-int gemm_autotuned_problems() { return tuned_problems.load(std::memory_order_relaxed); }
-void count_gemm_autotuned_problem() { tuned_problems.fetch_add(1, std::memory_order_relaxed); }
+int autotuned_problems() { return tuned_problems.load(std::memory_order_relaxed); }
+void count_autotuned_problem() { tuned_problems.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace octet::kernels

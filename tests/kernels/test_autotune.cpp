@@ -1,25 +1,25 @@
-// GEMM autotuning's switch and the rule that picks a timed algorithm (kernels/gemm_autotune.h). The
-// timing itself needs a GPU: tests/cuda/test_cuda_gemm_autotune.cpp.
+// GEMM autotuning's switch and the rule that picks a timed algorithm (kernels/autotune.h). The
+// timing itself needs a GPU: tests/cuda/test_cuda_autotune.cpp.
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "kernels/gemm_autotune.h"
+#include "kernels/autotune.h"
 
 namespace octet {
 namespace {
 
 using kernels::autotune_pick;
 
-TEST(GemmAutotune, IsOffUnlessSwitchedOn) {
-  EXPECT_FALSE(kernels::gemm_autotune()) << "off by default: the heuristic's algorithm, the same in every run";
-  kernels::set_gemm_autotune(true);
-  EXPECT_TRUE(kernels::gemm_autotune());
-  kernels::set_gemm_autotune(false);
-  EXPECT_FALSE(kernels::gemm_autotune());
+TEST(Autotune, IsOffUnlessSwitchedOn) {
+  EXPECT_FALSE(kernels::autotune_enabled()) << "off by default: the heuristic's algorithm, the same in every run";
+  kernels::set_autotune(true);
+  EXPECT_TRUE(kernels::autotune_enabled());
+  kernels::set_autotune(false);
+  EXPECT_FALSE(kernels::autotune_enabled());
 }
 
-TEST(GemmAutotune, KeepsTheHeuristicsFirstUnlessAnotherBeatsItByTheMargin) {
+TEST(Autotune, KeepsTheHeuristicsFirstUnlessAnotherBeatsItByTheMargin) {
   // Within the 2% margin: noise, the first stays.
   EXPECT_EQ(autotune_pick({100e-6, 99e-6}), 0);
   EXPECT_EQ(autotune_pick({100e-6, 100e-6}), 0);
@@ -32,7 +32,7 @@ TEST(GemmAutotune, KeepsTheHeuristicsFirstUnlessAnotherBeatsItByTheMargin) {
   EXPECT_EQ(autotune_pick({100e-6}), 0);
 }
 
-TEST(GemmAutotune, SkipsCandidatesThatDidNotRun) {
+TEST(Autotune, SkipsCandidatesThatDidNotRun) {
   EXPECT_EQ(autotune_pick({-1.0, 50e-6, 40e-6}), 2) << "the first did not run: the fastest that did";
   EXPECT_EQ(autotune_pick({-1.0, 50e-6}), 1);
   EXPECT_EQ(autotune_pick({100e-6, -1.0, 90e-6}), 2);

@@ -1,18 +1,21 @@
-// GEMM autotuning on the GPU (kernels/gemm_autotune.h). With it on, the GEMMs of a training step
-// (plain, accumulating into their output, with the BIAS and BGRADB epilogues, with a residual read
-// as C, and FP8) must compute what they compute with it off, against the float64 product within the
-// suite's bounds, although each new problem first ran 1 + kAutotuneTimedRuns times for each of up
-// to kAutotuneCandidates algorithms. The failure these guard against: trials that add C again (an
-// accumulated gradient summed many times), or leave a trial's output where the real run's belongs.
+// Autotuning on the GPU (kernels/autotune.h). With it on, the GEMMs of a training step (plain,
+// accumulating into their output, with the BIAS and BGRADB epilogues, with a residual read as C, and
+// FP8) and its fused attention (forward and backward, packed as the model runs it) must compute what
+// they compute with it off, against float64 within the suite's bounds, although each new problem
+// first ran 1 + kAutotuneTimedRuns times for each of up to kAutotuneCandidates candidates. The
+// failures these guard against: trials that add C again (an accumulated gradient summed many times),
+// or leave a trial's output where the real run's belongs.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
+#include "kernels/attention.h"
 #include "kernels/fp8_gemm.h"
 #include "kernels/gemm.h"
-#include "kernels/gemm_autotune.h"
+#include "kernels/autotune.h"
 #include "kernels/linear.h"
+#include "tests/cuda/attention_paths.h"
 #include "tests/cuda/cuda_testing.h"
 #include "tests/cuda/fp8_bound.h"
 #include "tests/testing.h"
@@ -27,8 +30,8 @@ using testing::tolerance;
 
 // Autotuning on for one test's scope.
 struct AutotuneOn {
-  AutotuneOn() { kernels::set_gemm_autotune(true); }
-  ~AutotuneOn() { kernels::set_gemm_autotune(false); }
+  AutotuneOn() { kernels::set_autotune(true); }
+  ~AutotuneOn() { kernels::set_autotune(false); }
   AutotuneOn(const AutotuneOn&) = delete;
   AutotuneOn& operator=(const AutotuneOn&) = delete;
 };
@@ -41,27 +44,27 @@ Tensor reference(const Tensor& a, const Tensor& b, const Tensor& c0, double alph
 }
 
 // Shapes no other test uses (m prime), so that the problem is new to the process here.
-TEST(CudaGemmAutotune, TunesEachProblemOnceAndComputesTheProduct) {
+TEST(CudaAutotune, TunesEachProblemOnceAndComputesTheProduct) {
   SKIP_WITHOUT_GPU();
   AutotuneOn on;
   const Tensor a = random_tensor({331, 264}, DType::bf16, 1), b = random_tensor({136, 264}, DType::bf16, 2);
   const Tensor a_gpu = a.to(kGpu), b_gpu = b.to(kGpu);
-  const int before = kernels::gemm_autotuned_problems();
+  const int before = kernels::autotuned_problems();
   Tensor got = empty({331, 136}, DType::bf16, kGpu);
   kernels::gemm(a_gpu, false, b_gpu, true, got);
-  EXPECT_EQ(kernels::gemm_autotuned_problems(), before + 1) << "a new problem is tuned";
+  EXPECT_EQ(kernels::autotuned_problems(), before + 1) << "a new problem is tuned";
   const Tensor want = reference(a, b, zeros({331, 136}), 1.0, 0.0);
   EXPECT_LE(relative_error_to_reference(got, want), tolerance(DType::bf16));
 
   Tensor again = empty({331, 136}, DType::bf16, kGpu);
   kernels::gemm(a_gpu, false, b_gpu, true, again);
-  EXPECT_EQ(kernels::gemm_autotuned_problems(), before + 1) << "a problem seen before keeps its algorithm";
+  EXPECT_EQ(kernels::autotuned_problems(), before + 1) << "a problem seen before keeps its algorithm";
   EXPECT_TRUE(testing::same_bits(again, got)) << "the same algorithm on the same operands";
 }
 
 // beta != 0 with C = D (a weight gradient accumulated over micro-batches): the trials write scratch,
 // so the output holds alpha·a·bᵀ + beta·c0 once. f32 and bf16 outputs, beta 1 and 0.5.
-TEST(CudaGemmAutotune, AccumulatingIntoTheOutputAddsItOnce) {
+TEST(CudaAutotune, AccumulatingIntoTheOutputAddsItOnce) {
   SKIP_WITHOUT_GPU();
   AutotuneOn on;
   uint64_t seed = 20;
@@ -71,9 +74,9 @@ TEST(CudaGemmAutotune, AccumulatingIntoTheOutputAddsItOnce) {
       // The old output on the product's scale (sqrt(k) = 32), so that adding it twice fails any bound.
       const Tensor c0 = random_tensor({211, 96}, out, seed + 2, 32.0);
       Tensor got = c0.to(kGpu);
-      const int before = kernels::gemm_autotuned_problems();
+      const int before = kernels::autotuned_problems();
       kernels::gemm(a.to(kGpu), false, b.to(kGpu), true, got, 0.75, beta);
-      EXPECT_EQ(kernels::gemm_autotuned_problems(), before + 1);
+      EXPECT_EQ(kernels::autotuned_problems(), before + 1);
       EXPECT_LE(relative_error_to_reference(got, reference(a, b, c0, 0.75, beta)), tolerance(out))
           << dtype_name(out) << " beta " << beta;
       seed += 3;
@@ -83,7 +86,7 @@ TEST(CudaGemmAutotune, AccumulatingIntoTheOutputAddsItOnce) {
 
 // A Linear's forward with the BIAS epilogue, with a residual read as C apart from D, and its backward
 // with the bias gradient from BGRADB: against the CPU's kernels on the same bf16 inputs.
-TEST(CudaGemmAutotune, LinearForwardAndBackwardThroughTheEpilogues) {
+TEST(CudaAutotune, LinearForwardAndBackwardThroughTheEpilogues) {
   SKIP_WITHOUT_GPU();
   AutotuneOn on;
   const Tensor x = random_tensor({3, 67, 104}, DType::bf16, 40), w = random_tensor({152, 104}, DType::bf16, 41);
@@ -107,7 +110,7 @@ TEST(CudaGemmAutotune, LinearForwardAndBackwardThroughTheEpilogues) {
 
 // The FP8 GEMM accumulating into its output with a bias (ViT-B's qkv over one image), element by
 // element within the FP8 bound of the exact result: out added once.
-TEST(CudaGemmAutotune, Fp8GemmAccumulatesOnceWithinTheBound) {
+TEST(CudaAutotune, Fp8GemmAccumulatesOnceWithinTheBound) {
   SKIP_WITHOUT_GPU();
   AutotuneOn on;
   const int64_t m = 197, k = 768, n = 2304;
@@ -123,6 +126,33 @@ TEST(CudaGemmAutotune, Fp8GemmAccumulatesOnceWithinTheBound) {
                     /*accumulate=*/true, /*fast_accumulate=*/true);
   EXPECT_TRUE(testing::within_fp8_gemm_bound(
       got, testing::fp8_gemm_reference(a, scale_inv_a, b, scale_inv_b, DType::bf16, bias, old)));
+}
+
+// Attention as the model runs it (qkv packed [B, S, 3, H, D], ViT-H's 80-wide heads, a shape no other
+// test uses): each direction is tuned once, runs fused, and matches the float64 CPU attention.
+TEST(CudaAutotune, PackedAttentionForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  AutotuneOn on;
+  const int64_t b = 2, s = 97, h = 4, d = 80;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const Tensor qkv = random_tensor({b, s, 3, h, d}, DType::bf16, 80), dout = random_tensor({b, s, h, d}, DType::bf16, 81);
+  const kernels::AttentionOutput want = kernels::packed_attention_forward(qkv.to(DType::f64), scale);
+  const Tensor want_dqkv =
+      kernels::packed_attention_backward(dout.to(DType::f64), qkv.to(DType::f64), want.out, want.lse, scale);
+
+  const Tensor qkv_gpu = qkv.to(kGpu), dout_gpu = dout.to(kGpu);
+  const int before = kernels::autotuned_problems();
+  const kernels::AttentionPathCounts paths = kernels::attention_path_counts();
+  const kernels::AttentionOutput got = kernels::packed_attention_forward(qkv_gpu, scale);
+  const Tensor dqkv = kernels::packed_attention_backward(dout_gpu, qkv_gpu, got.out, got.lse, scale);
+  testing::expect_attention_fused(paths, 1, 1, "autotuned packed attention, B=2 S=97 H=4 D=80");
+  EXPECT_EQ(kernels::autotuned_problems(), before + 2) << "the forward and the backward are tuned";
+  EXPECT_LE(relative_error_to_reference(got.out, want.out), 1e-2);
+  EXPECT_LE(relative_error_to_reference(dqkv, want_dqkv), 1e-2);
+
+  const kernels::AttentionOutput again = kernels::packed_attention_forward(qkv_gpu, scale);
+  EXPECT_EQ(kernels::autotuned_problems(), before + 2) << "a shape seen before keeps its plan";
+  EXPECT_TRUE(testing::same_bits(again.out, got.out));
 }
 
 }  // namespace

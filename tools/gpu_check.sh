@@ -389,6 +389,8 @@ stage_bench() {
     if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
          --steps "$bench_steps" --warmup "$bench_warmup" $flags; then
       grep -E '^(step|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
+      # What autotuning chose for each problem, against the heuristics' first (kernels/autotune.h).
+      { grep -o 'autotune: .*' "$logs/bench_vit_$name.log" || true; } | indent
     fi
     # The table's row: bench_vit's JSON line, tagged with the run it is (the line does not say
     # whether the fused FP8 producers were on).

@@ -68,11 +68,12 @@ TEST(CudaAutotune, AccumulatingIntoTheOutputAddsItOnce) {
   SKIP_WITHOUT_GPU();
   AutotuneOn on;
   uint64_t seed = 20;
+  int64_t m = 211;  // a new m each time: beta's value is not in the problem, only whether C is read
   for (DType out : {DType::f32, DType::bf16}) {
     for (double beta : {1.0, 0.5}) {
-      const Tensor a = random_tensor({211, 1024}, DType::bf16, seed), b = random_tensor({96, 1024}, DType::bf16, seed + 1);
+      const Tensor a = random_tensor({m, 1024}, DType::bf16, seed), b = random_tensor({96, 1024}, DType::bf16, seed + 1);
       // The old output on the product's scale (sqrt(k) = 32), so that adding it twice fails any bound.
-      const Tensor c0 = random_tensor({211, 96}, out, seed + 2, 32.0);
+      const Tensor c0 = random_tensor({m, 96}, out, seed + 2, 32.0);
       Tensor got = c0.to(kGpu);
       const int before = kernels::autotuned_problems();
       kernels::gemm(a.to(kGpu), false, b.to(kGpu), true, got, 0.75, beta);
@@ -80,6 +81,7 @@ TEST(CudaAutotune, AccumulatingIntoTheOutputAddsItOnce) {
       EXPECT_LE(relative_error_to_reference(got, reference(a, b, c0, 0.75, beta)), tolerance(out))
           << dtype_name(out) << " beta " << beta;
       seed += 3;
+      m += 2;
     }
   }
 }

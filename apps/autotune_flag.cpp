@@ -10,7 +10,8 @@ void add_autotune_flag(CLI::App& app, std::string& value) {
   app.add_option("--autotune", value,
                  "on: time up to 16 of cuBLASLt's algorithms for each GEMM shape, and cuDNN's engine "
                  "configurations for each attention shape, on their first run, and keep the fastest (the first "
-                 "step pays a few milliseconds per shape; results then vary in the last bits between runs); off: "
+                 "step pays tens of milliseconds per large shape; results then vary in the last bits between runs); "
+                 "off: "
                  "the libraries' heuristics pick, the same in every run")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

@@ -14,7 +14,8 @@
 //     also reads --fp8-log-layer's scales, amaxes and output error. Evaluation reads its predictions
 //     and losses; a checkpoint copies the state to the host. All are on their own schedule.
 //   - the first step (and a new shape): the cuBLASLt workspace is allocated with cudaMalloc and cuDNN
-//     builds its attention plans; either may wait for the device, once.
+//     builds its attention plans; either may wait for the device, once. With --autotune on, each new
+//     GEMM or attention problem also waits once for each candidate it times (kernels/autotune.h).
 //   - a host far ahead of the GPU: the device prefetcher (data/device_prefetcher.h) hands out a
 //     batch only once its worker has a pinned buffer free, i.e. once the GPU has copied out of it:
 //     a wait only when the host is ~3 batches ahead, the back-pressure any bounded queue needs.

@@ -17,14 +17,18 @@
 // misses, most of all wave quantization: on the first H200 run, ViT-H's fc1 and fc2 weight
 // gradients at batch 64 ran as 200 output tiles of 128 x 256 on a grid of 120 blocks (1.67 waves),
 // at 663 TFLOP/s where the step's other GEMMs ran at 690-790; and attention has 197 tokens, no
-// multiple of its kernels' 64- and 128-token tiles, in heads of 80. It costs one host
-// synchronisation and about 6 x 16 runs per problem, on the first step. Outputs are safe: a GEMM
-// that accumulates into its output (beta = 1, C = D) writes its trials into a scratch matrix; every
-// other output a trial writes (D, a bias gradient, the GELU's aux matrix, attention's output, its
-// statistics and its gradients) is written again by the real run after the trials. The price:
-// which candidate wins can change with timing noise between runs, and two candidates may round a
-// sum in a different order, so results are reproducible only with it off. Every GEMM candidate
-// still accumulates in f32.
+// multiple of its kernels' 64- and 128-token tiles, in heads of 80.
+//
+// The cost, on the first step: 6 runs of each candidate and one host synchronisation per candidate
+// (counted: core/host_sync.h), tens of milliseconds for one of ViT-H's large GEMMs, and for
+// attention cuDNN's finalizing of each candidate plan. Outputs are safe: a GEMM that accumulates into
+// its output (beta = 1, C = D) writes its trials into a scratch matrix; every other output a trial
+// writes (D, a bias gradient, the GELU's aux matrix, attention's output, its statistics and its
+// gradients) is written again by the real run after the trials. Sums stay as wide: a GEMM candidate
+// that would add split-K partial sums in a type narrower than f32 is left out (the heuristics' first
+// is always a candidate, as it runs with autotuning off). The price: which candidate wins can change
+// with timing noise between runs, and two candidates may add in a different order, so results are
+// reproducible only with it off.
 #include <vector>
 
 namespace octet::kernels {

@@ -328,10 +328,11 @@ bool run_forward(const Tensor& like, AttentionLayout layout, const Sizes& z, con
   const std::vector<void*> pointers = {const_cast<void*>(ops.q), const_cast<void*>(ops.k), const_cast<void*>(ops.v),
                                        &scale_value, out, lse};
   constexpr const char* op = "cuDNN attention forward";
+  const bool tune = autotune_enabled();
   // Autotuning's trials write out and lse, which the real run writes again after them.
-  const PlanTrial trial = [&](const Plan& candidate) { return try_execute(handle, candidate, uids, pointers, like, op); };
-  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, false,
-                    autotune_enabled()};
+  PlanTrial trial;
+  if (tune) trial = [&](const Plan& candidate) { return try_execute(handle, candidate, uids, pointers, like, op); };
+  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, false, tune};
   const Plan* plan =
       find_plan(key, handle, [&](GraphBuilder& g) { build_forward_graph(g, z, layout, io); }, trial, why_not);
   if (plan == nullptr) return false;
@@ -348,40 +349,52 @@ bool run_backward(const Tensor& like, AttentionLayout layout, const Sizes& z, co
   octet::cuda::DeviceGuard device(like.device().index);
   const cudnnHandle_t handle = handle_for(like.device().index);
   const cudnnDataType_t io = cudnn_dtype(like.dtype());
-  // The engine's own f32 buffers (the frontend carves them out of its workspace).
-  Tensor softmax_sum = empty({z.b, z.h, z.s}, DType::f32, like.device());
-  Tensor dq_accum = empty({z.b, z.h, z.s, z.d}, DType::f32, like.device());
-  const auto clear_accumulator = [&] {
-    if (cudnnGetVersion() < 90600) {  // from 9.6 the engine clears the accumulator itself
+  // The engine's own f32 buffers (the frontend carves them out of its workspace), allocated before
+  // the plan only when autotuning's trials need them.
+  Tensor softmax_sum, dq_accum;
+  float scale_value = static_cast<float>(scale);
+  float one = 1.0f;
+  const std::vector<int64_t> uids = {kQ,  kK,  kV,  kOut, kDout, kStats,     kScale,
+                                     kOne, kDq, kDk, kDv,  kSoftmaxSum, kDqAccum};
+  std::vector<void*> pointers;
+  const auto prepare = [&] {
+    softmax_sum = empty({z.b, z.h, z.s}, DType::f32, like.device());
+    dq_accum = empty({z.b, z.h, z.s, z.d}, DType::f32, like.device());
+    pointers = {const_cast<void*>(ops.q),    const_cast<void*>(ops.k),
+                const_cast<void*>(ops.v),    const_cast<void*>(ops.out),
+                const_cast<void*>(ops.dout), lse.data_ptr(),
+                &scale_value,                &one,
+                ops.dq,                      ops.dk,
+                ops.dv,                      softmax_sum.data_ptr(),
+                dq_accum.data_ptr()};
+  };
+  // From cuDNN 9.6 the heuristics' first engine clears the dQ accumulator itself (as observed); any
+  // other engine, which autotuning may pick, gets it cleared as before 9.6.
+  const auto clear_accumulator = [&](const Plan& p) {
+    if (cudnnGetVersion() < 90600 || !p.heuristics_first) {
       const cudaStream_t stream = octet::cuda::current_stream(like.device().index);
       octet::cuda::check(cudaMemsetAsync(dq_accum.data_ptr(), 0, dq_accum.nbytes(), stream),
                          "cuDNN attention backward: zero the dQ accumulator");
     }
   };
-  float scale_value = static_cast<float>(scale);
-  float one = 1.0f;
-  const std::vector<int64_t> uids = {kQ,  kK,  kV,  kOut, kDout, kStats,     kScale,
-                                     kOne, kDq, kDk, kDv,  kSoftmaxSum, kDqAccum};
-  const std::vector<void*> pointers = {const_cast<void*>(ops.q),    const_cast<void*>(ops.k),
-                                       const_cast<void*>(ops.v),    const_cast<void*>(ops.out),
-                                       const_cast<void*>(ops.dout), lse.data_ptr(),
-                                       &scale_value,                &one,
-                                       ops.dq,                      ops.dk,
-                                       ops.dv,                      softmax_sum.data_ptr(),
-                                       dq_accum.data_ptr()};
   constexpr const char* op = "cuDNN attention backward";
+  const bool tune = autotune_enabled();
+  if (tune) prepare();
   // Autotuning's trials write dq, dk and dv (and the engine's buffers), which the real run writes
-  // again after them; each starts from a cleared accumulator, as the real run does.
-  const PlanTrial trial = [&](const Plan& candidate) {
-    clear_accumulator();
-    return try_execute(handle, candidate, uids, pointers, like, op);
-  };
-  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, true,
-                    autotune_enabled()};
+  // again after them; each clears the accumulator as the real run would with that engine.
+  PlanTrial trial;
+  if (tune) {
+    trial = [&](const Plan& candidate) {
+      clear_accumulator(candidate);
+      return try_execute(handle, candidate, uids, pointers, like, op);
+    };
+  }
+  const PlanKey key{like.device().index, layout, z.b, z.h, z.s, z.sk, z.d, like.dtype(), scale, true, tune};
   const Plan* plan =
       find_plan(key, handle, [&](GraphBuilder& g) { build_backward_graph(g, z, layout, io); }, trial, why_not);
   if (plan == nullptr) return false;
-  clear_accumulator();
+  if (!tune) prepare();
+  clear_accumulator(*plan);
   execute(handle, *plan, uids, pointers, like, op);
   return true;
 }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 #include <string>
@@ -94,21 +95,50 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const
   return algos;
 }
 
+namespace {
+
+// Whether `algo` adds split-K partial sums in a type narrower than f32 (in place in D, or in D's
+// type): extra roundings the heuristic's first choice is not known to make. An algorithm whose
+// scheme cannot be read is kept.
+bool reduces_below_f32(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
+                                           &written) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  return scheme == CUBLASLT_REDUCTION_SCHEME_INPLACE || scheme == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+}
+
+}  // namespace
+
 std::optional<cublasLtMatmulAlgo_t> choose_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
                                                 const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
                                                 uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status,
                                                 cudaStream_t stream, const TrialRun& trial,
                                                 const std::function<std::string()>& what) {
   const bool tune = autotune_enabled();
-  const std::vector<cublasLtMatmulAlgo_t> candidates = heuristic_algos(
+  std::vector<cublasLtMatmulAlgo_t> candidates = heuristic_algos(
       handle, desc, a, b, cd, align_a, align_b, align_cd, tune ? kAutotuneCandidates : 1, failure_is_refusal, status);
   if (candidates.empty()) return std::nullopt;
   if (!tune) return candidates.front();
 
+  // The heuristic's first stays a candidate whatever it does (it is what runs with autotuning off);
+  // the others only if they sum in f32.
+  candidates.erase(std::remove_if(candidates.begin() + 1, candidates.end(), reduces_below_f32), candidates.end());
+  cublasStatus_t refusal = CUBLAS_STATUS_SUCCESS;
   const int pick = time_candidates(
       stream, static_cast<int>(candidates.size()),
-      [&](int i) { return trial(candidates[i]) == CUBLAS_STATUS_SUCCESS; }, "cuBLASLt algorithm", what);
-  if (pick < 0) return std::nullopt;
+      [&](int i) {
+        const cublasStatus_t s = trial(candidates[i]);
+        if (s != CUBLAS_STATUS_SUCCESS) refusal = s;
+        return s == CUBLAS_STATUS_SUCCESS;
+      },
+      "cuBLASLt algorithm", what);
+  if (pick < 0) {
+    status = refusal;  // what cuBLASLt said to the last one, for the caller's message
+    return std::nullopt;
+  }
   return candidates[pick];
 }
 

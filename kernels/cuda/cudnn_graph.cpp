@@ -59,6 +59,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
                                        &returned_sizes, &plan->workspace_bytes),
               "cudnnBackendGetAttribute", "execution plan CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE");
         plan->execution_plan = std::move(candidate);
+        plan->heuristics_first = candidates.empty();
         candidates.push_back(std::move(plan));
         config_of.push_back(i);
         if (!tune || static_cast<int>(candidates.size()) == kAutotuneCandidates) break;

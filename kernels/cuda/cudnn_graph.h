@@ -209,6 +209,9 @@ struct Plan {
   std::deque<Descriptor> graph_parts;  // tensors, operations, the graph and the engine config
   std::unique_ptr<Descriptor> execution_plan;
   int64_t workspace_bytes = 0;
+  // The engine configuration the heuristics put first, which runs with autotuning off; false when
+  // autotuning chose another (whose habits, such as clearing its own buffers, were never observed).
+  bool heuristics_first = true;
 };
 
 // One run of a candidate plan on the problem's own tensors, queued on the stream the problem runs

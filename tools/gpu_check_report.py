@@ -585,6 +585,15 @@ def table(args):
         if tuned in runs and base in runs:
             goals.append(f"{what} --autotune on: {ips[tuned] / ips[base]:.3f}x {what}'s images/s with "
                          "the libraries' heuristic choices")
+    # The goals again for the autotuned runs: --autotune is bench_vit's (and train_vit's) own option.
+    if "octet-autotune" in runs:
+        tuned = runs["octet-autotune"]
+        if compiled:
+            goals.append(goal("Octet bf16 --autotune on ÷ torch.compile", ips["octet-autotune"] / compiled, 1.15))
+        if tuned.get("mfu") is not None:
+            goals.append(goal("Octet bf16 --autotune on MFU", 100 * tuned["mfu"], 50, fmt=".1f", unit="%"))
+    if "octet-fp8-autotune" in runs and eager:
+        goals.append(goal("Octet fp8 --autotune on ÷ PyTorch eager bf16", ips["octet-fp8-autotune"] / eager, 1.9))
     if "octet" in runs and "pytorch-eager" in runs:
         goals.append(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
                      f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")

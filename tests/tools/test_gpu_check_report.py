@@ -398,6 +398,8 @@ class Report(unittest.TestCase):
         self.assertIn("| Octet bf16, --autotune on | 440.0 | 145.5 | 330.0 | 33.0% | 30.1 | 1.760 | n/a |", out)
         self.assertIn("bf16 --autotune on: 1.100x bf16's images/s with the libraries' heuristic choices", out)
         self.assertNotIn("fp8 --autotune on:", out)  # its row did not run
+        self.assertIn("Octet bf16 --autotune on MFU = 33.0% (goal >= 50%): NOT met", out)
+        self.assertNotIn("Octet fp8 --autotune on ÷", out)
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
         self.assertIn("did not run: octet-recompute, octet-fp8-autotune, pytorch-eager-fused, pytorch-compile, "
                       "pytorch-compile-fused", out)

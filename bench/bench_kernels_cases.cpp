@@ -232,38 +232,46 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
        }});
   // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
   // rstd; writes dx, dweight, dbias.
-  cases.push_back(
-      {"layernorm_backward", "bf16, dweight+dbias", nc,
-       3 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
-         Random& r = ws->random();
-         const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
-         const Tensor w = r.ln_weight(), b = r.ln_bias();
-         std::vector<kernels::LayerNormOutput> fwd;
-         for (const Tensor& xs : x) {
-           fwd.push_back(kernels::layernorm_forward(xs, w, b, kEps));
-           fwd.back().y = Tensor();  // only mean and rstd are backward's
-         }
-         return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
-           return kernels::layernorm_backward(dy[s], x[s], w, fwd[s].mean, fwd[s].rstd);
-         });
-       }});
+  // Each again without the affine weight: dx alone, no dweight and dbias (no shared slots, partial
+  // rows or column sums), so that the difference is what summing them costs in the pass.
+  for (const bool with_weight : {true, false}) {
+    cases.push_back(
+        {"layernorm_backward", with_weight ? "bf16, dweight+dbias" : "bf16, dx alone (no weight)", nc,
+         3 * kBf16 * kNC + (with_weight ? 3 * kBf16 * kWidth : 0) + stats, [=](int64_t sets) -> Run {
+           Random& r = ws->random();
+           const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
+           const Tensor w = r.ln_weight(), b = r.ln_bias();
+           std::vector<kernels::LayerNormOutput> fwd;
+           for (const Tensor& xs : x) {
+             fwd.push_back(kernels::layernorm_forward(xs, w, b, kEps));
+             fwd.back().y = Tensor();  // only mean and rstd are backward's
+           }
+           const Tensor weight = with_weight ? w : Tensor();
+           return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
+             return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
+           });
+         }});
+  }
   // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
-  cases.push_back(
-      {"add_layernorm_backward", "bf16, dweight+dbias", nc,
-       4 * kBf16 * kNC + 3 * kBf16 * kWidth + stats, [=](int64_t sets) -> Run {
-         Random& r = ws->random();
-         const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
-         const Tensor w = r.ln_weight(), b = r.ln_bias();
-         std::vector<kernels::AddLayerNormOutput> fwd;
-         for (int64_t s = 0; s < sets; ++s) {
-           fwd.push_back(kernels::add_layernorm_forward(r.normal({kRows, kWidth}, DType::bf16),
-                                                        r.normal({kRows, kWidth}, DType::bf16), w, b, kEps));
-           fwd.back().y = Tensor();  // only h, mean and rstd are backward's
-         }
-         return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
-           return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, w, fwd[s].mean, fwd[s].rstd);
-         });
-       }});
+  for (const bool with_weight : {true, false}) {
+    cases.push_back(
+        {"add_layernorm_backward", with_weight ? "bf16, dweight+dbias" : "bf16, dx alone (no weight)", nc,
+         4 * kBf16 * kNC + (with_weight ? 3 * kBf16 * kWidth : 0) + stats, [=](int64_t sets) -> Run {
+           Random& r = ws->random();
+           const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
+           const Tensor w = r.ln_weight(), b = r.ln_bias();
+           std::vector<kernels::AddLayerNormOutput> fwd;
+           for (int64_t s = 0; s < sets; ++s) {
+             fwd.push_back(kernels::add_layernorm_forward(r.normal({kRows, kWidth}, DType::bf16),
+                                                          r.normal({kRows, kWidth}, DType::bf16), w, b, kEps));
+             fwd.back().y = Tensor();  // only h, mean and rstd are backward's
+           }
+           const Tensor weight = with_weight ? w : Tensor();
+           return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
+             return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, weight, fwd[s].mean, fwd[s].rstd);
+           });
+         }});
+  }
   // add (the residual add that is not fused): reads a, b; writes a + b.
   cases.push_back(
       {"add", "bf16 (residual)", nc, 3 * kBf16 * kNC, [=](int64_t sets) -> Run {

@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
+#include "kernels/layernorm_design.h"
 #include "kernels/autotune.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
@@ -233,10 +234,27 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
   // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
   // rstd; writes dx, dweight, dbias.
   // Each again without the affine weight: dx alone, no dweight and dbias (no shared slots, partial
-  // rows or column sums), so that the difference is what summing them costs in the pass.
-  for (const bool with_weight : {true, false}) {
+  // rows or column sums), so that the difference is what summing them costs in the pass. Then with
+  // the weight in the column design (kernels/layernorm_design.h), which a GPU run is to judge.
+  struct LnBackward {
+    bool with_weight, columns;
+    std::string variant() const {
+      return !with_weight ? "bf16, dx alone (no weight)" : columns ? "bf16, dweight+dbias, column design" : "bf16, dweight+dbias";
+    }
+  };
+  const LnBackward ln_backwards[] = {{true, false}, {false, false}, {true, true}};
+  // The design is the process's switch: set for this row's calls only.
+  const auto with_design = [](bool columns, auto call) {
+    kernels::set_layernorm_backward_design(columns ? kernels::LayerNormBackwardDesign::kColumns
+                                                   : kernels::LayerNormBackwardDesign::kRows);
+    auto result = call();
+    kernels::set_layernorm_backward_design(kernels::LayerNormBackwardDesign::kRows);
+    return result;
+  };
+  for (const LnBackward v : ln_backwards) {
+    const bool with_weight = v.with_weight, columns = v.columns;
     cases.push_back(
-        {"layernorm_backward", with_weight ? "bf16, dweight+dbias" : "bf16, dx alone (no weight)", nc,
+        {"layernorm_backward", v.variant(), nc,
          3 * kBf16 * kNC + (with_weight ? 3 * kBf16 * kWidth : 0) + stats, [=](int64_t sets) -> Run {
            Random& r = ws->random();
            const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
@@ -248,14 +266,17 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
            }
            const Tensor weight = with_weight ? w : Tensor();
            return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
-             return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
+             return with_design(columns, [&] {
+               return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
+             });
            });
          }});
   }
   // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
-  for (const bool with_weight : {true, false}) {
+  for (const LnBackward v : ln_backwards) {
+    const bool with_weight = v.with_weight, columns = v.columns;
     cases.push_back(
-        {"add_layernorm_backward", with_weight ? "bf16, dweight+dbias" : "bf16, dx alone (no weight)", nc,
+        {"add_layernorm_backward", v.variant(), nc,
          4 * kBf16 * kNC + (with_weight ? 3 * kBf16 * kWidth : 0) + stats, [=](int64_t sets) -> Run {
            Random& r = ws->random();
            const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
@@ -268,7 +289,9 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
            }
            const Tensor weight = with_weight ? w : Tensor();
            return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
-             return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, weight, fwd[s].mean, fwd[s].rstd);
+             return with_design(columns, [&] {
+               return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, weight, fwd[s].mean, fwd[s].rstd);
+             });
            });
          }});
   }

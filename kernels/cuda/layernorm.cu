@@ -37,6 +37,13 @@
 // k + 1 while computing row k (255 registers, 12.5% occupancy), ran at 0.34 on the same GPU, and
 // was removed: fewer warps with more rows each in flight lost to more warps.
 //
+// A third design of the backward, kColumns (kernels/layernorm_design.h), waits for a GPU run to be
+// measured against the first: a block of C/N threads per run of 24 rows (526 blocks for ViT-H), each
+// thread owning one 16-byte pack of columns down the run, so that dweight's and dbias's sums stay in
+// its registers (16 floats) instead of read-modify-writes of shared slots for every element; a row's
+// two sums are added across the block, one barrier a row. The row design's slots take 10 KiB a
+// warp and 126 registers, which holds it to 16 warps an SM; this one needs neither.
+//
 // The residual add fused in (add_layernorm_*, as llm.c fuses it): forward reads x and y instead of x,
 // computes h = x + y rounded to T exactly as the add kernel rounds it (__fadd_rn, then round to nearest
 // even), writes it, and normalizes that rounded h. Backward adds the residual gradient to each dx in
@@ -46,6 +53,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/layernorm_rows.cuh"
 #include "kernels/cuda/nn_ops_cuda.h"
+#include "kernels/layernorm_design.h"
 
 namespace octet::kernels::cuda {
 namespace {
@@ -407,6 +415,126 @@ __global__ void __launch_bounds__(512)
   }
 }
 
+// ---- backward, the column design (kernels/layernorm_design.h kColumns) ----------------------------------
+
+// Rows whose loads a thread has in flight at once (one: see kColumnBlocksPerSm), and the grid: about
+// this many blocks whatever the row count (four or five of 160 threads an SM on an H100's or H200's
+// 132 SMs for ViT-H's width), so that the rows a block takes, and so the sums' bits, depend on `rows`
+// alone.
+constexpr int kColumnGroupRows = 1;
+constexpr int64_t kColumnTargetBlocks = 528;
+constexpr int kMaxColumnThreads = 256;  // the widest row this design takes: 256 packs (2048 bf16)
+constexpr int kMaxColumnWarps = kMaxColumnThreads / 32;
+// At most 80 registers a thread (65,536 / (3 · 256), in the allocation's steps of 8): ViT-H's
+// 160-thread blocks then fit 5 an SM (25 warps). With two rows a group the unconstrained build took
+// 121 registers with the residual (3 blocks an SM) and spilled under this bound; one row a group
+// takes 66-80, without spills.
+constexpr int kColumnBlocksPerSm = 3;
+
+// Whether the column design takes rows of C elements of T: whole 16-byte packs (the caller also
+// needs 16-byte aligned rows), at most kMaxColumnThreads of them.
+template <class T>
+bool columns_take(int64_t C) {
+  return C % Pack<T>::N == 0 && C / Pack<T>::N <= kMaxColumnThreads;
+}
+
+// dx for rows [blockIdx.x · rows_per_block, ...) and, with weight, the block's partial row of
+// dweight and dbias (the layout write_block_partial writes). Thread t owns the pack of columns
+// t·N .. t·N+N-1 in every row (threads past C/N own nothing but take part in the sums); the block
+// walks its rows kColumnGroupRows at a time: each thread loads its packs of dy, x (and dresidual) for
+// the group, sums g and g·xhat over them, the block adds the threads' sums (warp butterflies, then
+// the warps' totals in warp order from shared memory, double-buffered so one barrier a group
+// suffices), and each thread writes its dx and adds dy·xhat and dy into registers. Per row, the
+// arithmetic is backward_row's, with every operation an _rn intrinsic, so that the kernels with and
+// without kResidual compute the same LayerNorm gradient bits. Needs C % N == 0 and every row pointer
+// 16-byte aligned.
+template <class T, class W, bool kResidual>
+__global__ void __launch_bounds__(kMaxColumnThreads, kColumnBlocksPerSm)
+    layernorm_backward_columns_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
+                                      const T* __restrict__ x, const W* __restrict__ weight,
+                                      const float* __restrict__ mean, const float* __restrict__ rstd,
+                                      T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int C,
+                                      int64_t rows_per_block, bool params_packed) {
+  constexpr int N = Pack<T>::N, R = kColumnGroupRows;
+  __shared__ float warp_sums[2][2 * R][kMaxColumnWarps];  // [buffer][row's Σg, Σg·xhat][warp]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int c0 = threadIdx.x * N;
+  const bool owns = c0 < C;
+  const bool affine = weight != nullptr;
+  float w[N], acc_w[N], acc_b[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) w[k] = 1.f, acc_w[k] = 0.f, acc_b[k] = 0.f;
+  if (affine && owns) load_unit_params<T>(weight, c0, C, params_packed, w);
+  const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
+  const int64_t r_begin = int64_t{blockIdx.x} * rows_per_block;
+  const int64_t r_end = r_begin + rows_per_block < rows ? r_begin + rows_per_block : rows;
+  int buffer = 0;
+  for (int64_t r = r_begin; r < r_end; r += R) {  // the same trip count in every thread of the block
+    Pack<T> pd[R], px[R], pr[R];
+    float m[R], rs[R], sum_g[R], sum_g_xhat[R];
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const bool in = owns && r + u < r_end;
+      if (in) {
+        const int64_t offset = (r + u) * C + c0;
+        pd[u] = load_pack(dy + offset);
+        px[u] = load_pack(x + offset);
+        if constexpr (kResidual) pr[u] = load_pack(dresidual + offset);
+      }
+      m[u] = r + u < r_end ? mean[r + u] : 0.f;
+      rs[u] = r + u < r_end ? rstd[r + u] : 0.f;
+      sum_g[u] = 0.f, sum_g_xhat[u] = 0.f;
+      if (in) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          const float dyv = to_float(pd[u].v[k]);
+          const float g = affine ? __fmul_rn(dyv, w[k]) : dyv;
+          const float xhat = __fmul_rn(__fsub_rn(to_float(px[u].v[k]), m[u]), rs[u]);
+          sum_g[u] = __fadd_rn(sum_g[u], g);
+          sum_g_xhat[u] = __fmaf_rn(g, xhat, sum_g_xhat[u]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const float a = warp_sum(sum_g[u]), b = warp_sum(sum_g_xhat[u]);
+      if (lane == 0) warp_sums[buffer][2 * u][warp] = a, warp_sums[buffer][2 * u + 1][warp] = b;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      float total_g = 0.f, total_g_xhat = 0.f;
+      for (int v = 0; v < warps; ++v) {
+        total_g = __fadd_rn(total_g, warp_sums[buffer][2 * u][v]);
+        total_g_xhat = __fadd_rn(total_g_xhat, warp_sums[buffer][2 * u + 1][v]);
+      }
+      if (!owns || r + u >= r_end) continue;
+      const float mean_g = __fmul_rn(total_g, inv_C), mean_g_xhat = __fmul_rn(total_g_xhat, inv_C);
+      Pack<T> o;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float dyv = to_float(pd[u].v[k]);
+        const float g = affine ? __fmul_rn(dyv, w[k]) : dyv;
+        const float xhat = __fmul_rn(__fsub_rn(to_float(px[u].v[k]), m[u]), rs[u]);
+        float v = __fmul_rn(rs[u], __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_g_xhat)));
+        if constexpr (kResidual) v = __fadd_rn(v, to_float(pr[u].v[k]));
+        o.v[k] = from_float<T>(v);
+        acc_w[k] = __fmaf_rn(dyv, xhat, acc_w[k]);
+        acc_b[k] = __fadd_rn(acc_b[k], dyv);
+      }
+      store_pack(dx + (r + u) * C + c0, o);
+    }
+    // The next group writes the other buffer; this one is written again two groups on, after a
+    // barrier that every thread reaches only once done reading it.
+    buffer ^= 1;
+  }
+  if (affine && owns) {
+    float* out = partial + int64_t{blockIdx.x} * 2 * C;
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[c0 + k] = acc_w[k], out[C + c0 + k] = acc_b[k];
+  }
+}
+
 // dweight[c] = Σ_b partial[b][0][c], dbias[c] = Σ_b partial[b][1][c] in a fixed order: warp g of
 // the block sums blocks [g · chunk, (g + 1) · chunk) in order, then the 16 warps' sums are added in
 // warp order. Thread lane of the block takes column blockIdx.x · 32 + lane of the 2C partial columns.
@@ -512,7 +640,27 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
                               aligned16(dx.data_ptr()) && (!residual || aligned16(dresidual.data_ptr()));
       int64_t blocks;
       Tensor partial;
-      if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
+      if (vectorized && layernorm_backward_design() == LayerNormBackwardDesign::kColumns && columns_take<T>(C)) {
+        const int64_t rows_per_block =
+            std::max<int64_t>(kColumnGroupRows, (rows + kColumnTargetBlocks - 1) / kColumnTargetBlocks);
+        blocks = (rows + rows_per_block - 1) / rows_per_block;
+        const int threads = static_cast<int>((C / N + 31) / 32 * 32);
+        if (weight.defined()) partial = empty({blocks, 2, C}, DType::f32, x.device());
+        const bool params_packed = layernorm_params_packed<T, W>(maybe<W>(weight), C);
+        auto launch_columns = [&](auto kernel) {
+          kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+              ptr<T>(dy), maybe<T>(dresidual), ptr<T>(x), maybe<W>(weight), ptr<float>(mean), ptr<float>(rstd),
+              ptr<T>(dx), weight.defined() ? ptr<float>(partial) : nullptr, rows, static_cast<int>(C),
+              rows_per_block, params_packed);
+        };
+        // Bytes (ViT-H, bf16): as the row design's below, with 2C floats of partials per block (526
+        // blocks of 24 rows: 5.4 MB, read back by the column sums).
+        if (residual) {
+          launch_columns(layernorm_backward_columns_kernel<T, W, true>);
+        } else {
+          launch_columns(layernorm_backward_columns_kernel<T, W, false>);
+        }
+      } else if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
         const int64_t rows_per_warp =
             (rows + kBackwardWarps * kBackwardTargetBlocks - 1) / (kBackwardWarps * kBackwardTargetBlocks);
         blocks = (rows + kBackwardWarps * rows_per_warp - 1) / (kBackwardWarps * rows_per_warp);

@@ -245,10 +245,11 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
   const LnBackward ln_backwards[] = {{true, false}, {false, false}, {true, true}};
   // The design is the process's switch: set for this row's calls only.
   const auto with_design = [](bool columns, auto call) {
+    const kernels::LayerNormBackwardDesign before = kernels::layernorm_backward_design();
     kernels::set_layernorm_backward_design(columns ? kernels::LayerNormBackwardDesign::kColumns
                                                    : kernels::LayerNormBackwardDesign::kRows);
     auto result = call();
-    kernels::set_layernorm_backward_design(kernels::LayerNormBackwardDesign::kRows);
+    kernels::set_layernorm_backward_design(before);
     return result;
   };
   for (const LnBackward v : ln_backwards) {

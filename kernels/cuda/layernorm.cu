@@ -41,7 +41,7 @@
 // measured against the first: a block of C/N threads per run of 24 rows (526 blocks for ViT-H), each
 // thread owning one 16-byte pack of columns down the run, so that dweight's and dbias's sums stay in
 // its registers (16 floats) instead of read-modify-writes of shared slots for every element; a row's
-// two sums are added across the block, one barrier a row. The row design's slots take 10 KiB a
+// two sums are added across the block, one barrier a row, while the next row's loads are in flight. The row design's slots take 10 KiB a
 // warp and 126 registers, which holds it to 16 warps an SM; this one needs neither.
 //
 // The residual add fused in (add_layernorm_*, as llm.c fuses it): forward reads x and y instead of x,
@@ -417,19 +417,16 @@ __global__ void __launch_bounds__(512)
 
 // ---- backward, the column design (kernels/layernorm_design.h kColumns) ----------------------------------
 
-// Rows whose loads a thread has in flight at once (one: see kColumnBlocksPerSm), and the grid: about
-// this many blocks whatever the row count (four or five of 160 threads an SM on an H100's or H200's
-// 132 SMs for ViT-H's width), so that the rows a block takes, and so the sums' bits, depend on `rows`
-// alone.
-constexpr int kColumnGroupRows = 1;
+// The grid: about this many blocks whatever the row count (four of 160 threads an SM, all resident
+// at once, on an H100's or H200's 132 SMs for ViT-H's width), so that the rows a block takes, and so
+// the sums' bits, depend on `rows` alone.
 constexpr int64_t kColumnTargetBlocks = 528;
 constexpr int kMaxColumnThreads = 256;  // the widest row this design takes: 256 packs (2048 bf16)
 constexpr int kMaxColumnWarps = kMaxColumnThreads / 32;
-// At most 80 registers a thread (65,536 / (3 · 256), in the allocation's steps of 8): ViT-H's
-// 160-thread blocks then fit 5 an SM (25 warps). With two rows a group the unconstrained build took
-// 121 registers with the residual (3 blocks an SM) and spilled under this bound; one row a group
-// takes 66-80, without spills.
-constexpr int kColumnBlocksPerSm = 3;
+// At most 96 registers a thread: ViT-H's 160-thread blocks then fit 4 an SM (65,536 / (20 warps ·
+// 32), in the allocation's steps of 8), and its 526 blocks all start at once. Unbounded, bf16 with
+// the residual took 107 (3 blocks an SM: 1.33 waves).
+constexpr int kMaxColumnRegisters = 96;
 
 // Whether the column design takes rows of C elements of T: whole 16-byte packs (the caller also
 // needs 16-byte aligned rows), at most kMaxColumnThreads of them.
@@ -438,25 +435,48 @@ bool columns_take(int64_t C) {
   return C % Pack<T>::N == 0 && C / Pack<T>::N <= kMaxColumnThreads;
 }
 
+// One row's packs of a thread's columns, and the row's statistics.
+template <class T>
+struct ColumnRow {
+  Pack<T> d{}, x{}, r{};
+  float mean = 0.f, rstd = 0.f;
+};
+
+// Issues the loads of row `row` (< `end`, else nothing) for the thread's pack at c0 (if it owns one).
+template <class T, bool kResidual>
+__device__ __forceinline__ void load_column_row(const T* __restrict__ dy, const T* __restrict__ dresidual,
+                                                const T* __restrict__ x, const float* __restrict__ mean,
+                                                const float* __restrict__ rstd, int64_t row, int64_t end, int C,
+                                                int c0, bool owns, ColumnRow<T>& out) {
+  if (row >= end) return;
+  if (owns) {
+    const int64_t offset = row * C + c0;
+    out.d = load_pack(dy + offset);
+    out.x = load_pack(x + offset);
+    if constexpr (kResidual) out.r = load_pack(dresidual + offset);
+  }
+  out.mean = mean[row];
+  out.rstd = rstd[row];
+}
+
 // dx for rows [blockIdx.x · rows_per_block, ...) and, with weight, the block's partial row of
 // dweight and dbias (the layout write_block_partial writes). Thread t owns the pack of columns
-// t·N .. t·N+N-1 in every row (threads past C/N own nothing but take part in the sums); the block
-// walks its rows kColumnGroupRows at a time: each thread loads its packs of dy, x (and dresidual) for
-// the group, sums g and g·xhat over them, the block adds the threads' sums (warp butterflies, then
-// the warps' totals in warp order from shared memory, double-buffered so one barrier a group
-// suffices), and each thread writes its dx and adds dy·xhat and dy into registers. Per row, the
-// arithmetic is backward_row's, with every operation an _rn intrinsic, so that the kernels with and
-// without kResidual compute the same LayerNorm gradient bits. Needs C % N == 0 and every row pointer
-// 16-byte aligned.
+// t·N .. t·N+N-1 in every row (threads past C/N own nothing but take part in the sums). Row by row:
+// the thread issues the next row's loads, sums g and g·xhat over its pack of this row, the block adds
+// the threads' sums (warp butterflies, then the warps' totals in warp order from shared memory,
+// double-buffered so that one barrier a row suffices), and the thread writes its dx and adds dy·xhat
+// and dy into registers. Per row, the arithmetic is backward_row's, every operation an _rn
+// intrinsic, so that the kernels with and without kResidual compute the same LayerNorm gradient bits.
+// Needs C % N == 0 and the rows 16-byte aligned.
 template <class T, class W, bool kResidual>
-__global__ void __launch_bounds__(kMaxColumnThreads, kColumnBlocksPerSm)
+__global__ void __maxnreg__(kMaxColumnRegisters)
     layernorm_backward_columns_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
                                       const T* __restrict__ x, const W* __restrict__ weight,
                                       const float* __restrict__ mean, const float* __restrict__ rstd,
                                       T* __restrict__ dx, float* __restrict__ partial, int64_t rows, int C,
                                       int64_t rows_per_block, bool params_packed) {
-  constexpr int N = Pack<T>::N, R = kColumnGroupRows;
-  __shared__ float warp_sums[2][2 * R][kMaxColumnWarps];  // [buffer][row's Σg, Σg·xhat][warp]
+  constexpr int N = Pack<T>::N;
+  __shared__ float warp_sums[2][2][kMaxColumnWarps];  // [buffer][the row's Σg, Σg·xhat][warp]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int c0 = threadIdx.x * N;
   const bool owns = c0 < C;
@@ -468,65 +488,54 @@ __global__ void __launch_bounds__(kMaxColumnThreads, kColumnBlocksPerSm)
   const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
   const int64_t r_begin = int64_t{blockIdx.x} * rows_per_block;
   const int64_t r_end = r_begin + rows_per_block < rows ? r_begin + rows_per_block : rows;
+  ColumnRow<T> row;
+  load_column_row<T, kResidual>(dy, dresidual, x, mean, rstd, r_begin, r_end, C, c0, owns, row);
   int buffer = 0;
-  for (int64_t r = r_begin; r < r_end; r += R) {  // the same trip count in every thread of the block
-    Pack<T> pd[R], px[R], pr[R];
-    float m[R], rs[R], sum_g[R], sum_g_xhat[R];
+  for (int64_t r = r_begin; r < r_end; ++r) {  // the same trip count in every thread of the block
+    ColumnRow<T> next;  // in flight while this row is summed, added across the block and written
+    load_column_row<T, kResidual>(dy, dresidual, x, mean, rstd, r + 1, r_end, C, c0, owns, next);
+    float sum_g = 0.f, sum_g_xhat = 0.f;
+    if (owns) {
 #pragma unroll
-    for (int u = 0; u < R; ++u) {
-      const bool in = owns && r + u < r_end;
-      if (in) {
-        const int64_t offset = (r + u) * C + c0;
-        pd[u] = load_pack(dy + offset);
-        px[u] = load_pack(x + offset);
-        if constexpr (kResidual) pr[u] = load_pack(dresidual + offset);
-      }
-      m[u] = r + u < r_end ? mean[r + u] : 0.f;
-      rs[u] = r + u < r_end ? rstd[r + u] : 0.f;
-      sum_g[u] = 0.f, sum_g_xhat[u] = 0.f;
-      if (in) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-          const float dyv = to_float(pd[u].v[k]);
-          const float g = affine ? __fmul_rn(dyv, w[k]) : dyv;
-          const float xhat = __fmul_rn(__fsub_rn(to_float(px[u].v[k]), m[u]), rs[u]);
-          sum_g[u] = __fadd_rn(sum_g[u], g);
-          sum_g_xhat[u] = __fmaf_rn(g, xhat, sum_g_xhat[u]);
-        }
+      for (int k = 0; k < N; ++k) {
+        const float dyv = to_float(row.d.v[k]);
+        const float g = affine ? __fmul_rn(dyv, w[k]) : dyv;
+        const float xhat = __fmul_rn(__fsub_rn(to_float(row.x.v[k]), row.mean), row.rstd);
+        sum_g = __fadd_rn(sum_g, g);
+        sum_g_xhat = __fmaf_rn(g, xhat, sum_g_xhat);
       }
     }
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      const float a = warp_sum(sum_g[u]), b = warp_sum(sum_g_xhat[u]);
-      if (lane == 0) warp_sums[buffer][2 * u][warp] = a, warp_sums[buffer][2 * u + 1][warp] = b;
-    }
+    sum_g = warp_sum(sum_g);
+    sum_g_xhat = warp_sum(sum_g_xhat);
+    if (lane == 0) warp_sums[buffer][0][warp] = sum_g, warp_sums[buffer][1][warp] = sum_g_xhat;
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-      float total_g = 0.f, total_g_xhat = 0.f;
-      for (int v = 0; v < warps; ++v) {
-        total_g = __fadd_rn(total_g, warp_sums[buffer][2 * u][v]);
-        total_g_xhat = __fadd_rn(total_g_xhat, warp_sums[buffer][2 * u + 1][v]);
-      }
-      if (!owns || r + u >= r_end) continue;
+    float total_g = 0.f, total_g_xhat = 0.f;
+    for (int v = 0; v < warps; ++v) {
+      total_g = __fadd_rn(total_g, warp_sums[buffer][0][v]);
+      total_g_xhat = __fadd_rn(total_g_xhat, warp_sums[buffer][1][v]);
+    }
+    // The next row writes the other buffer; this one is written again two rows on, after a barrier
+    // that every thread reaches only once done reading it.
+    buffer ^= 1;
+    if (owns) {
       const float mean_g = __fmul_rn(total_g, inv_C), mean_g_xhat = __fmul_rn(total_g_xhat, inv_C);
       Pack<T> o;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const float dyv = to_float(pd[u].v[k]);
+        const float dyv = to_float(row.d.v[k]);
         const float g = affine ? __fmul_rn(dyv, w[k]) : dyv;
-        const float xhat = __fmul_rn(__fsub_rn(to_float(px[u].v[k]), m[u]), rs[u]);
-        float v = __fmul_rn(rs[u], __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_g_xhat)));
-        if constexpr (kResidual) v = __fadd_rn(v, to_float(pr[u].v[k]));
+        const float xhat = __fmul_rn(__fsub_rn(to_float(row.x.v[k]), row.mean), row.rstd);
+        float v = __fmul_rn(row.rstd, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xhat, mean_g_xhat)));
+        if constexpr (kResidual) v = __fadd_rn(v, to_float(row.r.v[k]));
         o.v[k] = from_float<T>(v);
-        acc_w[k] = __fmaf_rn(dyv, xhat, acc_w[k]);
-        acc_b[k] = __fadd_rn(acc_b[k], dyv);
+        if (affine) {
+          acc_w[k] = __fmaf_rn(dyv, xhat, acc_w[k]);
+          acc_b[k] = __fadd_rn(acc_b[k], dyv);
+        }
       }
-      store_pack(dx + (r + u) * C + c0, o);
+      store_pack(dx + r * C + c0, o);
     }
-    // The next group writes the other buffer; this one is written again two groups on, after a
-    // barrier that every thread reaches only once done reading it.
-    buffer ^= 1;
+    row = next;
   }
   if (affine && owns) {
     float* out = partial + int64_t{blockIdx.x} * 2 * C;
@@ -642,7 +651,7 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
       Tensor partial;
       if (vectorized && layernorm_backward_design() == LayerNormBackwardDesign::kColumns && columns_take<T>(C)) {
         const int64_t rows_per_block =
-            std::max<int64_t>(kColumnGroupRows, (rows + kColumnTargetBlocks - 1) / kColumnTargetBlocks);
+            (rows + kColumnTargetBlocks - 1) / kColumnTargetBlocks;
         blocks = (rows + rows_per_block - 1) / rows_per_block;
         const int threads = static_cast<int>((C / N + 31) / 32 * 32);
         if (weight.defined()) partial = empty({blocks, 2, C}, DType::f32, x.device());
@@ -660,6 +669,7 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
         } else {
           launch_columns(layernorm_backward_columns_kernel<T, W, false>);
         }
+        count_layernorm_backward_column_launch();
       } else if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
         const int64_t rows_per_warp =
             (rows + kBackwardWarps * kBackwardTargetBlocks - 1) / (kBackwardWarps * kBackwardTargetBlocks);

@@ -25,8 +25,10 @@ TEST(LayerNormBackwardDesign, LeavesTheCpuKernelAlone) {
   const Tensor w = testing::random_tensor({40}, DType::f32, 3), b = testing::random_tensor({40}, DType::f32, 4);
   const auto fwd = kernels::layernorm_forward(x, w, b, 1e-5);
   const auto rows = kernels::layernorm_backward(dy, x, w, fwd.mean, fwd.rstd);
+  const int64_t launches = kernels::layernorm_backward_column_launches();
   kernels::set_layernorm_backward_design(LayerNormBackwardDesign::kColumns);
   const auto columns = kernels::layernorm_backward(dy, x, w, fwd.mean, fwd.rstd);
+  EXPECT_EQ(kernels::layernorm_backward_column_launches(), launches) << "no GPU kernel for CPU tensors";
   kernels::set_layernorm_backward_design(LayerNormBackwardDesign::kRows);
   EXPECT_TRUE(testing::same_bits(columns.dx, rows.dx));
   EXPECT_TRUE(testing::same_bits(columns.dweight, rows.dweight));

@@ -168,8 +168,8 @@ bool launch_backward_columns(const Tensor& dy, const Tensor& dresidual, const Te
       };
       // Bytes (ViT-H, bf16): reads dy and x (64.6 MB; with the residual gradient 32.3 MB more), writes
       // dx (32.3 MB), reads 8 per row of statistics and writes 2C floats of partials per block (526
-      // blocks of 24 rows: 5.4 MB, read back by the column sums): 104.5 MB, 24.3 µs at 4.3 TB/s; with
-      // the residual 136.8 MB, 31.8 µs.
+      // blocks of 24 rows: 5.4 MB, read back by the column sums): 102.4 MB, 23.8 µs at 4.3 TB/s; with
+      // the residual 134.7 MB, 31.3 µs (the row design writes half the partials: 263 blocks).
       if (dresidual.defined()) {
         launch(layernorm_backward_columns_kernel<T, W, true>);
       } else {

@@ -18,6 +18,7 @@
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "kernels/optimizers.h"
+#include "kernels/reduce.h"
 #include "models/vit.h"
 #include "optim/param_groups.h"
 
@@ -342,34 +343,64 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
   // What that sum replaces: fc1's wgrad GEMM with cuBLASLt's BGRADB epilogue (its own kernel reads dpre
   // again) against the GEMM alone; then fc1's and fc2's wgrad GEMMs with cuBLASLt's heuristic algorithm
   // and with the fastest of its candidates (--autotune on, kernels/autotune.h; the first,
-  // untimed run tunes). Each reads dy and x and writes the weight gradient (and the bias's).
+  // untimed run tunes). Then the other bias gradients, qkv's (3840 wide) and proj's (1280, as fc2's),
+  // in both designs of kernels/linear.h (LinearBiasGradDesign: BGRADB, or the GEMM then Octet's column
+  // sum) beside the GEMM alone; the "sum" rows below time that column sum by itself. Each reads dy and
+  // x and writes the weight gradient (and the bias's).
+  enum class Dbias { kNone, kEpilogue, kColumnSum };
   struct Wgrad {
     const char* linear;
     int64_t out, in;
-    bool bgrad, autotune;
+    Dbias dbias;
+    bool autotune;
   };
-  for (const Wgrad g : {Wgrad{"fc1", kHidden, kWidth, true, false}, Wgrad{"fc1", kHidden, kWidth, false, false},
-                        Wgrad{"fc1", kHidden, kWidth, false, true}, Wgrad{"fc2", kWidth, kHidden, false, false},
-                        Wgrad{"fc2", kWidth, kHidden, false, true}}) {
-    const std::string variant = std::string(g.bgrad ? "bf16, BGRADB epilogue" : "bf16, no bias gradient") +
+  for (const Wgrad g : {Wgrad{"fc1", kHidden, kWidth, Dbias::kEpilogue, false},
+                        Wgrad{"fc1", kHidden, kWidth, Dbias::kNone, false}, Wgrad{"fc1", kHidden, kWidth, Dbias::kNone, true},
+                        Wgrad{"fc2", kWidth, kHidden, Dbias::kNone, false}, Wgrad{"fc2", kWidth, kHidden, Dbias::kNone, true},
+                        Wgrad{"qkv", kQkv, kWidth, Dbias::kEpilogue, false},
+                        Wgrad{"qkv", kQkv, kWidth, Dbias::kColumnSum, false}, Wgrad{"qkv", kQkv, kWidth, Dbias::kNone, false},
+                        Wgrad{"proj", kWidth, kWidth, Dbias::kEpilogue, false},
+                        Wgrad{"proj", kWidth, kWidth, Dbias::kColumnSum, false},
+                        Wgrad{"proj", kWidth, kWidth, Dbias::kNone, false}}) {
+    const std::string variant = std::string(g.dbias == Dbias::kEpilogue    ? "bf16, BGRADB epilogue"
+                                            : g.dbias == Dbias::kColumnSum ? "bf16, GEMM then column sum"
+                                                                           : "bf16, no bias gradient") +
                                 (g.autotune ? ", autotune" : "");
     const std::string shape =
         std::to_string(g.out) + " x " + std::to_string(g.in) + " over " + std::to_string(kRows) + " rows";
-    const int64_t bytes = kBf16 * (kRows * (g.out + g.in) + g.out * g.in + (g.bgrad ? g.out : 0));
+    const bool need_dbias = g.dbias != Dbias::kNone;
+    const int64_t bytes = kBf16 * (kRows * (g.out + g.in) + g.out * g.in + (need_dbias ? g.out : 0));
+    const kernels::LinearBiasGradDesign design = g.dbias == Dbias::kColumnSum
+                                                     ? kernels::LinearBiasGradDesign::kColumnSum
+                                                     : kernels::LinearBiasGradDesign::kEpilogue;
     cases.push_back({"linear_backward (" + std::string(g.linear) + " wgrad)", variant, shape, bytes,
                      [=](int64_t sets) -> Run {
                        Random& r = ws->random();
                        const std::vector<Tensor> dy = r.normals(sets, {kRows, g.out}), x = r.normals(sets, {kRows, g.in});
                        const Tensor w = r.normal({g.out, g.in}, DType::bf16);
                        return keeping<kernels::LinearGrads>(sets, [=](int64_t s) {
-                         // Autotuning is the process's switch: on for this row's calls only.
+                         // Autotuning and the bias gradient's design are the process's switches: set for
+                         // this row's calls only.
+                         const kernels::LinearBiasGradDesign before = kernels::linear_bias_grad_design();
                          kernels::set_autotune(g.autotune);
-                         kernels::LinearGrads grads = kernels::linear_backward(dy[s], x[s], w, false, true, g.bgrad);
+                         kernels::set_linear_bias_grad_design(design);
+                         kernels::LinearGrads grads = kernels::linear_backward(dy[s], x[s], w, false, true, need_dbias);
+                         kernels::set_linear_bias_grad_design(before);
                          kernels::set_autotune(false);
                          return grads;
                        });
                      },
                      3, false, true});
+  }
+  // kernels::sum over dy's rows, the column sum of LinearBiasGradDesign::kColumnSum (kernels/cuda/reduce.cu,
+  // its band partials then their sum: two launches): reads dy, writes the bf16 column sums (the f32
+  // partials, 4 bytes per column per band, are scratch).
+  for (const int64_t width : {kWidth, kQkv, kHidden}) {
+    cases.push_back({"sum", "bf16, over the rows (dbias)", dims(kRows, width),
+                     kBf16 * (kRows * width + width), [=](int64_t sets) -> Run {
+                       const std::vector<Tensor> dy = ws->random().normals(sets, {kRows, width});
+                       return keeping<Tensor>(sets, [=](int64_t s) { return kernels::sum(dy[s], 0); });
+                     }});
   }
 
   // ---- the tanh GELU in cuBLASLt's epilogues (--gelu tanh), each beside what it replaces ----

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "kernels/cuda/reduce_cuda.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "tests/testing.h"
@@ -122,6 +123,55 @@ TEST(CudaLinear, BackwardMatchesTheCpu) {
       EXPECT_LE(relative_error(got.dbias, want.dbias), tolerance(c.dtype)) << name(c);
     } else {
       EXPECT_FALSE(got.dbias.defined());
+    }
+  }
+}
+
+// Both designs of the bias gradient (kernels/linear.h LinearBiasGradDesign) where BGRADB applies (bf16
+// dy, out a multiple of 8) and the column sum takes its packed path (394 rows of 264 columns, 33 packs),
+// with a bf16 weight and with an f32 one (an f32 dweight and dbias, written from the f32 sums). Against
+// the float64 Σ over dy's rows, element by element: the f32 sums, in any order, are within
+// e = (n - 1)·2^-24·Σ|dy| of it, and the one rounding to bf16 adds at most 2^-8·(|exact| + e) (none for
+// f32); a row left out or counted twice moves a column by ~0.8, past e + 2^-8·|exact| (~0.1 here). The
+// column-sum design's dbias is kernels::cuda::sum's, bit for bit (the two run the same kernels), and the
+// weight gradient stays the CPU's within the suite's bound.
+TEST(CudaLinear, BothBiasGradDesignsSumDyOnceRounded) {
+  SKIP_WITHOUT_GPU();
+  using kernels::LinearBiasGradDesign;
+  const int64_t n = 394, in = 96, out = 264;
+  const Tensor x = random_tensor({2, 197, in}, DType::bf16, 171), dy = random_tensor({2, 197, out}, DType::bf16, 172);
+  const std::vector<double> dyv = dy.to_vector<double>();
+  std::vector<double> exact(out, 0.0), magnitude(out, 0.0);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      exact[o] += dyv[r * out + o];
+      magnitude[o] += std::fabs(dyv[r * out + o]);
+    }
+  }
+  for (DType weight_dtype : {DType::bf16, DType::f32}) {
+    const Tensor w = random_tensor({out, in}, weight_dtype, 173, 0.2);
+    const kernels::LinearGrads cpu = kernels::linear_backward(dy, x, w.to(DType::bf16), false, true, true);
+    for (LinearBiasGradDesign design : {LinearBiasGradDesign::kEpilogue, LinearBiasGradDesign::kColumnSum}) {
+      const std::string what = std::string(dtype_name(weight_dtype)) + " weight, " +
+                               (design == LinearBiasGradDesign::kEpilogue ? "epilogue" : "column sum");
+      kernels::set_linear_bias_grad_design(design);
+      const kernels::LinearGrads got = kernels::linear_backward(dy.to(kGpu), x.to(kGpu), w.to(kGpu), false, true, true);
+      kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kEpilogue);
+      ASSERT_TRUE(got.dbias.defined()) << what;
+      EXPECT_EQ(got.dbias.dtype(), weight_dtype) << what;
+      const double u = weight_dtype == DType::bf16 ? 0x1p-8 : 0.0;
+      const std::vector<double> db = got.dbias.to_vector<double>();
+      int64_t outside = 0;
+      for (int64_t o = 0; o < out; ++o) {
+        const double e = static_cast<double>(n - 1) * 0x1p-24 * magnitude[o];
+        if (std::fabs(db[o] - exact[o]) > e + u * (std::fabs(exact[o]) + e)) ++outside;
+      }
+      EXPECT_EQ(outside, 0) << what;
+      EXPECT_LE(relative_error(got.dweight.to(DType::bf16).to(DType::f32), cpu.dweight.to(DType::f32)), 1e-2) << what;
+      if (design == LinearBiasGradDesign::kColumnSum) {
+        const Tensor want = kernels::cuda::sum(dy.to(kGpu).reshape({n, out}), 1, n, out, 1.f, weight_dtype, "test");
+        EXPECT_TRUE(testing::same_bits(got.dbias, want)) << what;
+      }
     }
   }
 }

@@ -5,8 +5,11 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "kernels/cuda/reduce_cuda.h"
+#include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
@@ -17,6 +20,7 @@ namespace {
 using testing::kGpu;
 using testing::random_tensor;
 using testing::relative_error_matching_nans;
+using testing::relative_error_to_reference;
 using testing::throws_with;
 using testing::tolerance;
 
@@ -85,6 +89,58 @@ TEST(CudaReduce, AmaxIsF32AndPropagatesNaN) {
   std::vector<float> v = random_tensor({300000}, DType::f32, 25).to_vector<float>();
   v[123457] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(std::isnan(kernels::amax(from_vector(v, {300000}).to(kGpu)).item()));
+}
+
+// The packed column path (kernels/cuda/reduce.cu reduce_cols_packed: rows of whole 16-byte packs, at
+// least 128 of them), which the shapes above do not reach: the bias gradient's shape (ViT-H's
+// 12,608 × 1280 in bf16: 98 bands, then their sum), one band (130 rows), slices of an outer dim, f16,
+// f32 (4 columns a pack), and widths that leave part of a block's columns idle (96, 264). Held to the
+// float64 sum with the suite's f32 bound, 1e-5 norm-wise, on f32 results (a row left out or counted
+// twice moves a column's sum by about 1/√n of its size, 1e-2 and more here); the same bits on a second
+// call; a 16-bit result is the f32 result rounded once; the mean divides once; amax exactly the CPU's,
+// a NaN propagated in sum and amax alike; and a view 2 bytes off a 16-byte boundary (the generic
+// kernel) within the same bound.
+TEST(CudaReduce, PackedColumnSumsOfTallSlices) {
+  SKIP_WITHOUT_GPU();
+  struct Slice {
+    Shape shape;
+    int64_t dim;
+    DType dtype;
+  };
+  const std::vector<Slice> slices = {{{12608, 1280}, 0, DType::bf16}, {{130, 3840}, 0, DType::bf16},
+                                     {{3000, 96}, 0, DType::f32},     {{3000, 96}, 0, DType::f16},
+                                     {{2, 700, 264}, 1, DType::bf16}, {{4, 257, 96}, 1, DType::f32}};
+  uint64_t seed = 40;
+  for (const Slice& s : slices) {
+    const Tensor a = random_tensor(s.shape, s.dtype, ++seed), g = a.to(kGpu);
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < s.dim; ++d) outer *= s.shape[d];
+    for (int64_t d = s.dim + 1; d < a.dim(); ++d) inner *= s.shape[d];
+    const int64_t n = s.shape[s.dim];
+    const std::string what = a.describe() + " over dim " + std::to_string(s.dim);
+    const Tensor exact = kernels::sum(a.to(DType::f64), s.dim).reshape({-1});
+
+    const Tensor f32 = kernels::cuda::sum(g, outer, n, inner, 1.f, DType::f32, "test");
+    EXPECT_LE(relative_error_to_reference(f32, exact), 1e-5) << what;
+    EXPECT_TRUE(testing::same_bits(kernels::cuda::sum(g, outer, n, inner, 1.f, DType::f32, "test"), f32)) << what;
+    EXPECT_TRUE(testing::same_bits(kernels::sum(g, s.dim).reshape({-1}), f32.to(s.dtype))) << what;
+    const Tensor mean = kernels::cuda::sum(g, outer, n, inner, static_cast<float>(n), DType::f32, "test");
+    EXPECT_LE(relative_error_to_reference(mean, kernels::mul_scalar(exact, 1.0 / static_cast<double>(n))), 1e-5) << what;
+    EXPECT_EQ(relative_error_matching_nans(kernels::amax(g, s.dim), kernels::amax(a, s.dim)), 0) << what;
+
+    const Tensor off = testing::misaligned_on_gpu(a);
+    EXPECT_LE(relative_error_to_reference(kernels::cuda::sum(off, outer, n, inner, 1.f, DType::f32, "test"), exact),
+              1e-5)
+        << what << ", misaligned";
+  }
+  // A NaN in one column: that column's sum and amax are NaN, the others are not.
+  std::vector<float> v = random_tensor({12608, 1280}, DType::f32, 49).to_vector<float>();
+  v[5 * 1280 + 17] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor a = from_vector(v, {12608, 1280}).to(DType::bf16), g = a.to(kGpu);
+  for (const Tensor& got : {kernels::sum(g, 0), kernels::amax(g, 0)}) {
+    const std::vector<float> r = got.to_vector<float>();
+    for (int64_t c = 0; c < 1280; ++c) EXPECT_EQ(std::isnan(r[c]), c == 17) << "column " << c;
+  }
 }
 
 TEST(CudaReduce, SumToUndoesBroadcasting) {

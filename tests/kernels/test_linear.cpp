@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
+#include "kernels/reduce.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -108,6 +109,26 @@ TEST(Linear, BackwardComputesOnlyWhatIsAskedFor) {
   for (int64_t r = 0; r < 6; ++r)
     for (int64_t o = 0; o < 3; ++o) expected[o] += dyv[r * 3 + o];
   EXPECT_TRUE(all_close(g.dbias, expected, 1e-5, 1e-5));
+}
+
+// The GPU's bias-gradient design switch (kernels/linear.h): the epilogue unless set, and the CPU's one
+// way (kernels::sum) whatever it says. The column-sum design runs on a GPU only:
+// tests/cuda/test_cuda_linear.cpp (CudaLinear.BothBiasGradDesignsSumDyOnceRounded).
+TEST(Linear, BiasGradDesignIsTheEpilogueUnlessSetAndLeavesTheCpuAlone) {
+  using kernels::LinearBiasGradDesign;
+  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kEpilogue);
+  const Tensor x = random_tensor({3, 7, 12}, DType::bf16, 61), w = random_tensor({16, 12}, DType::bf16, 62);
+  const Tensor dy = random_tensor({3, 7, 16}, DType::bf16, 63);
+  const kernels::LinearGrads epilogue = kernels::linear_backward(dy, x, w, true, true, true);
+  kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kColumnSum);
+  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kColumnSum);
+  const kernels::LinearGrads columns = kernels::linear_backward(dy, x, w, true, true, true);
+  kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kEpilogue);
+  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kEpilogue);
+  EXPECT_TRUE(testing::same_bits(columns.dx, epilogue.dx));
+  EXPECT_TRUE(testing::same_bits(columns.dweight, epilogue.dweight));
+  EXPECT_TRUE(testing::same_bits(columns.dbias, epilogue.dbias));
+  EXPECT_TRUE(testing::same_bits(columns.dbias, kernels::sum(dy.reshape({-1, 16}), 0)));
 }
 
 TEST(Linear, ShapeErrorsNameTheTensors) {

@@ -178,23 +178,24 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
     Tensor dweight = empty({out, in}, weight.dtype(), weight.device());
     const Tensor xs = as_operand(x2, dy2);
     bool fused_dbias = false;
-    if (need_dbias && dweight.is_cuda() && gemm_writes(dy2.dtype(), dweight)) {
-      if (linear_bias_grad_design() == LinearBiasGradDesign::kColumnSum) {
-        // The f32 column sums rounded once to dweight's dtype, as BGRADB writes them. Bytes: reads dy,
-        // writes dbias (kernels/cuda/reduce.cu: 32.3 MB for ViT-H's 12,608 × 1280 bf16, 7.7 µs).
-        grads.dbias = cuda::sum(dy2, 1, rows, out, 1.f, dweight.dtype(), op);
-      } else {
-        Tensor dbias = empty({out}, dweight.dtype(), dweight.device());
-        const cuda::GemmEpilogueArgs epilogue{cuda::GemmEpilogue::BiasGradFromA, dbias};
-        fused_dbias =
-            cuda::gemm_with_epilogue(dy2, true, xs, false, dweight, single(out, in, rows), 1.0, 0.0, epilogue);
-        if (fused_dbias) grads.dbias = dbias;
-      }
+    if (need_dbias && dweight.is_cuda() && gemm_writes(dy2.dtype(), dweight) &&
+        linear_bias_grad_design() == LinearBiasGradDesign::kEpilogue) {
+      Tensor dbias = empty({out}, dweight.dtype(), dweight.device());
+      const cuda::GemmEpilogueArgs epilogue{cuda::GemmEpilogue::BiasGradFromA, dbias};
+      fused_dbias = cuda::gemm_with_epilogue(dy2, true, xs, false, dweight, single(out, in, rows), 1.0, 0.0, epilogue);
+      if (fused_dbias) grads.dbias = dbias;
     }
     if (!fused_dbias) gemm_into(dy2, true, xs, false, dweight, false);
     grads.dweight = dweight;
   }
-  if (need_dbias && !grads.dbias.defined()) grads.dbias = sum(dy2, 0).to(writable(weight.dtype()));
+  if (need_dbias && !grads.dbias.defined()) {
+    // On the GPU the f32 column sums are rounded once to the gradient's dtype, as BGRADB writes them
+    // (an f32 gradient of bf16 dy keeps the f32 sums). Bytes: reads dy, writes dbias
+    // (kernels/cuda/reduce.cu: 32.3 MB for ViT-H's 12,608 × 1280 bf16, 7.7 µs at 4.3 TB/s). The CPU
+    // sums in dy's dtype, then converts.
+    grads.dbias = dy2.is_cuda() ? cuda::sum(dy2, 1, rows, out, 1.f, writable(weight.dtype()), op)
+                                : sum(dy2, 0).to(writable(weight.dtype()));
+  }
   return grads;
 }
 

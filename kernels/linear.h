@@ -42,8 +42,9 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 //   kColumnSum  the wgrad GEMM alone, then Octet's column reduction over dy (kernels/cuda/reduce.cu,
 //               16-byte packs: 7.7 and 22.8 µs at a copy's bandwidth).
 // Both add the f32 sums in orders of their own and round once to dweight's dtype, so the bits may
-// differ in the last place; each repeats bit for bit. Process-wide, kEpilogue unless set. The CPU,
-// and the GPU where BGRADB does not apply, sum with kernels::sum.
+// differ in the last place; each repeats bit for bit. Process-wide, kEpilogue unless set. Where
+// BGRADB does not apply (no wgrad asked for, no algorithm) the GPU takes the column reduction too; the
+// CPU sums in dy's dtype (kernels::sum), then converts to dweight's.
 enum class LinearBiasGradDesign { kEpilogue, kColumnSum };
 void set_linear_bias_grad_design(LinearBiasGradDesign design);
 LinearBiasGradDesign linear_bias_grad_design();

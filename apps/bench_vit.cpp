@@ -5,6 +5,8 @@
 //   build/bin/bench_vit --device cpu                       the Fashion-MNIST model, batch 128
 //   build/bin/bench_vit --device cpu --model vit_tiny_patch16_224 --batch-size 8
 //   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --recompute blocks
+//   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --precision bf16
+//       --layernorm-backward columns --bias-grad column-sum      (the GPU kernel designs still on trial)
 //
 // One step is train_vit's (apps/train_step.h) in one process: forward, cross-entropy, backward and
 // the optimizer (SGD with momentum 0.9 by default, as the PyTorch comparator
@@ -37,6 +39,7 @@
 
 #include "apps/fp8_flags.h"
 #include "apps/autotune_flag.h"
+#include "apps/kernel_design_flags.h"
 #include "apps/train_step.h"
 #include "core/cuda_memory.h"
 #include "core/error.h"
@@ -267,6 +270,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
   std::string autotune = "off";
   add_autotune_flag(app, autotune);
+  KernelDesignFlags designs;
+  add_kernel_design_flags(app, designs);
   std::string recompute = "none";
   app.add_option("--recompute", recompute, "none, or blocks: activation recompute (each block reruns in backward)")
       ->check(CLI::IsMember({"none", "blocks"}))->capture_default_str();
@@ -296,6 +301,7 @@ int main(int argc, char** argv) {
     OCTET_CHECK(device.is_cpu() || cuda::is_available(), "bench_vit: --device ", device.str(),
                 " but no CUDA device is visible (or this build has no CUDA); pass --device cpu");
     apply_autotune(autotune, device);
+    apply_kernel_design_flags(designs, device);
     const std::string name = device_name(device);
     if (peak_tflops < 0) peak_tflops = default_peak_tflops(name, precision);
 
@@ -362,12 +368,13 @@ int main(int argc, char** argv) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
 
     const std::string precision_text = fp8 ? "fp8 " + fp8_recipe.describe() : precision;
-    std::printf("model %s (GELU %s), batch %lld, %s, %s, %s%s, %lld parameters\n", config.name.c_str(),
+    const std::string chosen_designs = designs.describe().empty() ? "" : ", kernel designs " + designs.describe();
+    std::printf("model %s (GELU %s), batch %lld, %s, %s, %s%s%s, %lld parameters\n", config.name.c_str(),
                 gelu.c_str(), static_cast<long long>(batch_size), precision_text.c_str(), optimizer_name.c_str(),
                 device.is_cuda() ? (device.str() + " (" + name + ")").c_str()
                                  : ("cpu, " + std::to_string(threads) + " thread(s)").c_str(),
                 autotune == "on" ? ", cuBLASLt and cuDNN candidates timed (--autotune on)" : "",
-                static_cast<long long>(model.num_parameters()));
+                chosen_designs.c_str(), static_cast<long long>(model.num_parameters()));
     std::printf("%.4g GFLOP per training image (3x forward)%s\n", flops_per_image / 1e9,
                 config.name == "vit_huge_patch16_224" ? "; the issue's figure for this model: 764" : "");
     std::printf("step %.2f ms (forward %.2f, backward %.2f, optimizer %.2f; medians of %d)\n", 1e3 * step,
@@ -410,6 +417,8 @@ int main(int argc, char** argv) {
         {"precision", precision},
         {"gelu", gelu},
         {"autotune", autotune == "on"},
+        {"layernorm_backward", designs.layernorm_backward},
+        {"bias_grad", designs.bias_grad},
         {"fp8_recipe", fp8 ? nlohmann::json(fp8_recipe.describe()) : nlohmann::json(nullptr)},
         {"optimizer", optimizer_name},
         {"batch_size", batch_size},

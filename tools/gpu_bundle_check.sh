@@ -309,6 +309,8 @@ expect "$summary" '^SKIP  torch.compile: skipped: (no torch|it needs a GPU)' "to
 expect "$summary" '^SKIP  kernel table: no (ncu|GPU to profile)' "the kernel table does not say why it is skipped"
 expect "$summary" '^SKIP  bench_vit_bf16_autotune: skipped: the CPU has no GPU algorithms to time' \
   "the autotuned bench run does not say why it is skipped"
+expect "$summary" '^SKIP  bench_vit_bf16_designs: skipped: the CPU has one kernel per op, no designs to choose' \
+  "the bench run with the kernel designs on trial does not say why it is skipped"
 expect "$summary" '^PASS  fsdp_hybrid_nccl tracks its CPU twin: steps 1-6: .*bit for bit: True' "no track verdict (hybrid)"
 expect "$summary" '^PASS  mpi2_fsdp_fp8_gather tracks its CPU twin: steps 1-6' "no track verdict (2 ranks over MPI)"
 expect "$summary" '^INFO  fsdp_lora_nccl loss \(not judged.*\): mean loss of the first 5 steps' "no falls report"

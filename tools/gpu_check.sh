@@ -12,8 +12,9 @@
 #                  (14 s), fp8 (10 s), fp8 with --fp8-fused-producers off (10 s), bf16 with
 #                  --recompute blocks (10 s), bf16 with --gelu tanh (the GELU in cuBLASLt's epilogue;
 #                  11 s): 55 s on the third run; then bf16 and fp8 with --autotune on (cuBLASLt's
-#                  algorithms and cuDNN's attention engines timed per shape in the first step; not run
-#                  yet, about 25 s)
+#                  algorithms and cuDNN's attention engines timed per shape in the first step), and
+#                  bf16 and fp8 with the kernel designs on trial (--layernorm-backward columns, and in
+#                  bf16 --bias-grad column-sum); not run yet, about 50 s for the four
 #   bench_kernels  bench_kernels, where the build has it (1 s on the third run)
 #   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (14 s), then plain SGD
 #                  with the tanh GELU (11 s)
@@ -379,10 +380,16 @@ stage_bench() {
               "bf16_recompute octet-recompute --precision bf16 --recompute blocks" \
               "bf16_gelu_tanh octet-gelu-tanh --precision bf16 --gelu tanh" \
               "bf16_autotune octet-autotune --precision bf16 --autotune on" \
-              "fp8_autotune octet-fp8-autotune --precision fp8 --autotune on"; do
+              "fp8_autotune octet-fp8-autotune --precision fp8 --autotune on" \
+              "bf16_designs octet-designs --precision bf16 --layernorm-backward columns --bias-grad column-sum" \
+              "fp8_designs octet-fp8-designs --precision fp8 --layernorm-backward columns"; do
     read -r name run flags <<< "$spec"
     if ((rehearsal)) && [[ $flags == *--autotune* ]]; then
       note SKIP "bench_vit_$name: skipped: the CPU has no GPU algorithms to time (a rehearsal)"
+      continue
+    fi
+    if ((rehearsal)) && [[ $flags == *--layernorm-backward* ]]; then
+      note SKIP "bench_vit_$name: skipped: the CPU has one kernel per op, no designs to choose (a rehearsal)"
       continue
     fi
     # shellcheck disable=SC2086  # flags: words

@@ -420,6 +420,8 @@ NAMES = {
     "octet-gelu-tanh": "Octet bf16, --gelu tanh (the GELU in cuBLASLt's GEMM epilogues)",
     "octet-autotune": "Octet bf16, --autotune on",
     "octet-fp8-autotune": "Octet fp8, fused producers on, --autotune on",
+    "octet-designs": "Octet bf16, --layernorm-backward columns --bias-grad column-sum",
+    "octet-fp8-designs": "Octet fp8, fused producers on, --layernorm-backward columns",
     "pytorch-eager": "PyTorch eager, bf16 autocast, SGD",
     "pytorch-eager-fused": "PyTorch eager, bf16 autocast, SGD(fused=True)",
     "pytorch-compile": "PyTorch torch.compile, bf16 autocast, SGD",
@@ -585,6 +587,10 @@ def table(args):
         if tuned in runs and base in runs:
             goals.append(f"{what} --autotune on: {ips[tuned] / ips[base]:.3f}x {what}'s images/s with "
                          "the libraries' heuristic choices")
+    for tried, base, what in (("octet-designs", "octet", "bf16"), ("octet-fp8-designs", "octet-fp8", "fp8")):
+        if tried in runs and base in runs:
+            goals.append(f"{what} with the kernel designs on trial: {ips[tried] / ips[base]:.3f}x {what}'s images/s "
+                         "with the library's designs")
     # The goals again for the autotuned runs: --autotune is bench_vit's (and train_vit's) own option.
     if "octet-autotune" in runs:
         tuned = runs["octet-autotune"]
@@ -594,6 +600,17 @@ def table(args):
             goals.append(goal("Octet bf16 --autotune on MFU", 100 * tuned["mfu"], 50, fmt=".1f", unit="%"))
     if "octet-fp8-autotune" in runs and eager:
         goals.append(goal("Octet fp8 --autotune on ÷ PyTorch eager bf16", ips["octet-fp8-autotune"] / eager, 1.9))
+    # And for the designs on trial: the defaults a GPU run would make them.
+    if "octet-designs" in runs:
+        tried = runs["octet-designs"]
+        if compiled:
+            goals.append(goal("Octet bf16 with the designs on trial ÷ torch.compile", ips["octet-designs"] / compiled,
+                              1.15))
+        if tried.get("mfu") is not None:
+            goals.append(goal("Octet bf16 with the designs on trial MFU", 100 * tried["mfu"], 50, fmt=".1f", unit="%"))
+    if "octet-fp8-designs" in runs and eager:
+        goals.append(goal("Octet fp8 with the designs on trial ÷ PyTorch eager bf16", ips["octet-fp8-designs"] / eager,
+                          1.9))
     if "octet" in runs and "pytorch-eager" in runs:
         goals.append(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
                      f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")

@@ -378,6 +378,9 @@ class Report(unittest.TestCase):
             {"run": "octet-autotune", "bench": "octet", "precision": "bf16", "autotune": True,
              "images_per_s": 440.0, "step_ms": 145.5, "tflops": 330.0, "mfu": 0.33, "peak_memory_gib": 30.1,
              "gflop_per_image": 764.0},
+            {"run": "octet-fp8-designs", "bench": "octet", "precision": "fp8", "layernorm_backward": "columns",
+             "bias_grad": "epilogue", "images_per_s": 480.0, "step_ms": 133.3, "tflops": 366.0, "mfu": 0.37,
+             "peak_memory_gib": 28.0, "gflop_per_image": 764.0},
         ]
         bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
         rc, out = run("table", bench, "--device", "NVIDIA H100", "--model", "vit_huge_patch16_224", "--batch", "64",
@@ -400,9 +403,14 @@ class Report(unittest.TestCase):
         self.assertNotIn("fp8 --autotune on:", out)  # its row did not run
         self.assertIn("Octet bf16 --autotune on MFU = 33.0% (goal >= 50%): NOT met", out)
         self.assertNotIn("Octet fp8 --autotune on ÷", out)
+        self.assertIn("| Octet fp8, fused producers on, --layernorm-backward columns | 480.0 | 133.3 |", out)
+        self.assertIn("fp8 with the kernel designs on trial: 0.960x fp8's images/s with the library's designs", out)
+        self.assertNotIn("bf16 with the kernel designs on trial:", out)  # its row did not run
+        self.assertIn("Octet fp8 with the designs on trial ÷ PyTorch eager bf16 = 1.920 (goal >= 1.9): met", out)
+        self.assertNotIn("Octet bf16 with the designs on trial", out)
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
-        self.assertIn("did not run: octet-recompute, octet-fp8-autotune, pytorch-eager-fused, pytorch-compile, "
-                      "pytorch-compile-fused", out)
+        self.assertIn("did not run: octet-recompute, octet-fp8-autotune, octet-designs, pytorch-eager-fused, "
+                      "pytorch-compile, pytorch-compile-fused", out)
 
 
 if __name__ == "__main__":

@@ -203,18 +203,22 @@ bool producer_fuses(const std::shared_ptr<const Fp8Config>& config) {
   return config != nullptr && config->recipe.is_delayed() && fused_producers.load(std::memory_order_relaxed);
 }
 
-}  // namespace
-
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
-                  const std::shared_ptr<const Fp8Config>& config, const Tensor& residual) {
-  check_and_prepare("fp8_linear", x, weight, bias, state, config);
-  const Fp8LinearPlan p = plan_for(x, weight, bias, GradMode::is_enabled() && x.requires_grad());
-  Shape y_shape = x.shape();
+// An FP8 Linear whose input is cast by `cast(x2, plan)` (x2: the input as [rows, in], detached): the
+// checks, the weight's cast, the forward GEMM (+ residual) and the node, whose backward runs the
+// backward GEMMs and hands the dgrad to `input_grad(dx, kept)` for the gradient of `input`. `kept` is
+// what input_grad needs of the forward (x2 for a GELU's backward), or undefined, so that nothing more
+// of the input is held. fp8_linear and fp8_gelu_linear are this with their own cast and input_grad.
+template <class Cast, class InputGrad>
+Tensor linear_from_cast(const char* op, const Tensor& input, const Tensor& weight, const Tensor& bias,
+                        std::shared_ptr<Fp8LinearState>& state, const std::shared_ptr<const Fp8Config>& config,
+                        const Tensor& residual, bool keep_input, Cast cast, InputGrad input_grad) {
+  check_and_prepare(op, input, weight, bias, state, config);
+  const Fp8LinearPlan p = plan_for(input, weight, bias, GradMode::is_enabled() && input.requires_grad());
+  Shape y_shape = input.shape();
   y_shape.back() = p.out;
-  check_residual("fp8_linear", residual, y_shape, p.x_dtype);  // before the casts move the FP8 state on
-  const Tensor x2 = x.detach().reshape({-1, p.in});
-  const kernels::Fp8Cast xq =
-      cast_entry(x2, state->forward, Fp8FwdTensors::kInput, config->recipe, /*rowwise=*/true, /*transposed=*/p.need_dw);
+  check_residual(op, residual, y_shape, p.x_dtype);  // before the casts move the FP8 state on
+  const Tensor x2 = input.detach().reshape({-1, p.in});
+  const kernels::Fp8Cast xq = cast(x2, p);
   const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
   fp8_forward_ran(state);
   const Tensor y = forward_gemm(xq, wq, bias, p, residual).reshape(y_shape);
@@ -223,13 +227,29 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std
 
   const Tensor x_t = p.need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
   const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
-  const Shape x_shape = x.shape();
+  const Tensor kept = keep_input && p.need_dx ? x2 : Tensor();
   std::shared_ptr<Fp8LinearState> st = state;
-  return autograd::record("fp8_linear", y, {x, weight, bias, residual}, [=](const autograd::Grads& g) -> autograd::Grads {
-    if (!p.need_dx && !p.need_dw && !p.need_db) return {Tensor(), Tensor(), Tensor(), g[0]};
-    Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t, w_scale_inv, st, config);
-    return {p.need_dx ? d.dx.reshape(x_shape) : Tensor(), d.dw, d.db, nr ? g[0] : Tensor()};
-  });
+  return autograd::record(op, y, {input, weight, bias, residual},
+                          [=, shape = input.shape()](const autograd::Grads& g) -> autograd::Grads {
+                            if (!p.need_dx && !p.need_dw && !p.need_db) return {Tensor(), Tensor(), Tensor(), g[0]};
+                            Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t,
+                                                              w_scale_inv, st, config);
+                            const Tensor dx = p.need_dx ? input_grad(d.dx, kept).reshape(shape) : Tensor();
+                            return {dx, d.dw, d.db, nr ? g[0] : Tensor()};
+                          });
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
+                  const std::shared_ptr<const Fp8Config>& config, const Tensor& residual) {
+  return linear_from_cast(
+      "fp8_linear", x, weight, bias, state, config, residual, /*keep_input=*/false,
+      [&](const Tensor& x2, const Fp8LinearPlan& p) -> kernels::Fp8Cast {
+        return cast_entry(x2, state->forward, Fp8FwdTensors::kInput, config->recipe, /*rowwise=*/true,
+                          /*transposed=*/p.need_dw);
+      },
+      [](const Tensor& dx, const Tensor&) { return dx; });
 }
 
 namespace {
@@ -356,34 +376,16 @@ Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approxim
                        const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                        const std::shared_ptr<const Fp8Config>& config, const Tensor& residual) {
   if (!producer_fuses(config)) return fp8_linear(gelu(hidden, approximation), weight, bias, state, config, residual);
-  check_and_prepare("fp8_gelu_linear", hidden, weight, bias, state, config);
-  const Fp8LinearPlan p = plan_for(hidden, weight, bias, GradMode::is_enabled() && hidden.requires_grad());
-  Shape y_shape = hidden.shape();
-  y_shape.back() = p.out;
-  check_residual("fp8_gelu_linear", residual, y_shape, p.x_dtype);  // before the casts move the FP8 state on
-  const Tensor x2 = hidden.detach().reshape({-1, p.in});
-  const Fp8LinearState::Entry e = Fp8LinearState::entry(state->forward, Fp8FwdTensors::kInput);
-  const kernels::Fp8Cast xq = kernels::gelu_fp8_forward(x2, approximation, e.scale, e.amax, state->forward.fp8_dtype,
-                                                        /*rowwise=*/true, /*transposed=*/p.need_dw);
-  const kernels::Fp8Cast wq = weight_cast(*state, weight.detach(), config->recipe, /*need_transposed=*/p.need_dx);
-  fp8_forward_ran(state);
-  const Tensor y = forward_gemm(xq, wq, bias, p, residual).reshape(y_shape);
-  const bool nr = GradMode::is_enabled() && residual.defined() && residual.requires_grad();
-  if (!p.need_dx && !p.need_dw && !p.need_db && !nr) return y;
-
-  const Tensor x_t = p.need_dw ? xq.transposed : Tensor(), x_scale_inv = xq.scale_inv;
-  const Tensor w_t = p.need_dx ? wq.transposed : Tensor(), w_scale_inv = wq.scale_inv;
-  std::shared_ptr<Fp8LinearState> st = state;
-  return autograd::record("fp8_gelu_linear", y, {hidden, weight, bias, residual},
-                          [=, shape = hidden.shape()](const autograd::Grads& g) -> autograd::Grads {
-                            if (!p.need_dx && !p.need_dw && !p.need_db) return {Tensor(), Tensor(), Tensor(), g[0]};
-                            Fp8LinearGrads d = backward_gemms(g[0].reshape({-1, p.out}), p, x_t, x_scale_inv, w_t,
-                                                              w_scale_inv, st, config);
-                            // gelu's backward (autograd/ops_nn.cpp), on the dgrad.
-                            const Tensor dh = p.need_dx ? kernels::gelu_backward(d.dx, x2, approximation).reshape(shape)
-                                                        : Tensor();
-                            return {dh, d.dw, d.db, nr ? g[0] : Tensor()};
-                          });
+  // The GELU writes the FP8 input itself; its backward (autograd/ops_nn.cpp's gelu) runs on the dgrad,
+  // from the GELU's input kept for it.
+  return linear_from_cast(
+      "fp8_gelu_linear", hidden, weight, bias, state, config, residual, /*keep_input=*/true,
+      [&](const Tensor& x2, const Fp8LinearPlan& p) -> kernels::Fp8Cast {
+        const Fp8LinearState::Entry e = Fp8LinearState::entry(state->forward, Fp8FwdTensors::kInput);
+        return kernels::gelu_fp8_forward(x2, approximation, e.scale, e.amax, state->forward.fp8_dtype,
+                                         /*rowwise=*/true, /*transposed=*/p.need_dw);
+      },
+      [approximation](const Tensor& dx, const Tensor& x2) { return kernels::gelu_backward(dx, x2, approximation); });
 }
 
 namespace {

@@ -7,20 +7,16 @@
 
 #include "apps/autotune_flag.h"
 #include "kernels/autotune.h"
+#include "tests/apps/parse_flags.h"
 #include "tests/testing.h"
 
 namespace octet {
 namespace {
 using testing::throws_with;
 
-std::string parse(std::vector<std::string> args) {
-  CLI::App app;
-  std::string value = "off";
-  add_autotune_flag(app, value);
-  std::vector<const char*> argv{"prog"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  return value;
+std::string parse(const std::vector<std::string>& args) {
+  return testing::parse_flags(args, std::string("off"),
+                              [](CLI::App& app, std::string& value) { add_autotune_flag(app, value); });
 }
 
 TEST(AutotuneFlag, ParsesOnAndOff) {

@@ -7,6 +7,7 @@
 
 #include "apps/fp8_flags.h"
 #include "nn/fp8_linear.h"
+#include "tests/apps/parse_flags.h"
 #include "tests/testing.h"
 
 namespace octet {
@@ -14,14 +15,8 @@ namespace {
 using testing::throws_with;
 
 // Parses `args` (after the program name) into fresh Fp8Options.
-Fp8Options parse(std::vector<std::string> args) {
-  CLI::App app;
-  Fp8Options options;
-  add_fp8_flags(app, options);
-  std::vector<const char*> argv{"prog"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  return options;
+Fp8Options parse(const std::vector<std::string>& args) {
+  return testing::parse_flags(args, Fp8Options{}, [](CLI::App& app, Fp8Options& o) { add_fp8_flags(app, o); });
 }
 
 TEST(Fp8Flags, DefaultsAreTransformerEnginesDelayedScaling) {

@@ -9,20 +9,16 @@
 #include "apps/kernel_design_flags.h"
 #include "kernels/layernorm_design.h"
 #include "kernels/linear.h"
+#include "tests/apps/parse_flags.h"
 #include "tests/testing.h"
 
 namespace octet {
 namespace {
 using testing::throws_with;
 
-KernelDesignFlags parse(std::vector<std::string> args) {
-  CLI::App app;
-  KernelDesignFlags flags;
-  add_kernel_design_flags(app, flags);
-  std::vector<const char*> argv{"prog"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  return flags;
+KernelDesignFlags parse(const std::vector<std::string>& args) {
+  return testing::parse_flags(args, KernelDesignFlags{},
+                              [](CLI::App& app, KernelDesignFlags& f) { add_kernel_design_flags(app, f); });
 }
 
 TEST(KernelDesignFlags, DefaultToTheLibrarysDesigns) {

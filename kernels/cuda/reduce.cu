@@ -102,7 +102,7 @@ __global__ void reduce_cols(const T* a, OutT* out, int64_t outer, int64_t n, int
 //     (the result, or the band's partial).
 //   - Bands: as many as fill about kPackTargetBlocks blocks, each at least kPackMinBandRows rows: a
 //     function of the shape alone (same bits on every run and GPU). With more than one band a second
-//     pass (reduce over the partials) adds the bands in band order.
+//     pass (reduce over the partials) adds the bands in a fixed order.
 // ViT-H's bias gradients at batch 64 (12,608 rows, bf16): 1280 wide, 5 column groups × 98 bands of
 // 129 rows (490 blocks, 16 rows a thread); 3840 wide, 15 × 36 of 351 (540 blocks).
 constexpr int kPackLanes = 32, kPackWarps = 8, kPackUnroll = 8;

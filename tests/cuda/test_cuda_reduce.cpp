@@ -96,9 +96,9 @@ TEST(CudaReduce, AmaxIsF32AndPropagatesNaN) {
 // 12,608 × 1280 in bf16: 98 bands, then their sum), one band (130 rows), slices of an outer dim, f16,
 // f32 (4 columns a pack), and widths that leave part of a block's columns idle (96, 264). Held to the
 // float64 sum with the suite's f32 bound, 1e-5 norm-wise, on f32 results (a row left out or counted
-// twice moves a column's sum by about 1/√n of its size, 1e-2 and more here); the same bits on a second
+// twice moves a column's sum by about 1/√n of its size, 0.9% at 12,608 rows); the same bits on a second
 // call; a 16-bit result is the f32 result rounded once; the mean divides once; amax exactly the CPU's,
-// a NaN propagated in sum and amax alike; and a view 2 bytes off a 16-byte boundary (the generic
+// a NaN propagated in sum and amax alike; and a view one element off a 16-byte boundary (the generic
 // kernel) within the same bound.
 TEST(CudaReduce, PackedColumnSumsOfTallSlices) {
   SKIP_WITHOUT_GPU();

@@ -1,7 +1,7 @@
 #pragma once
 // bench_vit's choice between the GPU kernel designs that wait for a GPU run to settle them:
-// --layernorm-backward (kernels/layernorm_design.h) and --bias-grad (kernels/linear.h). Each names
-// the design the library runs unless told otherwise first, so a benchmark without the flags is the
+// --layernorm-backward (kernels/layernorm_design.h) and --bias-grad (kernels/linear.h). Each defaults
+// to the design the library runs when nothing sets it, so a benchmark without the flags times the
 // library as it ships.
 #include <CLI/CLI.hpp>
 

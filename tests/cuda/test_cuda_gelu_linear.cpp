@@ -2,8 +2,12 @@
 // GELU's input, not its output): at ViT-Base's MLP shape in bf16 the output and every gradient but
 // fc1's bias are bit for bit those of the modules one after the other on the GPU -- the same kernels,
 // with the GELU run again in backward, and cuBLASLt given the same problems. fc1's bias gradient is
-// summed in the GELU backward's pass, in its own order, not by cuBLASLt's BGRADB epilogue: it is held
-// to the float64 sums of the very dpre both paths compute. The node keeps one hidden-sized tensor less.
+// summed in the GELU backward's pass, in its own order, so the node runs fc1's wgrad GEMM without a
+// bias-gradient epilogue; the modules' fc1 would ask cuBLASLt for BGRADB on it, another problem whose
+// algorithm (and so the order of the weight gradient's sums) may differ. So both paths run with the
+// bias gradients summed apart (LinearBiasGradDesign::kColumnSum): every GEMM is then the same problem
+// in both, and fc1's bias gradient is held to the float64 sums of the very dpre both paths compute.
+// The node keeps one hidden-sized tensor less.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,8 +52,16 @@ MlpRun run_mlp(nn::Mlp& mlp, bool as_modules) {
   return r;
 }
 
+// Sets LinearBiasGradDesign::kColumnSum for its scope (the switch is process-wide).
+struct BiasGradsSummedApart {
+  kernels::LinearBiasGradDesign before = kernels::linear_bias_grad_design();
+  BiasGradsSummedApart() { kernels::set_linear_bias_grad_design(kernels::LinearBiasGradDesign::kColumnSum); }
+  ~BiasGradsSummedApart() { kernels::set_linear_bias_grad_design(before); }
+};
+
 TEST(CudaGeluLinear, MlpEqualsTheModulesBitForBit) {
   SKIP_WITHOUT_GPU();
+  const BiasGradsSummedApart summed_apart;
   nn::Mlp mlp(768, 3072, 768);
   uint64_t seed = 20;
   for (const Tensor& p : mlp.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.05));
@@ -60,7 +72,9 @@ TEST(CudaGeluLinear, MlpEqualsTheModulesBitForBit) {
   EXPECT_TRUE(same_bits(fused.dx, modules.dx));
   ASSERT_EQ(fused.grads.size(), 4u);
   for (const auto& [name, g] : modules.grads) {
-    if (name != "fc1.bias") EXPECT_TRUE(same_bits(fused.grads.at(name), g)) << name;
+    if (name != "fc1.bias") {
+      EXPECT_TRUE(same_bits(fused.grads.at(name), g)) << name;
+    }
   }
 
   // fc1's bias gradient: Σ over the 1576 rows of dpre = gelu_backward(dy·W2, pre), which both paths

@@ -583,34 +583,28 @@ def table(args):
         goals.append(f"bf16 --gelu tanh: {tanh / ips['octet']:.3f}x bf16's (erf) images/s"
                      + (f", {tanh / ips['pytorch-eager-gelu-tanh']:.3f}x PyTorch eager with the same GELU"
                         if "pytorch-eager-gelu-tanh" in runs else ""))
-    for tuned, base, what in (("octet-autotune", "octet", "bf16"), ("octet-fp8-autotune", "octet-fp8", "fp8")):
-        if tuned in runs and base in runs:
-            goals.append(f"{what} --autotune on: {ips[tuned] / ips[base]:.3f}x {what}'s images/s with "
-                         "the libraries' heuristic choices")
-    for tried, base, what in (("octet-designs", "octet", "bf16"), ("octet-fp8-designs", "octet-fp8", "fp8")):
-        if tried in runs and base in runs:
-            goals.append(f"{what} with the kernel designs on trial: {ips[tried] / ips[base]:.3f}x {what}'s images/s "
-                         "with the library's designs")
-    # The goals again for the autotuned runs: --autotune is bench_vit's (and train_vit's) own option.
-    if "octet-autotune" in runs:
-        tuned = runs["octet-autotune"]
-        if compiled:
-            goals.append(goal("Octet bf16 --autotune on ÷ torch.compile", ips["octet-autotune"] / compiled, 1.15))
-        if tuned.get("mfu") is not None:
-            goals.append(goal("Octet bf16 --autotune on MFU", 100 * tuned["mfu"], 50, fmt=".1f", unit="%"))
-    if "octet-fp8-autotune" in runs and eager:
-        goals.append(goal("Octet fp8 --autotune on ÷ PyTorch eager bf16", ips["octet-fp8-autotune"] / eager, 1.9))
-    # And for the designs on trial: the defaults a GPU run would make them.
-    if "octet-designs" in runs:
-        tried = runs["octet-designs"]
-        if compiled:
-            goals.append(goal("Octet bf16 with the designs on trial ÷ torch.compile", ips["octet-designs"] / compiled,
-                              1.15))
-        if tried.get("mfu") is not None:
-            goals.append(goal("Octet bf16 with the designs on trial MFU", 100 * tried["mfu"], 50, fmt=".1f", unit="%"))
-    if "octet-fp8-designs" in runs and eager:
-        goals.append(goal("Octet fp8 with the designs on trial ÷ PyTorch eager bf16", ips["octet-fp8-designs"] / eager,
-                          1.9))
+    # The runs with bench_vit's own options beside the library's defaults (--autotune; the kernel designs
+    # on trial, which a GPU run would make the defaults): (bf16 run, fp8 run, the goals' words for them,
+    # the line comparing each with its base run).
+    variants = (
+        ("octet-autotune", "octet-fp8-autotune", "--autotune on",
+         "{what} --autotune on: {ratio:.3f}x {what}'s images/s with the libraries' heuristic choices"),
+        ("octet-designs", "octet-fp8-designs", "with the designs on trial",
+         "{what} with the kernel designs on trial: {ratio:.3f}x {what}'s images/s with the library's designs"),
+    )
+    for bf16_run, fp8_run, _, compared in variants:
+        for run, base, what in ((bf16_run, "octet", "bf16"), (fp8_run, "octet-fp8", "fp8")):
+            if run in runs and base in runs:
+                goals.append(compared.format(what=what, ratio=ips[run] / ips[base]))
+    # The issue's goals again for each of them.
+    for bf16_run, fp8_run, words, _ in variants:
+        if bf16_run in runs:
+            if compiled:
+                goals.append(goal(f"Octet bf16 {words} ÷ torch.compile", ips[bf16_run] / compiled, 1.15))
+            if runs[bf16_run].get("mfu") is not None:
+                goals.append(goal(f"Octet bf16 {words} MFU", 100 * runs[bf16_run]["mfu"], 50, fmt=".1f", unit="%"))
+        if fp8_run in runs and eager:
+            goals.append(goal(f"Octet fp8 {words} ÷ PyTorch eager bf16", ips[fp8_run] / eager, 1.9))
     if "octet" in runs and "pytorch-eager" in runs:
         goals.append(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
                      f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")

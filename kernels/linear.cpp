@@ -192,11 +192,9 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
     const DType dbias_dtype = writable(weight.dtype());
     if (dy2.is_cuda()) {
       // The f32 column sums rounded once to the gradient's dtype, as BGRADB writes them (an f32
-      // gradient of bf16 dy keeps the f32 sums; the GPU's kernels write f32, bf16 and f16, so an f64
-      // one is the f32 sums widened). Bytes: reads dy, writes dbias (kernels/cuda/reduce.cu: 32.3 MB
-      // for ViT-H's 12,608 × 1280 bf16, 7.7 µs at 4.3 TB/s).
-      const DType sum_dtype = dbias_dtype == DType::f64 ? DType::f32 : dbias_dtype;
-      grads.dbias = cuda::sum(dy2, 1, rows, out, 1.f, sum_dtype, op).to(dbias_dtype);
+      // gradient of bf16 dy keeps the f32 sums). Bytes: reads dy, writes dbias (kernels/cuda/reduce.cu:
+      // 32.3 MB for ViT-H's 12,608 × 1280 bf16, 7.7 µs at 4.3 TB/s).
+      grads.dbias = cuda::sum(dy2, 1, rows, out, 1.f, dbias_dtype, op);
     } else {
       grads.dbias = sum(dy2, 0).to(dbias_dtype);  // the CPU sums in dy's dtype, then converts
     }

@@ -437,7 +437,10 @@ Tensor kernel_input(const Tensor& a) { return is_fp8(a.dtype()) ? a.detach().to(
 
 Tensor sum(const Tensor& a_in, int64_t outer, int64_t n, int64_t inner, float divisor, DType out_dtype,
            const char* op) {
-  if (is_fp8(out_dtype)) return sum(a_in, outer, n, inner, divisor, DType::f32, op).to(out_dtype);
+  // The kernels write f32, bf16 and f16: an FP8 or f64 result is the f32 sums converted.
+  if (is_fp8(out_dtype) || out_dtype == DType::f64) {
+    return sum(a_in, outer, n, inner, divisor, DType::f32, op).to(out_dtype);
+  }
   const Tensor a = kernel_input(a_in);
   Tensor out = empty({outer * inner}, out_dtype, a.device());
   if (outer * inner == 0) return out;

@@ -8,8 +8,8 @@
 
 namespace octet::kernels::cuda {
 
-// out[o·inner + i] = (sum over k of a[o, k, i]) / divisor, as a 1-D tensor of out_dtype. `op` names
-// the caller (sum, mean, sum_to) in errors.
+// out[o·inner + i] = (sum over k of a[o, k, i]) / divisor, as a 1-D tensor of out_dtype (an FP8 or
+// f64 result is the f32 sums converted). `op` names the caller (sum, mean, sum_to) in errors.
 Tensor sum(const Tensor& a, int64_t outer, int64_t n, int64_t inner, float divisor, DType out_dtype, const char* op);
 // The maximum over the middle dim (values in a's dtype) and where it first occurs (i64); NaN
 // counts as larger than everything. 1-D results of outer·inner elements. Needs n >= 1.

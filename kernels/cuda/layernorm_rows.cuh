@@ -131,24 +131,28 @@ __device__ __forceinline__ float unit_value(const Unit& u, int k) {
   }
 }
 
-// This lane's units of a row: with `packed` (C a multiple of N, the row 16-byte aligned) one 16-byte
-// load per unit, else one element at a time. Elements past C are zero and never used. All the loads
-// are issued before any is used, so a warp has the whole row in flight at once.
+// This lane's unit i of a row: with `packed` (C a multiple of N, the row 16-byte aligned) one 16-byte
+// load, else one element at a time. Elements past C are zero and never used.
+template <class T>
+__device__ __forceinline__ void load_row_unit(const T* row, int C, int lane, bool packed, int i, Unit& u) {
+  const int c0 = unit_column<T>(i, lane);
+  u = Unit{};
+  if (c0 < C) {
+    if (packed) {
+      const uint4 q = *reinterpret_cast<const uint4*>(row + c0);
+      u = Unit{{q.x, q.y, q.z, q.w}};
+    } else {
+      for_unit_elements<T>(c0, C, [&](int k) { put_unit_bits<T>(u, k, bits_of(row[c0 + k])); });
+    }
+  }
+}
+
+// This lane's units of a row (load_row_unit). All the loads are issued before any is used, so a warp
+// has the whole row in flight at once.
 template <class T, int kUnits>
 __device__ __forceinline__ void load_row_units(const T* row, int C, int lane, bool packed, Unit (&u)[kUnits]) {
 #pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
-    const int c0 = unit_column<T>(i, lane);
-    u[i] = Unit{};
-    if (c0 < C) {
-      if (packed) {
-        const uint4 q = *reinterpret_cast<const uint4*>(row + c0);
-        u[i] = Unit{{q.x, q.y, q.z, q.w}};
-      } else {
-        for_unit_elements<T>(c0, C, [&](int k) { put_unit_bits<T>(u[i], k, bits_of(row[c0 + k])); });
-      }
-    }
-  }
+  for (int i = 0; i < kUnits; ++i) load_row_unit(row, C, lane, packed, i, u[i]);
 }
 
 // The unit at column c0 (< C) of a row, stored as load_row_units loads it.

@@ -1,0 +1,146 @@
+// The refill (kernels/row_prefetch.h) on the GPU: each kernel that takes it gives the same bits with
+// it as without it, on shapes where a warp takes several rows (a block several tiles), the last one
+// partial, and where a warp (block) has none to prefetch. That the refill's results are right is the
+// other suites' business: it is on unless set, so every LayerNorm backward and FP8 cast test runs it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+
+#include "kernels/fp8.h"
+#include "kernels/nn_ops.h"
+#include "kernels/row_prefetch.h"
+#include "tests/cuda/cuda_testing.h"
+#include "tests/testing.h"
+
+namespace octet {
+namespace {
+
+using kernels::GeluApproximation;
+using kernels::RowPrefetch;
+using testing::kGpu;
+using testing::random_tensor;
+using testing::same_bits;
+
+// f() once with each setting, the switch restored after.
+template <class F>
+auto with_and_without_refill(F f) {
+  const RowPrefetch before = kernels::row_prefetch();
+  kernels::set_row_prefetch(RowPrefetch::kRefill);
+  auto refill = f();
+  kernels::set_row_prefetch(RowPrefetch::kAfter);
+  auto after = f();
+  kernels::set_row_prefetch(before);
+  return std::make_pair(refill, after);
+}
+
+struct Rows {
+  int64_t rows, C;
+};
+
+// LayerNorm's backward in the row design, with and without the fused residual gradient and the
+// weight: 1 row; 9 rows (fewer than a block's warps); 1000 and ViT-H's 12,608 rows of 1280 (a warp
+// refilled 0 and 5 times, the last warps partial); 2000 rows of 640 (five units a lane in f32), 4097
+// of 768 and 40 of 24 (other unit counts); 1536 bf16 and 768 f32 (six units a lane: past the refill's
+// five, the kernel without it either way).
+TEST(CudaRowPrefetch, LayerNormBackwardSameBitsEitherWay) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::bf16, DType::f32, DType::f16}) {
+    for (Rows s : {Rows{1, 1280}, Rows{9, 1280}, Rows{1000, 1280}, Rows{12608, 1280}, Rows{4097, 768}, Rows{2000, 640},
+                   Rows{40, 24}, Rows{333, 1536}}) {
+      if (s.rows == 12608 && d != DType::bf16) continue;
+      for (bool affine : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << s.rows << " C " << s.C << " affine "
+                                          << affine);
+        const uint64_t seed = 500 + static_cast<uint64_t>(s.rows + s.C);
+        const Tensor x = random_tensor({s.rows, s.C}, d, seed, 2.0).to(kGpu);
+        const Tensor dy = random_tensor({s.rows, s.C}, d, seed + 1).to(kGpu);
+        const Tensor dres = random_tensor({s.rows, s.C}, d, seed + 2).to(kGpu);
+        const Tensor w = affine ? random_tensor({s.C}, d, seed + 3).to(kGpu) : Tensor();
+        const Tensor b = affine ? random_tensor({s.C}, d, seed + 4).to(kGpu) : Tensor();
+        const auto fwd = kernels::layernorm_forward(x, w, b, 1e-6);
+        const auto [refill, after] =
+            with_and_without_refill([&] { return kernels::layernorm_backward(dy, x, w, fwd.mean, fwd.rstd); });
+        EXPECT_TRUE(same_bits(refill.dx, after.dx));
+        const auto [fused_refill, fused_after] = with_and_without_refill(
+            [&] { return kernels::add_layernorm_backward(dy, dres, x, w, fwd.mean, fwd.rstd); });
+        EXPECT_TRUE(same_bits(fused_refill.dh, fused_after.dh));
+        if (affine) {
+          EXPECT_TRUE(same_bits(refill.dweight, after.dweight));
+          EXPECT_TRUE(same_bits(refill.dbias, after.dbias));
+          EXPECT_TRUE(same_bits(fused_refill.dweight, fused_after.dweight));
+          EXPECT_TRUE(same_bits(fused_refill.dbias, fused_after.dbias));
+        }
+      }
+    }
+  }
+}
+
+// Everything a cast writes: the bytes, the transposed copy and its padding, the amax (from a slot
+// that starts non-zero) and scale_inv, and dbias where there is one.
+void expect_same_cast(const kernels::Fp8Cast& got, const kernels::Fp8Cast& want) {
+  EXPECT_EQ(got.data.defined(), want.data.defined());
+  if (got.data.defined()) EXPECT_TRUE(same_bits(got.data, want.data)) << "row-major copy";
+  EXPECT_TRUE(same_bits(got.transposed, want.transposed)) << "transposed copy";
+  EXPECT_TRUE(same_bits(got.scale_inv, want.scale_inv)) << "scale_inv";
+}
+
+struct CastRun {
+  kernels::Fp8CastWithBiasGrad cast;
+  Tensor amax;
+};
+
+// The tiled casts (fp8_cast, fp8_cast_dbias, gelu_fp8_forward, dgelu_fp8_cast_dbias): ViT-H's fc1
+// output (12,608 x 5120: 15,760 tiles, several a block), 4097 x 1000 (partial tiles down and across),
+// 100 x 64 (two tiles: a block with none to prefetch) and 3 x 8; bf16 and f32 inputs.
+TEST(CudaRowPrefetch, TiledFp8CastsSameBytesEitherWay) {
+  SKIP_WITHOUT_GPU();
+  for (DType d : {DType::bf16, DType::f32}) {
+    for (Rows s : {Rows{12608, 5120}, Rows{4097, 1000}, Rows{100, 64}, Rows{3, 8}}) {
+      if (s.rows == 12608 && d != DType::bf16) continue;
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << " " << s.rows << " x " << s.C);
+      const uint64_t seed = 900 + static_cast<uint64_t>(s.rows + s.C);
+      const Tensor x = random_tensor({s.rows, s.C}, d, seed, 3.0).to(kGpu);
+      const Tensor dact = random_tensor({s.rows, s.C}, d, seed + 1).to(kGpu);
+      const Tensor scale = full({1}, 37.5, DType::f32, kGpu);
+      // run(f): f(amax slot) with a fresh slot at 0.25, and the slot after.
+      auto run = [&](auto f) {
+        return with_and_without_refill([&] {
+          const Tensor amax = full({1}, 0.25, DType::f32, kGpu);
+          return CastRun{f(amax), amax};
+        });
+      };
+      auto as_dbias = [](kernels::Fp8Cast c) {
+        kernels::Fp8CastWithBiasGrad out;
+        static_cast<kernels::Fp8Cast&>(out) = c;
+        return out;
+      };
+      const auto cast = run([&](const Tensor& amax) {
+        return as_dbias(kernels::fp8_cast(x, scale, amax, DType::e4m3, true, true));
+      });
+      const auto cast_dbias = run([&](const Tensor& amax) {
+        return kernels::fp8_cast_dbias(x, scale, amax, DType::e5m2, true, true, DType::bf16);
+      });
+      const auto transposed_only = run([&](const Tensor& amax) {
+        return as_dbias(kernels::fp8_cast(x, scale, amax, DType::e4m3, false, true));
+      });
+      const auto gelu = run([&](const Tensor& amax) {
+        return as_dbias(kernels::gelu_fp8_forward(x, GeluApproximation::None, scale, amax, DType::e4m3, true, true));
+      });
+      const auto dgelu = run([&](const Tensor& amax) {
+        return kernels::dgelu_fp8_cast_dbias(dact, x, GeluApproximation::None, scale, amax, DType::e5m2, true, true,
+                                             DType::bf16);
+      });
+      for (const auto* p : {&cast, &cast_dbias, &transposed_only, &gelu, &dgelu}) {
+        expect_same_cast(p->first.cast, p->second.cast);
+        EXPECT_TRUE(same_bits(p->first.amax, p->second.amax)) << "amax";
+      }
+      EXPECT_TRUE(same_bits(cast_dbias.first.cast.dbias, cast_dbias.second.cast.dbias)) << "dbias";
+      EXPECT_TRUE(same_bits(dgelu.first.cast.dbias, dgelu.second.cast.dbias)) << "dgelu's dbias";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace octet

@@ -11,6 +11,7 @@
 //   struct Input {
 //     using Element = ...;  // the element type of the kernel's pointers x and x2 (x2 may be unused)
 //     static constexpr int kMinBlocksPerSm = ...;  // __launch_bounds__: the register budget
+//     static constexpr int kRefillMinBlocksPerSm = ...;  // the same with kRefill (below)
 //     struct Loaded { ... };  // what load() reads for 8 consecutive elements
 //     // elements i .. i+7: i % 8 == 0, x and x2 16-byte aligned
 //     static __device__ Loaded load(const Element* x, const Element* x2, int64_t i);
@@ -50,6 +51,10 @@
 // The grid: the blocks the SMs hold at once (at most kCastBlocksPerSm an SM), each taking tiles t,
 // t + gridDim.x, ...: every block resident from the start, enough warps that their loads cover the
 // memory latency, the tiles spread evenly, and at most that many amax atomics.
+// The refill (kRefill, kernels/row_prefetch.h, on unless set): a block's next tile is loaded row by row
+// into the registers of the row whose values were just computed, so that it is in flight while this
+// tile is quantised, written and transposed; before, a block had nothing in flight between its loads
+// (the third run: 0.67-0.78 of a copy with the transposed copy). Not yet timed on a GPU.
 // Included by .cu files only.
 #include <algorithm>
 #include <cstdint>
@@ -59,6 +64,7 @@
 #include "kernels/cuda/fp8_elements.cuh"
 #include "kernels/fp8.h"
 #include "kernels/fp8_scale_rule.h"
+#include "kernels/row_prefetch.h"
 
 namespace octet::kernels::cuda {
 
@@ -116,10 +122,15 @@ __device__ __forceinline__ Eight<T> load_eight(const T* p) {
 // f32 sum of the tile's rows of column c of v, in the fixed order of the file comment: 4 bytes written
 // per column per 64 rows, no float atomics. kVector: cols % 8 == 0, x and x2 16-byte aligned, data
 // 8-byte aligned (run_fp8_cast_kernel checks).
-template <class Input, bool kE5M2, bool kColumnSums, bool kVector>
-__global__ void __launch_bounds__(kCastThreads, Input::kMinBlocksPerSm)
+// kRefill (the 16-byte path only; kernels/row_prefetch.h): the loads of the block's next tile are
+// issued row by row as soon as the thread has computed its values of that row of this tile, into the
+// same registers, so that they are in flight while this tile is cast, written and transposed. Without
+// it, a tile's loads are issued when the last tile is done.
+template <class Input, bool kE5M2, bool kColumnSums, bool kVector, bool kRefill>
+__global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlocksPerSm : Input::kMinBlocksPerSm)
     fp8_cast_kernel(const typename Input::Element* __restrict__ x, const typename Input::Element* __restrict__ x2,
                     CastArgs a) {
+  static_assert(kVector || !kRefill, "the refill is for the 16-byte path");
   __shared__ alignas(16) uint32_t tile[kTile * kTileWordsPerColumn];  // the transposed bytes, tile_word
   __shared__ float warp_sums[kColumnSums ? kCastWarps : 1][kTile];     // [warp][tile column]
   __shared__ uint32_t scratch[32];
@@ -131,22 +142,64 @@ __global__ void __launch_bounds__(kCastThreads, Input::kMinBlocksPerSm)
   const bool transposed = a.transposed != nullptr;
   const bool uses_tile = transposed || kColumnSums;
   uint32_t local = 0;
-  for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-    const int64_t row_tile = t / a.tiles_x;
-    const int64_t r0 = row_tile * kTile, c0 = (t - row_tile * a.tiles_x) * kTile;
-    const int64_t r = r0 + kThreadRows * quad, c = c0 + kSegment * seg;  // this thread's first element
-
-    // This thread's loads for the four rows, all issued before any arithmetic (the 16-byte path; the
-    // scalar path loads as it goes). cols % 8 == 0 there, so a segment is wholly inside the columns or
-    // wholly outside.
-    typename Input::Loaded in[kThreadRows];
-    bool inside[kThreadRows];
+  // The block's tiles t = blockIdx.x, + gridDim.x, ...: tile t is (t / tiles_x, t % tiles_x) in tiles
+  // down and across, stepped from one to the next without a division (a 64-bit one is a long routine).
+  struct TileAt {
+    int64_t row_tile, col_tile;
+  };
+  const int64_t step_down = gridDim.x / a.tiles_x, step_across = gridDim.x % a.tiles_x;
+  auto next_tile = [&](TileAt p) {
+    p.row_tile += step_down;
+    p.col_tile += step_across;
+    if (p.col_tile >= a.tiles_x) {
+      p.col_tile -= a.tiles_x;
+      ++p.row_tile;
+    }
+    return p;
+  };
+  // This thread's first element of a tile: row first_row(p), column first_col(p).
+  auto first_row = [&](TileAt p) { return p.row_tile * kTile + kThreadRows * quad; };
+  auto first_col = [&](TileAt p) { return p.col_tile * kTile + kSegment * seg; };
+  // This thread's loads (the 16-byte path; the scalar path loads as it goes): row i of its four rows
+  // from (r, c) into in[i]. cols % 8 == 0 there, so a segment is wholly inside the columns or wholly
+  // outside.
+  typename Input::Loaded in[kThreadRows];
+  bool inside[kThreadRows];
+  auto load_row = [&](int64_t r, int64_t c, int i) {
+    inside[i] = r + i < a.rows && c < a.cols;
+    if (inside[i]) in[i] = Input::load(x, x2, (r + i) * a.cols + c);
+  };
+  // The same for the next tile, from its first element's offset r · cols + c and the rows and
+  // columns left from there (fewer registers to keep across a tile than r and c).
+  auto load_next_row = [&](int64_t offset, int64_t rows_left, bool cols_inside, int i) {
+    inside[i] = i < rows_left && cols_inside;
+    if (inside[i]) in[i] = Input::load(x, x2, offset + i * a.cols);
+  };
+  TileAt at{blockIdx.x / a.tiles_x, blockIdx.x % a.tiles_x};
+  if constexpr (kRefill) {
+    if (blockIdx.x < a.tiles) {
 #pragma unroll
-    for (int i = 0; i < kThreadRows; ++i) {
-      inside[i] = r + i < a.rows && c < a.cols;
-      if constexpr (kVector) {
-        if (inside[i]) in[i] = Input::load(x, x2, (r + i) * a.cols + c);
-      }
+      for (int i = 0; i < kThreadRows; ++i) load_row(first_row(at), first_col(at), i);
+    }
+  }
+  for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x, at = next_tile(at)) {
+    const int64_t row_tile = at.row_tile, r0 = row_tile * kTile, c0 = at.col_tile * kTile;
+    const int64_t r = first_row(at), c = first_col(at);
+    // The four rows' loads, all issued before any arithmetic (with kRefill, while the last tile was cast).
+    if constexpr (kVector && !kRefill) {
+#pragma unroll
+      for (int i = 0; i < kThreadRows; ++i) load_row(r, c, i);
+    }
+    // With kRefill, the block's next tile, if it has one: its first element's offset, and how many
+    // of its rows and columns lie inside from there.
+    const bool refill = kRefill && t + gridDim.x < a.tiles;
+    int64_t next_offset = 0, next_rows_left = 0;
+    bool next_cols_inside = false;
+    if (refill) {
+      const TileAt next = next_tile(at);
+      next_offset = first_row(next) * a.cols + first_col(next);
+      next_rows_left = a.rows - first_row(next);
+      next_cols_inside = first_col(next) < a.cols;
     }
 
     // Row by row (so that one row's values are live at a time): the values v[j] of (r + i, c + j), 0
@@ -164,6 +217,8 @@ __global__ void __launch_bounds__(kCastThreads, Input::kMinBlocksPerSm)
 #pragma unroll
           for (int j = 0; j < kSegment; ++j) v[j] = 0.f;
         }
+        // in[i] is free: the next tile's row i.
+        if (refill) load_next_row(next_offset, next_rows_left, next_cols_inside, i);
       } else {
 #pragma unroll
         for (int j = 0; j < kSegment; ++j) {
@@ -263,6 +318,9 @@ template <class X>
 struct StoredInput {
   using Element = X;
   static constexpr int kMinBlocksPerSm = 6;  // at most 80 registers
+  // With kRefill the next tile's loads (16 registers for bf16, 32 for f32) stay live across the tile:
+  // at 80 registers ptxas spilled 12-52 bytes a thread, at 96 none.
+  static constexpr int kRefillMinBlocksPerSm = 5;
   using Loaded = Eight<X>;
   static __device__ __forceinline__ Loaded load(const X* x, const X*, int64_t i) { return load_eight(x + i); }
   static __device__ __forceinline__ void values(const Loaded& in, float v[kSegment]) {
@@ -316,10 +374,12 @@ void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input:
     auto run = [&](auto kernel) {
       kernel<<<cast_blocks(a, device_index, cast_blocks_per_sm(kernel)), kCastThreads, 0, stream>>>(x, x2, a);
     };
-    if (vector) {
-      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true>);
+    if (vector && row_prefetch() == RowPrefetch::kRefill) {
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true, true>);
+    } else if (vector) {
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true, false>);
     } else {
-      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, false>);
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, false, false>);
     }
   };
   const bool e5m2 = fp8_dtype == DType::e5m2, sums = a.column_partials != nullptr;

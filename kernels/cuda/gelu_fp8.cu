@@ -54,6 +54,8 @@ template <class T, bool kTanh>
 struct GeluInput {
   using Element = T;
   static constexpr int kMinBlocksPerSm = kTanh ? 5 : 6;  // at most 96 (tanh) or 80 registers
+  // The same with the refill: ViT-H's (erf, bf16, no column sums) fits 80 registers without a spill.
+  static constexpr int kRefillMinBlocksPerSm = kMinBlocksPerSm;
   using Loaded = Eight<T>;
   static __device__ __forceinline__ float stored(T x) {
     return widen_stored(from_float<T>(GeluForwardOf<T, kTanh>{}(to_float(x), 0.f)));
@@ -74,6 +76,9 @@ template <class T, bool kTanh>
 struct DgeluInput {
   using Element = T;
   static constexpr int kMinBlocksPerSm = 4;  // at most 128 registers
+  // With the refill too: ViT-H's (bf16, E5M2, column sums) then spills 20 bytes a thread, stored and
+  // reloaded once a tile from L1, where 3 blocks an SM would cost a quarter of the warps.
+  static constexpr int kRefillMinBlocksPerSm = 4;
   struct Loaded {
     Eight<T> dact, x;
   };

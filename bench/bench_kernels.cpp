@@ -261,7 +261,7 @@ int time_cases(const std::vector<Case>& cases, Device gpu, const Options& o) {
         "GB/s / copy GB/s (target %.2f)\n\n",
         kTarget);
     // "µs" is one column wide and two bytes long: its fields are one wider.
-    std::printf("%-28s %-32s %-26s %10s %9s %7s %10s %7s %6s %4s\n", "kernel", "variant", "shape", "µs", "MB", "GB/s",
+    std::printf("%-28s %-36s %-26s %10s %9s %7s %10s %7s %6s %4s\n", "kernel", "variant", "shape", "µs", "MB", "GB/s",
                 "copy µs", "copy", "ratio", "sets");
   }
 
@@ -292,7 +292,7 @@ int time_cases(const std::vector<Case>& cases, Device gpu, const Options& o) {
       if (ratio < worst) worst = ratio, worst_label = c.label();
     }
     if (text) {
-      std::printf("%-28s %-32s %-26s %9.1f %9.2f %7.0f %9.1f %7.0f %6.2f %4lld%s%s\n", c.kernel.c_str(),
+      std::printf("%-28s %-36s %-26s %9.1f %9.2f %7.0f %9.1f %7.0f %6.2f %4lld%s%s\n", c.kernel.c_str(),
                   c.variant.c_str(), c.shape.c_str(), t, static_cast<double>(c.bytes) / 1e6, gbps, tc, copy_gbps, ratio,
                   static_cast<long long>(sets),
                   tiny ? "  (launch-bound: not counted)" : c.gemm ? "  (GEMM: compute-bound, not counted)" : "",
@@ -392,9 +392,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (list) {
-      std::printf("%-28s %-32s %-26s %14s\n", "kernel", "variant", "shape", "bytes");
+      std::printf("%-28s %-36s %-26s %14s\n", "kernel", "variant", "shape", "bytes");
       for (const Case& c : cases) {
-        std::printf("%-28s %-32s %-26s %14lld\n", c.kernel.c_str(), c.variant.c_str(), c.shape.c_str(),
+        std::printf("%-28s %-36s %-26s %14lld\n", c.kernel.c_str(), c.variant.c_str(), c.shape.c_str(),
                     static_cast<long long>(c.bytes));
       }
       return 0;

@@ -19,6 +19,7 @@
 #include "kernels/nn_ops.h"
 #include "kernels/optimizers.h"
 #include "kernels/reduce.h"
+#include "kernels/row_prefetch.h"
 #include "models/vit.h"
 #include "optim/param_groups.h"
 
@@ -192,6 +193,41 @@ Case amax_case(const std::shared_ptr<Workspace>& ws, int64_t rows, int64_t cols,
             const Tensor amax = zeros({1}, DType::f32, ws->device);
             return [=](int64_t i) { kernels::fp8_amax_(x[static_cast<size_t>(i % sets)], amax); };
           }};
+}
+
+// The rows whose kernels take the refill (kernels/row_prefetch.h, on unless set): the LayerNorm
+// backward's row design with dweight and dbias, the tiled FP8 casts with the transposed copy and the
+// GELU ones.
+bool takes_refill(const Case& c) {
+  if (c.kernel == "layernorm_backward" || c.kernel == "add_layernorm_backward") {
+    return c.variant == "bf16, dweight+dbias";
+  }
+  if (c.kernel == "fp8_cast") return c.variant == "e4m3 row+T";
+  return c.kernel == "fp8_cast_dbias" || c.kernel == "gelu_fp8_forward" || c.kernel == "dgelu_fp8_cast_dbias";
+}
+
+// After each of those rows, its twin with each row's (tile's) loads issued only once the last is done
+// (RowPrefetch::kAfter, set for the twin's calls only), so that one run judges the refill.
+std::vector<Case> with_loads_after_twins(std::vector<Case> cases) {
+  std::vector<Case> out;
+  for (Case& c : cases) {
+    const bool twin = takes_refill(c);
+    out.push_back(c);
+    if (!twin) continue;
+    Case after = std::move(c);
+    after.variant += ", no refill";
+    after.prepare = [prepare = std::move(after.prepare)](int64_t sets) -> Run {
+      Run run = prepare(sets);
+      return [run = std::move(run)](int64_t i) {
+        const kernels::RowPrefetch before = kernels::row_prefetch();
+        kernels::set_row_prefetch(kernels::RowPrefetch::kAfter);
+        run(i);
+        kernels::set_row_prefetch(before);
+      };
+    };
+    out.push_back(std::move(after));
+  }
+  return out;
 }
 
 }  // namespace
@@ -593,7 +629,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                      for (int64_t s = 0; s < sets; ++s) t.push_back(empty({kRows, kWidth}, DType::f32, ws->device));
                      return [t, sets](int64_t i) { t[static_cast<size_t>(i % sets)].fill_(1.0); };
                    }});
-  return cases;
+  return with_loads_after_twins(std::move(cases));
 }
 
 }  // namespace octet::bench

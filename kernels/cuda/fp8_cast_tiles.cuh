@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlock
   struct TileAt {
     int64_t row_tile, col_tile;
   };
-  const int64_t step_down = gridDim.x / a.tiles_x, step_across = gridDim.x % a.tiles_x;
+  const int64_t tiles_x = a.tiles > 0 ? a.tiles_x : 1;  // no division by zero where there is no tile
+  const int64_t step_down = gridDim.x / tiles_x, step_across = gridDim.x % tiles_x;
   auto next_tile = [&](TileAt p) {
     p.row_tile += step_down;
     p.col_tile += step_across;
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlock
     inside[i] = i < rows_left && cols_inside;
     if (inside[i]) in[i] = Input::load(x, x2, offset + i * a.cols);
   };
-  TileAt at{blockIdx.x / a.tiles_x, blockIdx.x % a.tiles_x};
+  TileAt at{blockIdx.x / tiles_x, blockIdx.x % tiles_x};
   if constexpr (kRefill) {
     if (blockIdx.x < a.tiles) {
 #pragma unroll
@@ -319,7 +320,8 @@ struct StoredInput {
   using Element = X;
   static constexpr int kMinBlocksPerSm = 6;  // at most 80 registers
   // With kRefill the next tile's loads (16 registers for bf16, 32 for f32) stay live across the tile:
-  // at 80 registers ptxas spilled 12-52 bytes a thread, at 96 none.
+  // at 80 registers ptxas spilled 12-52 bytes a thread, at 96 at most 8 (bf16 without column sums:
+  // two words stored before the tile loop and read once a tile).
   static constexpr int kRefillMinBlocksPerSm = 5;
   using Loaded = Eight<X>;
   static __device__ __forceinline__ Loaded load(const X* x, const X*, int64_t i) { return load_eight(x + i); }

@@ -196,14 +196,15 @@ Case amax_case(const std::shared_ptr<Workspace>& ws, int64_t rows, int64_t cols,
 }
 
 // The rows whose kernels take the refill (kernels/row_prefetch.h, on unless set): the LayerNorm
-// backward's row design with dweight and dbias, the tiled FP8 casts with the transposed copy and the
-// GELU ones.
+// backward's row design with dweight and dbias, LayerNorm writing FP8, the tiled FP8 casts with the
+// transposed copy and the GELU ones.
 bool takes_refill(const Case& c) {
   if (c.kernel == "layernorm_backward" || c.kernel == "add_layernorm_backward") {
     return c.variant == "bf16, dweight+dbias";
   }
   if (c.kernel == "fp8_cast") return c.variant == "e4m3 row+T";
-  return c.kernel == "fp8_cast_dbias" || c.kernel == "gelu_fp8_forward" || c.kernel == "dgelu_fp8_cast_dbias";
+  return c.kernel == "layernorm_fp8_forward" || c.kernel == "add_layernorm_fp8_forward" ||
+         c.kernel == "fp8_cast_dbias" || c.kernel == "gelu_fp8_forward" || c.kernel == "dgelu_fp8_cast_dbias";
 }
 
 // After each of those rows, its twin with each row's (tile's) loads issued only once the last is done

@@ -4,6 +4,8 @@
 // done (kAfter). The kernels that take it:
 //   - LayerNorm's backward in the row design (kernels/cuda/layernorm.cu): a warp's next row, unit by
 //     unit, as soon as its dx for that unit is written;
+//   - LayerNorm writing FP8 (kernels/cuda/layernorm_fp8.cu), a warp per row: likewise, as soon as the
+//     unit's output is computed;
 //   - the tiled FP8 cast (kernels/cuda/fp8_cast_tiles.cuh: fp8_cast, fp8_cast_dbias, the GELU and
 //     dGELU writing FP8): a block's next tile, row by row, as soon as the thread's values of that row
 //     are computed.

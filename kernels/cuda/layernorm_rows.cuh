@@ -171,6 +171,27 @@ __device__ __forceinline__ T add_rounded(T a, T b) {
   return from_float<T>(__fadd_rn(to_float(a), to_float(b)));
 }
 
+// u ← h = a + b (add_rounded), unit by unit, each unit written to hr: a and b are the units of a
+// row of x and of x2 as load_row_units loads them (u may be a).
+template <class T, int kUnits>
+__device__ __forceinline__ void add_row_units(const Unit (&a)[kUnits], const Unit (&b)[kUnits], T* hr, int C,
+                                              int lane, bool packed, Unit (&u)[kUnits]) {
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const int c0 = unit_column<T>(i, lane);
+    Unit sum{};
+    if (c0 < C) {
+#pragma unroll
+      for (int k = 0; k < Pack<T>::N; ++k) {
+        const T v = from_float<T>(__fadd_rn(unit_value<T>(a[i], k), unit_value<T>(b[i], k)));  // add_rounded
+        put_unit_bits<T>(sum, k, bits_of(v));
+      }
+      store_unit(hr, c0, C, packed, sum);
+    }
+    u[i] = sum;
+  }
+}
+
 // The row h = x + x2 (add_rounded) into u, and written to hr.
 template <class T, int kUnits>
 __device__ __forceinline__ void load_row_units_residual(const T* xr, const T* x2r, T* hr, int C, int lane, bool packed,
@@ -178,19 +199,7 @@ __device__ __forceinline__ void load_row_units_residual(const T* xr, const T* x2
   Unit a[kUnits], b[kUnits];
   load_row_units(xr, C, lane, packed, a);
   load_row_units(x2r, C, lane, packed, b);
-#pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
-    const int c0 = unit_column<T>(i, lane);
-    u[i] = Unit{};
-    if (c0 < C) {
-#pragma unroll
-      for (int k = 0; k < Pack<T>::N; ++k) {
-        const T v = from_float<T>(__fadd_rn(unit_value<T>(a[i], k), unit_value<T>(b[i], k)));  // add_rounded
-        put_unit_bits<T>(u[i], k, bits_of(v));
-      }
-      store_unit(hr, c0, C, packed, u[i]);
-    }
-  }
+  add_row_units<T>(a, b, hr, C, lane, packed, u);
 }
 
 // The N weights (or biases) of the unit at column c0, as floats: with `packed`

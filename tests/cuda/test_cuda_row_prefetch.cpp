@@ -82,7 +82,8 @@ TEST(CudaRowPrefetch, LayerNormBackwardSameBitsEitherWay) {
 void expect_same_cast(const kernels::Fp8Cast& got, const kernels::Fp8Cast& want) {
   EXPECT_EQ(got.data.defined(), want.data.defined());
   if (got.data.defined()) EXPECT_TRUE(same_bits(got.data, want.data)) << "row-major copy";
-  EXPECT_TRUE(same_bits(got.transposed, want.transposed)) << "transposed copy";
+  EXPECT_EQ(got.transposed.defined(), want.transposed.defined());
+  if (got.transposed.defined()) EXPECT_TRUE(same_bits(got.transposed, want.transposed)) << "transposed copy";
   EXPECT_TRUE(same_bits(got.scale_inv, want.scale_inv)) << "scale_inv";
 }
 
@@ -138,6 +139,53 @@ TEST(CudaRowPrefetch, TiledFp8CastsSameBytesEitherWay) {
       }
       EXPECT_TRUE(same_bits(cast_dbias.first.cast.dbias, cast_dbias.second.cast.dbias)) << "dbias";
       EXPECT_TRUE(same_bits(dgelu.first.cast.dbias, dgelu.second.cast.dbias)) << "dgelu's dbias";
+    }
+  }
+}
+
+struct LayerNormFp8Run {
+  kernels::LayerNormFp8 out;
+  Tensor amax;
+};
+
+// LayerNorm writing FP8, with and without the residual add, both copies and the row-major one alone:
+// ViT-H's 12,608 rows of 1280 (several rows a warp, several tiles a block with the residual), 4097
+// rows (the last tile partial: its warps' next rows are the transposed copy's padding), 33 rows of
+// 1280 and 5 of 96, 1000 f32 rows of 512.
+TEST(CudaRowPrefetch, LayerNormFp8SameBytesEitherWay) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    DType d;
+    Rows s;
+  };
+  for (Case k : {Case{DType::bf16, {12608, 1280}}, Case{DType::bf16, {4097, 1280}}, Case{DType::bf16, {33, 1280}},
+                 Case{DType::bf16, {5, 96}}, Case{DType::f32, {1000, 512}}}) {
+    for (bool residual : {false, true}) {
+      for (bool rowwise_only : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(k.d) << " " << k.s.rows << " x " << k.s.C << " residual "
+                                          << residual << " row-major only " << rowwise_only);
+        const uint64_t seed = 1300 + static_cast<uint64_t>(k.s.rows + k.s.C);
+        const Tensor x = random_tensor({k.s.rows, k.s.C}, k.d, seed, 2.0).to(kGpu);
+        const Tensor y = random_tensor({k.s.rows, k.s.C}, k.d, seed + 1).to(kGpu);
+        const Tensor w = random_tensor({k.s.C}, k.d, seed + 2).to(kGpu);
+        const Tensor b = random_tensor({k.s.C}, k.d, seed + 3).to(kGpu);
+        const Tensor scale = full({1}, 60.0, DType::f32, kGpu);
+        const auto [refill, after] = with_and_without_refill([&] {
+          const Tensor amax = full({1}, 0.25, DType::f32, kGpu);
+          const bool transposed = !rowwise_only;
+          if (residual) {
+            return LayerNormFp8Run{
+                kernels::add_layernorm_fp8_forward(x, y, w, b, 1e-6, scale, amax, DType::e4m3, true, transposed), amax};
+          }
+          return LayerNormFp8Run{
+              kernels::layernorm_fp8_forward(x, w, b, 1e-6, scale, amax, DType::e4m3, true, transposed), amax};
+        });
+        expect_same_cast(refill.out.cast, after.out.cast);
+        EXPECT_TRUE(same_bits(refill.amax, after.amax)) << "amax";
+        EXPECT_TRUE(same_bits(refill.out.mean, after.out.mean)) << "mean";
+        EXPECT_TRUE(same_bits(refill.out.rstd, after.out.rstd)) << "rstd";
+        if (residual) EXPECT_TRUE(same_bits(refill.out.h, after.out.h)) << "h";
+      }
     }
   }
 }

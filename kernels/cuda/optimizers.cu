@@ -338,7 +338,9 @@ struct F16BitsToF32 {
   __device__ float operator()(uint16_t b) const { return f16_bits_to_float(b); }
 };
 
-// dst = f32(src) on one chunk per block: 8 elements per 16-byte load, two 16-byte stores.
+// dst = f32(src) on one chunk per block: 8 elements per 16-byte load, two 16-byte stores, four loads
+// in flight per thread.
+constexpr int kWidenUnroll = 4;
 template <class Widen>
 __global__ void __launch_bounds__(kUpdateThreads) widen_to_f32_kernel(__grid_constant__ const ChunkTable<2> table, Widen widen_bits) {
   const Chunk chunk = find_chunk(table, kUpdateChunk);
@@ -346,17 +348,30 @@ __global__ void __launch_bounds__(kUpdateThreads) widen_to_f32_kernel(__grid_con
   float* __restrict__ dst = chunk_stream<float>(table, 1, chunk);
   int done = 0;
   if (table.aligned[chunk.tensor]) {
+    // kWidenUnroll packs loaded before the first is widened: a read of 16 bytes is followed by 32 of
+    // writes, so with one pack a thread had a single load in flight between its stores, and the third
+    // run timed this kernel at 0.56 of a copy (1635 µs for ViT-H's 3.8 GB).
     const int packs = chunk.n / kPack;
-    for (int p = threadIdx.x; p < packs; p += kUpdateThreads) {
-      const Pack<uint16_t> in = load_pack(src + p * kPack);
-      Pack<float> lo, hi;
+    for (int first = threadIdx.x; first < packs; first += kWidenUnroll * kUpdateThreads) {
+      Pack<uint16_t> in[kWidenUnroll];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        lo.v[k] = widen_bits(in.v[k]);
-        hi.v[k] = widen_bits(in.v[k + 4]);
+      for (int u = 0; u < kWidenUnroll; ++u) {
+        const int p = first + u * kUpdateThreads;
+        if (p < packs) in[u] = load_pack(src + p * kPack);
       }
-      store_pack(dst + p * kPack, lo);
-      store_pack(dst + p * kPack + 4, hi);
+#pragma unroll
+      for (int u = 0; u < kWidenUnroll; ++u) {
+        const int p = first + u * kUpdateThreads;
+        if (p >= packs) break;
+        Pack<float> lo, hi;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          lo.v[k] = widen_bits(in[u].v[k]);
+          hi.v[k] = widen_bits(in[u].v[k + 4]);
+        }
+        store_pack(dst + p * kPack, lo);
+        store_pack(dst + p * kPack + 4, hi);
+      }
     }
     done = packs * kPack;
   }

@@ -14,9 +14,9 @@
 // computed and wrote, and only then asked for the next, so it had nothing in flight while it
 // computed, and at their occupancy (16-24 warps an SM) too few loads were in flight for HBM.
 // The refill reuses each unit's registers once the unit is done, so the occupancy stays (the plain
-// cast aside: kernels/cuda/fp8_cast_tiles.cuh). The values, their order and the bits are the same either way; only when the loads
-// are issued differs. Process-wide, kRefill unless set; bench_kernels times both until a GPU run
-// decides. The CPU kernels have no such choice.
+// cast aside: kernels/cuda/fp8_cast_tiles.cuh). The values, their order and the bits are the same
+// either way; only when the loads are issued differs. Process-wide, kRefill unless set;
+// bench_kernels times both until a GPU run decides. The CPU kernels have no such choice.
 namespace octet::kernels {
 
 enum class RowPrefetch { kAfter, kRefill };

@@ -39,7 +39,8 @@
 // Since then the warps refill (kernels/row_prefetch.h, on unless set): as row k's dx is written unit
 // by unit, each unit's registers take row k + 1's dy and x, so the next row is in flight while this
 // one computes, at the same 128 registers and occupancy (rows up to 1280 bf16: five units a lane,
-// where the kernel without the refill holds six). Not yet timed on a GPU; bench_kernels times both.
+// where the kernel without the refill holds six; ptxas spills 28 bytes, stored before the row loop
+// and read back about once a row). Not yet timed on a GPU; bench_kernels times both.
 //
 // A second design of the backward for packed rows, kColumns (kernels/layernorm_design.h), is in
 // layernorm_columns.cu: a thread per 16-byte pack of columns down a run of rows, dweight and dbias in
@@ -66,9 +67,9 @@ constexpr int kForwardWarps = 4;  // rows per block of the warp-per-row forward
 // residual gradient take 72 registers a thread; ptxas gives the kernel at most the 128 that two
 // blocks of 8 warps an SM allow), and 2 · C floats of shared slots per warp (10 KiB for ViT-H).
 constexpr int kBackwardRowUnits = 6;
-// The same with the refill (kernels/row_prefetch.h): a unit a lane fewer (rows up to 1280 bf16/f16, 640
-// f32; longer ones take the kernel without the refill), since the next row's loads in flight take
-// the registers a sixth unit left free.
+// The same with the refill (kernels/row_prefetch.h): a unit a lane fewer (rows up to 1280 bf16/f16,
+// 640 f32; longer ones take the kernel without the refill), since the next row's loads in flight
+// take the registers a sixth unit left free.
 constexpr int kRefillRowUnits = 5;
 constexpr int kBackwardWarps = 8;
 // Its grid: about this many blocks, whatever the row count, so that every block takes several rows

@@ -217,6 +217,7 @@ std::vector<Case> with_loads_after_twins(std::vector<Case> cases) {
     if (!twin) continue;
     Case after = std::move(c);
     after.variant += ", no refill";
+    after.trial = true;
     after.prepare = [prepare = std::move(after.prepare)](int64_t sets) -> Run {
       Run run = prepare(sets);
       return [run = std::move(run)](int64_t i) {
@@ -309,7 +310,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
              });
            });
-         }});
+         }});    cases.back().trial = columns;
   }
   // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
   for (const LnBackward v : ln_backwards) {
@@ -333,6 +334,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
              });
            });
          }});
+    cases.back().trial = columns;
   }
   // add (the residual add that is not fused): reads a, b; writes a + b.
   cases.push_back(

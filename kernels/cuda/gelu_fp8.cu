@@ -76,8 +76,9 @@ template <class T, bool kTanh>
 struct DgeluInput {
   using Element = T;
   static constexpr int kMinBlocksPerSm = 4;  // at most 128 registers
-  // With the refill too: ViT-H's (bf16, E5M2, column sums) then spills 20 bytes a thread, stored and
-  // reloaded once a tile from L1, where 3 blocks an SM would cost a quarter of the warps.
+  // With the refill too: ViT-H's (bf16, E5M2, column sums) then spills 20 bytes a thread (SASS: stored
+  // once before the tile loop, read back once a tile), where 3 blocks an SM would cost a quarter of
+  // the warps.
   static constexpr int kRefillMinBlocksPerSm = 4;
   struct Loaded {
     Eight<T> dact, x;

@@ -310,7 +310,8 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
              });
            });
-         }});    cases.back().trial = columns;
+         }});
+    cases.back().trial = columns;
   }
   // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
   for (const LnBackward v : ln_backwards) {

@@ -162,35 +162,29 @@ __global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlock
   auto first_row = [&](TileAt p) { return p.row_tile * kTile + kThreadRows * quad; };
   auto first_col = [&](TileAt p) { return p.col_tile * kTile + kSegment * seg; };
   // This thread's loads (the 16-byte path; the scalar path loads as it goes): row i of its four rows
-  // from (r, c) into in[i]. cols % 8 == 0 there, so a segment is wholly inside the columns or wholly
-  // outside.
+  // of a tile into in[i], given the tile's first element of this thread (row r, column c) as its
+  // offset r · cols + c and the rows and columns left from there (fewer registers to keep across a
+  // tile than r and c, for the refill). cols % 8 == 0 there, so a segment is wholly inside the
+  // columns or wholly outside.
   typename Input::Loaded in[kThreadRows];
   bool inside[kThreadRows];
-  auto load_row = [&](int64_t r, int64_t c, int i) {
-    inside[i] = r + i < a.rows && c < a.cols;
-    if (inside[i]) in[i] = Input::load(x, x2, (r + i) * a.cols + c);
-  };
-  // The same for the next tile, from its first element's offset r · cols + c and the rows and
-  // columns left from there (fewer registers to keep across a tile than r and c).
-  auto load_next_row = [&](int64_t offset, int64_t rows_left, bool cols_inside, int i) {
+  auto load_row = [&](int64_t offset, int64_t rows_left, bool cols_inside, int i) {
     inside[i] = i < rows_left && cols_inside;
     if (inside[i]) in[i] = Input::load(x, x2, offset + i * a.cols);
   };
+  auto load_rows = [&](int64_t r, int64_t c) {
+#pragma unroll
+    for (int i = 0; i < kThreadRows; ++i) load_row(r * a.cols + c, a.rows - r, c < a.cols, i);
+  };
   TileAt at{blockIdx.x / tiles_x, blockIdx.x % tiles_x};
   if constexpr (kRefill) {
-    if (blockIdx.x < a.tiles) {
-#pragma unroll
-      for (int i = 0; i < kThreadRows; ++i) load_row(first_row(at), first_col(at), i);
-    }
+    if (blockIdx.x < a.tiles) load_rows(first_row(at), first_col(at));
   }
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x, at = next_tile(at)) {
     const int64_t row_tile = at.row_tile, r0 = row_tile * kTile, c0 = at.col_tile * kTile;
     const int64_t r = first_row(at), c = first_col(at);
     // The four rows' loads, all issued before any arithmetic (with kRefill, while the last tile was cast).
-    if constexpr (kVector && !kRefill) {
-#pragma unroll
-      for (int i = 0; i < kThreadRows; ++i) load_row(r, c, i);
-    }
+    if constexpr (kVector && !kRefill) load_rows(r, c);
     // With kRefill, the block's next tile, if it has one: its first element's offset, and how many
     // of its rows and columns lie inside from there.
     const bool refill = kRefill && t + gridDim.x < a.tiles;
@@ -219,7 +213,7 @@ __global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlock
           for (int j = 0; j < kSegment; ++j) v[j] = 0.f;
         }
         // in[i] is free: the next tile's row i.
-        if (refill) load_next_row(next_offset, next_rows_left, next_cols_inside, i);
+        if (refill) load_row(next_offset, next_rows_left, next_cols_inside, i);
       } else {
 #pragma unroll
         for (int j = 0; j < kSegment; ++j) {

@@ -1,9 +1,10 @@
-// --layernorm-backward and --bias-grad (apps/kernel_design_flags.h).
+// --layernorm-backward, --bias-grad and --row-prefetch (apps/kernel_design_flags.h).
 #include "apps/kernel_design_flags.h"
 
 #include "core/error.h"
 #include "kernels/layernorm_design.h"
 #include "kernels/linear.h"
+#include "kernels/row_prefetch.h"
 
 namespace octet {
 
@@ -11,6 +12,7 @@ std::string KernelDesignFlags::describe() const {
   std::string text;
   if (layernorm_backward != "rows") text += "--layernorm-backward " + layernorm_backward;
   if (bias_grad != "epilogue") text += std::string(text.empty() ? "" : " ") + "--bias-grad " + bias_grad;
+  if (row_prefetch != "refill") text += std::string(text.empty() ? "" : " ") + "--row-prefetch " + row_prefetch;
   return text;
 }
 
@@ -26,6 +28,12 @@ void add_kernel_design_flags(CLI::App& app, KernelDesignFlags& flags) {
                  "GEMM) or column-sum (the GEMM alone, then Octet's column reduction over dy)")
       ->check(CLI::IsMember({"epilogue", "column-sum"}))
       ->capture_default_str();
+  app.add_option("--row-prefetch", flags.row_prefetch,
+                 "when the GPU kernels that walk several rows or tiles (LayerNorm's backward in rows, LayerNorm "
+                 "-> FP8, the tiled FP8 casts) load the next one: refill (into each register as soon as the current "
+                 "row is done with it) or after (once the whole row is done)")
+      ->check(CLI::IsMember({"refill", "after"}))
+      ->capture_default_str();
 }
 
 void apply_kernel_design_flags(const KernelDesignFlags& flags, const Device& device) {
@@ -37,6 +45,8 @@ void apply_kernel_design_flags(const KernelDesignFlags& flags, const Device& dev
                                              : kernels::LayerNormBackwardDesign::kRows);
   kernels::set_linear_bias_grad_design(flags.bias_grad == "column-sum" ? kernels::LinearBiasGradDesign::kColumnSum
                                                                        : kernels::LinearBiasGradDesign::kEpilogue);
+  kernels::set_row_prefetch(flags.row_prefetch == "after" ? kernels::RowPrefetch::kAfter
+                                                          : kernels::RowPrefetch::kRefill);
 }
 
 }  // namespace octet

@@ -1,6 +1,7 @@
 #pragma once
 // bench_vit's choice between the GPU kernel designs that wait for a GPU run to settle them:
-// --layernorm-backward (kernels/layernorm_design.h) and --bias-grad (kernels/linear.h). Each defaults
+// --layernorm-backward (kernels/layernorm_design.h), --bias-grad (kernels/linear.h) and --row-prefetch
+// (kernels/row_prefetch.h). Each defaults
 // to the design the library runs when nothing sets it, so a benchmark without the flags times the
 // library as it ships.
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@ namespace octet {
 struct KernelDesignFlags {
   std::string layernorm_backward = "rows";  // rows | columns
   std::string bias_grad = "epilogue";       // epilogue | column-sum
+  std::string row_prefetch = "refill";      // refill | after
   // "--layernorm-backward columns --bias-grad column-sum", or "" for the defaults: for the run's header.
   std::string describe() const;
 };

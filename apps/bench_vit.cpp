@@ -21,7 +21,12 @@
 // attention-matmul FLOPs; a training image costs three times that (backward's two GEMMs per forward
 // GEMM). Time spent elsewhere (layernorm, GELU, softmax, copies, the optimizer) is the gap to peak.
 // Timing uses CUDA events on the GPU and steady_clock on the CPU, where the step is also compared
-// with OpenBLAS's sgemm measured in the same run (the ceiling a CPU step can approach).
+// with OpenBLAS's sgemm measured in the same run (the ceiling a CPU step can approach). On the GPU it
+// also prints how long the host took to queue a step and how far ahead of the GPU that left it
+// (`host:`), and --head-start MS holds each step's work on the stream while the host queues it, so
+// that a run with it against one without says how long the GPU waited on launches. Both print the
+// wall-clock window of their timed steps, which the GPU check matches with its samples of the GPU's
+// clocks and power (tools/gpu_clocks.py).
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -72,6 +77,20 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+#if OCTET_HAS_CUDA
+// --head-start: a host function at the head of each step's work holds the stream for that many
+// milliseconds, so the host queues that much of the step before the GPU starts it.
+void CUDART_CB hold_stream(void* milliseconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*static_cast<const double*>(milliseconds)));
+}
+#endif
+
+// The wall clock, to match the timed steps with samples taken outside the program (the GPU check
+// samples the GPU's clocks and power with nvidia-smi while the benchmarks run).
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // OpenBLAS sgemm on C[m,n] = A[m,k]·B[n,k]ᵀ (the layout of a Linear's forward), median of `reps`.
 double sgemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
   const kernels::OpenBlasThreads blas_threads(kernels::num_threads());  // OpenBLAS as it runs on its own
@@ -90,7 +109,8 @@ double sgemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
 
 // Four marks per step (start, after forward, after backward, after the optimizer), read as three
 // intervals once the step is done: CUDA events on a GPU, whose work the host only queues; the host
-// clock on the CPU.
+// clock on the CPU. On a GPU the host clock is read at the marks too: it says how long the host took
+// to queue each phase, which is how far ahead of the GPU it ran (the step makes no host sync).
 class StepMarks {
  public:
   explicit StepMarks(Device device) : device_(device) {
@@ -102,21 +122,26 @@ class StepMarks {
 #endif
   }
   void mark(int i) {
-#if OCTET_HAS_CUDA
-    if (device_.is_cuda()) return events_[static_cast<size_t>(i)]->record(cuda::current_stream(device_.index));
-#endif
     times_[static_cast<size_t>(i)] = Clock::now();
+#if OCTET_HAS_CUDA
+    if (device_.is_cuda()) events_[static_cast<size_t>(i)]->record(cuda::current_stream(device_.index));
+#endif
   }
   // Seconds of forward, backward and optimizer; waits for the step on a GPU.
   std::array<double, 3> intervals() {
-    std::array<double, 3> out{};
 #if OCTET_HAS_CUDA
     if (device_.is_cuda()) {
+      std::array<double, 3> out{};
       events_[3]->synchronize();
       for (size_t i = 0; i < 3; ++i) out[i] = 1e-3 * events_[i + 1]->elapsed_ms(*events_[i]);
       return out;
     }
 #endif
+    return host_intervals();
+  }
+  // Seconds the host spent between the marks: on a GPU, queuing each phase.
+  std::array<double, 3> host_intervals() const {
+    std::array<double, 3> out{};
     for (size_t i = 0; i < 3; ++i) out[i] = seconds(times_[i], times_[i + 1]);
     return out;
   }
@@ -278,6 +303,12 @@ int main(int argc, char** argv) {
   bool ledger = false;
   app.add_flag("--ledger", ledger,
                "count what a step moves instead of timing it: the op ledger per block and per step, per image");
+  double head_start_ms = 0;
+  app.add_option("--head-start", head_start_ms,
+                 "GPU only: hold each step's work on the stream for this many milliseconds while the host queues "
+                 "it, so the GPU starts with a queue already filled; against a run without it, the difference is "
+                 "the time the GPU spent waiting on the host's launches")
+      ->check(CLI::Range(0.0, 1000.0))->capture_default_str();
   bool profile_last_step = false;
   app.add_flag("--profile-last-step", profile_last_step,
                "bracket the last step with cudaProfilerStart/Stop, so that a profiler started with profiling off "
@@ -300,6 +331,8 @@ int main(int argc, char** argv) {
                                                 : Device::parse(device_flag);
     OCTET_CHECK(device.is_cpu() || cuda::is_available(), "bench_vit: --device ", device.str(),
                 " but no CUDA device is visible (or this build has no CUDA); pass --device cpu");
+    OCTET_CHECK(head_start_ms == 0 || device.is_cuda(), "bench_vit: --head-start ", head_start_ms,
+                " holds a GPU stream, and the run is on ", device.str(), "; drop the flag or run on a GPU");
     apply_autotune(autotune, device);
     apply_kernel_design_flags(designs, device);
     const std::string name = device_name(device);
@@ -317,6 +350,8 @@ int main(int argc, char** argv) {
     const data::Batch& batch = run.batch;
 
     std::vector<double> forward_s, backward_s, optimizer_s, step_s;
+    std::vector<double> host_forward_s, host_backward_s, host_step_s;  // queuing, on a GPU
+    double timed_from = 0, timed_to = 0;  // the timed steps, in seconds since the epoch
     StepMarks marks(device);
     // The marks split the step into forward (with the FP8 scales' update as its scope ends), backward
     // and optimizer (step and zero_grad).
@@ -342,18 +377,29 @@ int main(int argc, char** argv) {
         cuda::check(cudaProfilerStart(), "cudaProfilerStart");
       }
 #endif
+      if (s == warmup) timed_from = epoch_seconds();
+#if OCTET_HAS_CUDA
+      if (head_start_ms > 0) {
+        cuda::check(cudaLaunchHostFunc(cuda::current_stream(device.index), hold_stream, &head_start_ms),
+                    "cudaLaunchHostFunc (bench_vit --head-start)");
+      }
+#endif
       marks.mark(0);
       const StepResult result = train_step([&] { return batch; });
       loss = result.loss, saved_activations = result.saved_activation_bytes;
       marks.mark(3);
       const std::array<double, 3> t = marks.intervals();
+      const std::array<double, 3> host = marks.host_intervals();
 #if OCTET_HAS_CUDA
       if (profiled) cuda::check(cudaProfilerStop(), "cudaProfilerStop");
 #endif
       if (s < warmup) continue;
       forward_s.push_back(t[0]), backward_s.push_back(t[1]), optimizer_s.push_back(t[2]);
       step_s.push_back(t[0] + t[1] + t[2]);
+      host_forward_s.push_back(host[0]), host_backward_s.push_back(host[1]);
+      host_step_s.push_back(host[0] + host[1] + host[2]);
     }
+    timed_to = epoch_seconds();
     const double last_loss = loss.item();
     OCTET_CHECK(std::isfinite(last_loss), "bench_vit: the loss became ", last_loss,
                 "; the step is broken, the timings mean nothing");
@@ -369,16 +415,34 @@ int main(int argc, char** argv) {
 
     const std::string precision_text = fp8 ? "fp8 " + fp8_recipe.describe() : precision;
     const std::string chosen_designs = designs.describe().empty() ? "" : ", kernel designs " + designs.describe();
-    std::printf("model %s (GELU %s), batch %lld, %s, %s, %s%s%s, %lld parameters\n", config.name.c_str(),
+    char head_start_text[96] = "";
+    if (head_start_ms > 0) {
+      std::snprintf(head_start_text, sizeof head_start_text,
+                    ", each step held %.4g ms on the stream while queued (--head-start)", head_start_ms);
+    }
+    std::printf("model %s (GELU %s), batch %lld, %s, %s, %s%s%s%s, %lld parameters\n", config.name.c_str(),
                 gelu.c_str(), static_cast<long long>(batch_size), precision_text.c_str(), optimizer_name.c_str(),
                 device.is_cuda() ? (device.str() + " (" + name + ")").c_str()
                                  : ("cpu, " + std::to_string(threads) + " thread(s)").c_str(),
                 autotune == "on" ? ", cuBLASLt and cuDNN candidates timed (--autotune on)" : "",
-                chosen_designs.c_str(), static_cast<long long>(model.num_parameters()));
+                chosen_designs.c_str(), head_start_text, static_cast<long long>(model.num_parameters()));
     std::printf("%.4g GFLOP per training image (3x forward)%s\n", flops_per_image / 1e9,
                 config.name == "vit_huge_patch16_224" ? "; the issue's figure for this model: 764" : "");
     std::printf("step %.2f ms (forward %.2f, backward %.2f, optimizer %.2f; medians of %d)\n", 1e3 * step,
                 1e3 * median(forward_s), 1e3 * median(backward_s), 1e3 * median(optimizer_s), steps);
+    if (device.is_cuda()) {
+      // How far ahead of the GPU the host ran: the GPU starts the step when the host queues its first
+      // kernel and runs idle whenever it catches up, so a lead near zero (or below) means launches,
+      // not kernels, set the pace there.
+      // (With --head-start the GPU starts the step that much after the host does.)
+      const double forward_lead = 1e-3 * head_start_ms + median(forward_s) - median(host_forward_s);
+      const double step_lead = 1e-3 * head_start_ms + step - median(host_step_s);
+      std::printf("host: queued a step in %.2f ms (forward %.2f, backward %.2f; medians); done queuing %.2f ms "
+                  "before the GPU finished the forward and %.2f ms before it finished the step\n",
+                  1e3 * median(host_step_s), 1e3 * median(host_forward_s), 1e3 * median(host_backward_s),
+                  1e3 * forward_lead, 1e3 * step_lead);
+    }
+    std::printf("timed steps: %.3f to %.3f s since the epoch\n", timed_from, timed_to);
     if (device.is_cuda()) {
       std::printf("training: %.1f images/s, %.1f TFLOP/s", images_per_s, tflops);
     } else {
@@ -419,6 +483,7 @@ int main(int argc, char** argv) {
         {"autotune", autotune == "on"},
         {"layernorm_backward", designs.layernorm_backward},
         {"bias_grad", designs.bias_grad},
+        {"row_prefetch", designs.row_prefetch},
         {"fp8_recipe", fp8 ? nlohmann::json(fp8_recipe.describe()) : nlohmann::json(nullptr)},
         {"optimizer", optimizer_name},
         {"batch_size", batch_size},
@@ -433,6 +498,10 @@ int main(int argc, char** argv) {
         {"recompute", recompute},
         {"saved_activations_bytes", saved_activations},
         {"loss", last_loss},
+        {"host_queue_ms", device.is_cuda() ? nlohmann::json(1e3 * median(host_step_s)) : nlohmann::json(nullptr)},
+        {"head_start_ms", head_start_ms},
+        {"timed_from", timed_from},
+        {"timed_to", timed_to},
     };
     std::printf("%s\n", summary.dump().c_str());
   } catch (const std::exception& e) {

@@ -130,12 +130,14 @@ def run(args, mode):
                       flush=True)
         times_ms = []
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        timed_from = time.time()  # the wall clock, to match the steps with the GPU check's clock samples
         for _ in range(args.steps):
             start.record()
             loss = step()
             end.record()
             end.synchronize()
             times_ms.append(start.elapsed_time(end))
+        timed_to = time.time()
         last_loss = loss.item()
 
         step_ms = statistics.median(times_ms)
@@ -150,6 +152,7 @@ def run(args, mode):
         print(f"{label}: {flops_per_image / 1e9:.4g} GFLOP per training image (3x forward)")
         print(f"{label}: step {step_ms:.2f} ms (median of {args.steps}), {images_per_s:.1f} images/s, "
               f"{tflops:.1f} TFLOP/s" + (f", MFU {100 * mfu:.1f}% of {peak:.0f} TFLOP/s" if mfu else ""))
+        print(f"{label}: timed steps: {timed_from:.3f} to {timed_to:.3f} s since the epoch")
         print(f"{label}: memory: peak {peak_memory_gib:.2f} GiB allocated, "
               f"{torch.cuda.max_memory_reserved(device) / 2**30:.2f} GiB reserved")
         print(json.dumps({
@@ -158,6 +161,7 @@ def run(args, mode):
             "images_per_s": images_per_s, "tflops": tflops, "mfu": mfu, "peak_tflops": peak,
             "peak_memory_gib": peak_memory_gib, "gflop_per_image": flops_per_image / 1e9, "loss": last_loss,
             "parameters": parameters, "torch": torch.__version__, "timm": timm.__version__,
+            "timed_from": timed_from, "timed_to": timed_to,
         }), flush=True)
         del optimizer, step
         model.zero_grad(set_to_none=True)

@@ -307,6 +307,8 @@ expect "$summary" '\(shard 4 of 4\): ran to the end' "no shards report"
 expect "$summary" '^SKIP  PyTorch eager: skipped: (no torch|it needs a GPU)' "PyTorch eager does not say why it is skipped"
 expect "$summary" '^SKIP  torch.compile: skipped: (no torch|it needs a GPU)' "torch.compile does not say why it is skipped"
 expect "$summary" '^SKIP  kernel table: no (ncu|GPU to profile)' "the kernel table does not say why it is skipped"
+expect "$summary" '^SKIP  bench_vit_bf16_head_start: skipped: no GPU stream to hold' \
+  "the bench run with a head start does not say why it is skipped"
 expect "$summary" '^SKIP  bench_vit_bf16_autotune: skipped: the CPU has no GPU algorithms to time' \
   "the autotuned bench run does not say why it is skipped"
 expect "$summary" '^SKIP  bench_vit_bf16_designs: skipped: the CPU has one kernel per op, no designs to choose' \

@@ -9,12 +9,18 @@
 # or the third, 2026-11-28, where it says so):
 #
 #   bench          bench_vit for ViT-H/16 at batch 64, 10 steps after 3 warm-up, on an idle GPU: bf16
-#                  (14 s), fp8 (10 s), fp8 with --fp8-fused-producers off (10 s), bf16 with
-#                  --recompute blocks (10 s), bf16 with --gelu tanh (the GELU in cuBLASLt's epilogue;
-#                  11 s): 55 s on the third run; then bf16 and fp8 with --autotune on (cuBLASLt's
-#                  algorithms and cuDNN's attention engines timed per shape in the first step), and
-#                  bf16 and fp8 with the kernel designs on trial (--layernorm-backward columns, and in
-#                  bf16 --bias-grad column-sum); not run yet, about 50 s for the four
+#                  (14 s), bf16 again with each step held 30 ms on the stream while the host queues it
+#                  (--head-start 30: the GPU starts with a filled queue; not run yet), fp8 (10 s), fp8
+#                  with --fp8-fused-producers off (10 s), bf16 with --recompute blocks (10 s), bf16
+#                  with --gelu tanh (the GELU in cuBLASLt's epilogue; 11 s): 55 s on the third run;
+#                  then bf16 and fp8 with --autotune on (cuBLASLt's algorithms and cuDNN's attention
+#                  engines timed per shape in the first step), and bf16 and fp8 with the kernel
+#                  designs on trial (--layernorm-backward columns, and in bf16 --bias-grad
+#                  column-sum), and fp8 with the rows' loads issued after each row (--row-prefetch
+#                  after, against the refill); not run yet, about 70 s for the six. From here on nvidia-smi samples
+#                  the GPU's clocks and power every 100 ms, and each run of bench_vit and of PyTorch
+#                  (eager, torch.compile) gets a line for its timed steps (tools/gpu_clocks.py);
+#                  bench_vit also says how far ahead of the GPU the host queued
 #   bench_kernels  bench_kernels, where the build has it (1 s on the third run)
 #   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (14 s), then plain SGD
 #                  with the tanh GELU (11 s)
@@ -346,34 +352,46 @@ fi
 gpu_name=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
 flush
 
+# ---- the GPU's clocks and power while the benchmarks run (start_clock_samples, clock_report) ---------------
+# shellcheck source=tools/gpu_check_clocks.sh
+source "$repo/tools/gpu_check_clocks.sh"
+
 # ---- bench, bench_kernels, eager: the benchmarks, on an idle GPU ---------------------------------------------
 bench_device=cuda
 ((rehearsal)) && bench_device=cpu
 stage_bench() {
   stage_begin bench
   compile_finish
+  start_clock_samples
   local spec name run flags
-  for spec in "bf16 octet --precision bf16" "fp8 octet-fp8 --precision fp8" \
+  for spec in "bf16 octet --precision bf16" "bf16_head_start octet-head-start --precision bf16 --head-start 30" \
+              "fp8 octet-fp8 --precision fp8" \
               "fp8_unfused octet-fp8-unfused --precision fp8 --fp8-fused-producers off" \
               "bf16_recompute octet-recompute --precision bf16 --recompute blocks" \
               "bf16_gelu_tanh octet-gelu-tanh --precision bf16 --gelu tanh" \
               "bf16_autotune octet-autotune --precision bf16 --autotune on" \
               "fp8_autotune octet-fp8-autotune --precision fp8 --autotune on" \
               "bf16_designs octet-designs --precision bf16 --layernorm-backward columns --bias-grad column-sum" \
-              "fp8_designs octet-fp8-designs --precision fp8 --layernorm-backward columns"; do
+              "fp8_designs octet-fp8-designs --precision fp8 --layernorm-backward columns" \
+              "fp8_no_refill octet-fp8-no-refill --precision fp8 --row-prefetch after"; do
     read -r name run flags <<< "$spec"
+    if ((rehearsal)) && [[ $flags == *--head-start* ]]; then
+      note SKIP "bench_vit_$name: skipped: no GPU stream to hold (a rehearsal)"
+      continue
+    fi
     if ((rehearsal)) && [[ $flags == *--autotune* ]]; then
       note SKIP "bench_vit_$name: skipped: the CPU has no GPU algorithms to time (a rehearsal)"
       continue
     fi
-    if ((rehearsal)) && [[ $flags == *--layernorm-backward* ]]; then
+    if ((rehearsal)) && [[ $flags == *--layernorm-backward* || $flags == *--row-prefetch* ]]; then
       note SKIP "bench_vit_$name: skipped: the CPU has one kernel per op, no designs to choose (a rehearsal)"
       continue
     fi
     # shellcheck disable=SC2086  # flags: words
     if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
          --steps "$bench_steps" --warmup "$bench_warmup" $flags; then
-      grep -E '^(step|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
+      grep -E '^(step|host|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
+      clock_report "$logs/bench_vit_$name.log"
       # What autotuning chose for each problem, against the heuristics' first (kernels/autotune.h).
       { grep -o 'autotune: .*' "$logs/bench_vit_$name.log" || true; } | indent
     fi
@@ -443,15 +461,18 @@ torch_ok() {  # WHAT: whether PyTorch can run WHAT here (torch and timm import, 
 stage_eager() {
   stage_begin eager
   compile_finish
+  start_clock_samples
   torch_ok "PyTorch eager" &&
     step pytorch_eager 150 "$py" "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
       --steps "$bench_steps" --warmup "$bench_warmup" --mode eager --optimizer both &&
-    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager.log" | indent
+    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager.log" | indent &&
+    clock_report "$logs/pytorch_eager.log"
   # The tanh form's baseline for bench_vit --gelu tanh (plain SGD only).
   torch_ok "PyTorch eager, GELU tanh" &&
     step pytorch_eager_gelu_tanh 90 "$py" "$repo/bench/pytorch_reference.py" --model "$model" --batch-size "$batch" \
       --steps "$bench_steps" --warmup "$bench_warmup" --mode eager --optimizer sgd --gelu tanh &&
-    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager_gelu_tanh.log" | indent
+    grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_eager_gelu_tanh.log" | indent &&
+    clock_report "$logs/pytorch_eager_gelu_tanh.log"
   stage_end
 }
 
@@ -490,6 +511,7 @@ compile_finish() {  # releases the gate, waits for torch.compile (until the rese
   if ((rc == 0)); then
     note PASS "pytorch_compile ($spent s from its start; compiled and warmed up by ${t_ready:-?} s, timed on an idle GPU)"
     grep -E '^pytorch-[a-z-]+: step' "$logs/pytorch_compile.log" | indent
+    clock_report "$logs/pytorch_compile.log"
   elif [[ -z $ready ]] && ((rc == 124 || rc == 137 || rc == 143)); then
     note CUT "torch.compile cut short after $spent s (cold compile): still compiling at the check's deadline (log: pytorch_compile.log)"
   elif ((rc == 124 || rc == 137 || rc == 143)); then
@@ -647,6 +669,7 @@ stage_table() {
 # ---- the check ------------------------------------------------------------------------------------------------
 for s in "${stages[@]}"; do "stage_$s"; done
 compile_finish
+stop_clock_samples
 wait_twins
 # The fallback's warning anywhere in the train and bench logs is a failure even where the run went on
 # (the GPU suite's f32 cases take the unfused path by design, so the test logs are not searched).

@@ -414,6 +414,7 @@ def kernels(args):
 # line alone does not say whether the fused FP8 producers were on) or else its "bench".
 NAMES = {
     "octet": "Octet bf16 (bench_vit)",
+    "octet-head-start": "Octet bf16, --head-start 30 (the host 30 ms ahead of the GPU)",
     "octet-fp8": "Octet fp8, delayed scaling, fused producers on (bench_vit)",
     "octet-fp8-unfused": "Octet fp8, delayed scaling, --fp8-fused-producers off",
     "octet-recompute": "Octet bf16, --recompute blocks",
@@ -422,6 +423,7 @@ NAMES = {
     "octet-fp8-autotune": "Octet fp8, fused producers on, --autotune on",
     "octet-designs": "Octet bf16, --layernorm-backward columns --bias-grad column-sum",
     "octet-fp8-designs": "Octet fp8, fused producers on, --layernorm-backward columns",
+    "octet-fp8-no-refill": "Octet fp8, fused producers on, --row-prefetch after (no refill)",
     "pytorch-eager": "PyTorch eager, bf16 autocast, SGD",
     "pytorch-eager-fused": "PyTorch eager, bf16 autocast, SGD(fused=True)",
     "pytorch-compile": "PyTorch torch.compile, bf16 autocast, SGD",
@@ -583,6 +585,12 @@ def table(args):
         goals.append(f"bf16 --gelu tanh: {tanh / ips['octet']:.3f}x bf16's (erf) images/s"
                      + (f", {tanh / ips['pytorch-eager-gelu-tanh']:.3f}x PyTorch eager with the same GELU"
                         if "pytorch-eager-gelu-tanh" in runs else ""))
+    if "octet-head-start" in runs and "octet" in runs:
+        held, plain = runs["octet-head-start"], runs["octet"]
+        goals.append(f"bf16 with each step held {held.get('head_start_ms', 0):g} ms while the host queues it "
+                     f"(--head-start): step {held['step_ms']:.2f} ms against {plain['step_ms']:.2f}, "
+                     f"{plain['step_ms'] - held['step_ms']:+.2f} ms: the plain run's wait on the host's launches, "
+                     "within the run-to-run spread")
     # The runs with bench_vit's own options beside the library's defaults (--autotune; the kernel designs
     # on trial, which a GPU run would make the defaults): (bf16 run, fp8 run, the goals' words for them,
     # the line comparing each with its base run).
@@ -591,6 +599,8 @@ def table(args):
          "{what} --autotune on: {ratio:.3f}x {what}'s images/s with the libraries' heuristic choices"),
         ("octet-designs", "octet-fp8-designs", "with the designs on trial",
          "{what} with the kernel designs on trial: {ratio:.3f}x {what}'s images/s with the library's designs"),
+        (None, "octet-fp8-no-refill", "with --row-prefetch after",
+         "{what} with --row-prefetch after: {ratio:.3f}x {what}'s images/s with the refill"),
     )
     for bf16_run, fp8_run, _, compared in variants:
         for run, base, what in ((bf16_run, "octet", "bf16"), (fp8_run, "octet-fp8", "fp8")):

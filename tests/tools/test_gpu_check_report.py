@@ -378,6 +378,12 @@ class Report(unittest.TestCase):
             {"run": "octet-autotune", "bench": "octet", "precision": "bf16", "autotune": True,
              "images_per_s": 440.0, "step_ms": 145.5, "tflops": 330.0, "mfu": 0.33, "peak_memory_gib": 30.1,
              "gflop_per_image": 764.0},
+            {"run": "octet-head-start", "bench": "octet", "precision": "bf16", "head_start_ms": 30.0,
+             "images_per_s": 410.0, "step_ms": 156.1, "tflops": 307.0, "mfu": 0.31, "peak_memory_gib": 30.0,
+             "gflop_per_image": 764.0},
+            {"run": "octet-fp8-no-refill", "bench": "octet", "precision": "fp8", "row_prefetch": "after",
+             "images_per_s": 450.0, "step_ms": 142.2, "tflops": 344.0, "mfu": 0.35, "peak_memory_gib": 28.0,
+             "gflop_per_image": 764.0},
             {"run": "octet-fp8-designs", "bench": "octet", "precision": "fp8", "layernorm_backward": "columns",
              "bias_grad": "epilogue", "images_per_s": 480.0, "step_ms": 133.3, "tflops": 366.0, "mfu": 0.37,
              "peak_memory_gib": 28.0, "gflop_per_image": 764.0},
@@ -408,6 +414,12 @@ class Report(unittest.TestCase):
         self.assertNotIn("bf16 with the kernel designs on trial:", out)  # its row did not run
         self.assertIn("Octet fp8 with the designs on trial ÷ PyTorch eager bf16 = 1.920 (goal >= 1.9): met", out)
         self.assertNotIn("Octet bf16 with the designs on trial", out)
+        self.assertIn("| Octet bf16, --head-start 30 (the host 30 ms ahead of the GPU) | 410.0 | 156.1 |", out)
+        self.assertIn("bf16 with each step held 30 ms while the host queues it (--head-start): step 156.10 ms "
+                      "against 160.00, +3.90 ms: the plain run's wait on the host's launches", out)
+        self.assertIn("| Octet fp8, fused producers on, --row-prefetch after (no refill) | 450.0 | 142.2 |", out)
+        self.assertIn("fp8 with --row-prefetch after: 0.900x fp8's images/s with the refill", out)
+        self.assertIn("Octet fp8 with --row-prefetch after ÷ PyTorch eager bf16 = 1.800 (goal >= 1.9): NOT met", out)
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
         self.assertIn("did not run: octet-recompute, octet-fp8-autotune, octet-designs, pytorch-eager-fused, "
                       "pytorch-compile, pytorch-compile-fused", out)

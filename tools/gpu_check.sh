@@ -14,13 +14,14 @@
 #                  with --fp8-fused-producers off (10 s), bf16 with --recompute blocks (10 s), bf16
 #                  with --gelu tanh (the GELU in cuBLASLt's epilogue; 11 s): 55 s on the third run;
 #                  then bf16 and fp8 with --autotune on (cuBLASLt's algorithms and cuDNN's attention
-#                  engines timed per shape in the first step), and bf16 and fp8 with the kernel
-#                  designs on trial (--layernorm-backward columns, and in bf16 --bias-grad
-#                  column-sum), and fp8 with the rows' loads issued after each row (--row-prefetch
-#                  after, against the refill); not run yet, about 70 s for the six. From here on nvidia-smi samples
-#                  the GPU's clocks and power every 100 ms, and each run of bench_vit and of PyTorch
-#                  (eager, torch.compile) gets a line for its timed steps (tools/gpu_clocks.py);
-#                  bench_vit also says how far ahead of the GPU the host queued
+#                  engines timed per shape in the first step), bf16 and fp8 with the kernel designs on
+#                  trial (--layernorm-backward columns, and in bf16 --bias-grad column-sum), and fp8
+#                  with each row's loads issued after the row (--row-prefetch after, against the
+#                  refill): not run yet, about 70 s for the five, each left out (CUT) when fewer than
+#                  200 s of the check are left for the stages after it. From here on nvidia-smi
+#                  samples the GPU's clocks and power every 100 ms, and each run of bench_vit and of
+#                  PyTorch (eager, torch.compile) gets a line for its timed steps
+#                  (tools/gpu_clocks.py); bench_vit also says how far ahead of the GPU the host queued
 #   bench_kernels  bench_kernels, where the build has it (1 s on the third run)
 #   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (14 s), then plain SGD
 #                  with the tanh GELU (11 s)
@@ -359,6 +360,8 @@ source "$repo/tools/gpu_check_clocks.sh"
 # ---- bench, bench_kernels, eager: the benchmarks, on an idle GPU ---------------------------------------------
 bench_device=cuda
 ((rehearsal)) && bench_device=cpu
+bench_trials="bf16_autotune fp8_autotune bf16_designs fp8_designs fp8_no_refill" bench_trials_reserve=0
+{ in_stages tests || in_stages train || in_stages mpi; } && bench_trials_reserve=200
 stage_bench() {
   stage_begin bench
   compile_finish
@@ -385,6 +388,12 @@ stage_bench() {
     fi
     if ((rehearsal)) && [[ $flags == *--layernorm-backward* || $flags == *--row-prefetch* ]]; then
       note SKIP "bench_vit_$name: skipped: the CPU has one kernel per op, no designs to choose (a rehearsal)"
+      continue
+    fi
+    # The runs of bench_vit's own options (autotuning, the designs on trial) give way to the stages
+    # after this one when time is short: the tests, train and mpi stages need about 150 s (the third run).
+    if [[ " $bench_trials " == *" $name "* ]] && (($(time_left) < bench_trials_reserve)); then
+      note CUT "bench_vit_$name: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
       continue
     fi
     # shellcheck disable=SC2086  # flags: words

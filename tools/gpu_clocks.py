@@ -98,20 +98,18 @@ def runs(log):
 def describe(label, window):
     if not window:
         return f"{label}: no clock samples inside its timed steps"
-    values = lambda field: [v for v in (number(r.get(field, "")) for r in window) if v is not None]
+    # Each field's words from its samples; a field the driver leaves N/A throughout is left out.
+    words = (
+        ("clocks.sm", lambda v: f"SM clock {statistics.median(v):.0f} MHz median ({min(v):.0f}-{max(v):.0f})"),
+        ("clocks.mem", lambda v: f"memory clock {statistics.median(v):.0f} MHz"),
+        ("power.draw", lambda v: f"power {statistics.median(v):.0f} W median ({max(v):.0f} W at most)"),
+        ("temperature.gpu", lambda v: f"{max(v):.0f} C at most"),
+    )
     parts = []
-    sm = values("clocks.sm")
-    if sm:
-        parts.append(f"SM clock {statistics.median(sm):.0f} MHz median ({min(sm):.0f}-{max(sm):.0f})")
-    mem = values("clocks.mem")
-    if mem:
-        parts.append(f"memory clock {statistics.median(mem):.0f} MHz")
-    power = values("power.draw")
-    if power:
-        parts.append(f"power {statistics.median(power):.0f} W median ({max(power):.0f} W at most)")
-    temp = values("temperature.gpu")
-    if temp:
-        parts.append(f"{max(temp):.0f} C at most")
+    for field, say in words:
+        values = [v for v in (number(r.get(field, "")) for r in window) if v is not None]
+        if values:
+            parts.append(say(values))
     counts = {}
     for r in window:
         raw = r.get("clocks_event_reasons.active", r.get("clocks_throttle_reasons.active"))

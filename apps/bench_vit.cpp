@@ -432,9 +432,8 @@ int main(int argc, char** argv) {
                 1e3 * median(forward_s), 1e3 * median(backward_s), 1e3 * median(optimizer_s), steps);
     if (device.is_cuda()) {
       // How far ahead of the GPU the host ran: the GPU starts the step when the host queues its first
-      // kernel and runs idle whenever it catches up, so a lead near zero (or below) means launches,
-      // not kernels, set the pace there.
-      // (With --head-start the GPU starts the step that much after the host does.)
+      // kernel (with --head-start, that much later) and runs idle whenever it catches up, so a lead
+      // near zero (or below) means launches, not kernels, set the pace there.
       const double forward_lead = 1e-3 * head_start_ms + median(forward_s) - median(host_forward_s);
       const double step_lead = 1e-3 * head_start_ms + step - median(host_step_s);
       std::printf("host: queued a step in %.2f ms (forward %.2f, backward %.2f; medians); done queuing %.2f ms "

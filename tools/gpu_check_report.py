@@ -590,7 +590,7 @@ def table(args):
         goals.append(f"bf16 with each step held {held.get('head_start_ms', 0):g} ms while the host queues it "
                      f"(--head-start): step {held['step_ms']:.2f} ms against {plain['step_ms']:.2f}, "
                      f"{plain['step_ms'] - held['step_ms']:+.2f} ms: the plain run's wait on the host's launches, "
-                     "within the run-to-run spread")
+                     "up to the run-to-run spread")
     # The runs with bench_vit's own options beside the library's defaults (--autotune; the kernel designs
     # on trial, which a GPU run would make the defaults): (bf16 run, fp8 run, the goals' words for them,
     # the line comparing each with its base run).

@@ -10,9 +10,12 @@ namespace octet {
 
 std::string KernelDesignFlags::describe() const {
   std::string text;
-  if (layernorm_backward != "rows") text += "--layernorm-backward " + layernorm_backward;
-  if (bias_grad != "epilogue") text += std::string(text.empty() ? "" : " ") + "--bias-grad " + bias_grad;
-  if (row_prefetch != "refill") text += std::string(text.empty() ? "" : " ") + "--row-prefetch " + row_prefetch;
+  auto add = [&](const char* flag, const std::string& value, const char* library_default) {
+    if (value != library_default) text += (text.empty() ? "" : " ") + std::string(flag) + " " + value;
+  };
+  add("--layernorm-backward", layernorm_backward, "rows");
+  add("--bias-grad", bias_grad, "epilogue");
+  add("--row-prefetch", row_prefetch, "refill");
   return text;
 }
 

@@ -1,9 +1,8 @@
 #pragma once
 // bench_vit's choice between the GPU kernel designs that wait for a GPU run to settle them:
 // --layernorm-backward (kernels/layernorm_design.h), --bias-grad (kernels/linear.h) and --row-prefetch
-// (kernels/row_prefetch.h). Each defaults
-// to the design the library runs when nothing sets it, so a benchmark without the flags times the
-// library as it ships.
+// (kernels/row_prefetch.h). Each defaults to the design the library runs when nothing sets it, so a
+// benchmark without the flags times the library as it ships.
 #include <CLI/CLI.hpp>
 
 #include <string>

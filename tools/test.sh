@@ -15,5 +15,9 @@ cmake --preset "$preset" --log-level=WARNING
 # cpu_tests, tests/CMakeLists.txt): the sanitizer pass then skips the apps and the mpi suites.
 target=()
 [[ " $* " == *" -L cpu "* ]] && target=(--target cpu_tests)
+start=$SECONDS
 cmake --build --preset "$preset" -j "$(nproc)" "${target[@]}"
+echo "test.sh: the $preset build took $((SECONDS - start)) s"
+start=$SECONDS
 ctest --preset "$preset" -j "$(nproc)" "$@"
+echo "test.sh: the $preset tests took $((SECONDS - start)) s"

@@ -38,6 +38,12 @@ void check_floating(const char* op, const Tensor& t) {
   OCTET_CHECK(is_floating(t.dtype()), op, ": needs a floating tensor, got ", t.describe());
 }
 
+void check_layernorm_weight_dtype(const char* op, const Tensor& x, const Tensor& weight) {
+  OCTET_CHECK(weight.dtype() == DType::f32 || weight.dtype() == x.dtype(), op, ": weight is ",
+              dtype_name(weight.dtype()), " but x is ", dtype_name(x.dtype()), "; a LayerNorm's weight and bias "
+              "must be f32 or x's dtype: convert them with .to(DType::f32) (", describe_all({&x, &weight}), ")");
+}
+
 void check_dim(const char* op, const Tensor& t, int64_t ndim) {
   OCTET_CHECK(t.dim() == ndim, op, ": expected a ", ndim, "-d tensor, got ", t.describe());
 }

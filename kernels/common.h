@@ -20,6 +20,9 @@ void check_same_device(const char* op, std::initializer_list<const Tensor*> tens
 void check_same_dtype(const char* op, std::initializer_list<const Tensor*> tensors);
 void check_floating(const char* op, const Tensor& t);
 void check_dim(const char* op, const Tensor& t, int64_t ndim);
+// A LayerNorm's weight (and bias, which must match it) is f32 or of x's dtype, on every device: other
+// pairs (a bf16 x with f16 weights) have no use, and the GPU kernels are not compiled for them.
+void check_layernorm_weight_dtype(const char* op, const Tensor& x, const Tensor& weight);
 // Refuses device tensors on the CPU path: inputs no CUDA kernel takes, or any device tensor in a
 // CPU-only build (where kernels/cuda_stubs.cpp refuses most of them first).
 void check_cpu(const char* op, std::initializer_list<const Tensor*> tensors);

@@ -205,6 +205,14 @@ LayerNormFp8 layernorm_fp8(const char* op, const Tensor& x, const Tensor& y, con
     OCTET_CHECK(t->shape() == Shape{g.cols} && t->device() == x.device(), op, ": weight and bias must be [", g.cols,
                 "] on x's device (", describe_all({&x, &weight, &bias}), ")");
   }
+  OCTET_CHECK(weight.defined() || !bias.defined(), op, ": bias ", bias.describe(),
+              " given without weight; pass both, weight alone, or neither");
+  if (weight.defined()) {
+    check_floating(op, weight);
+    check_layernorm_weight_dtype(op, x, weight);
+    OCTET_CHECK(!bias.defined() || bias.dtype() == weight.dtype(), op, ": bias must be ",
+                dtype_name(weight.dtype()), " like weight (", describe_all({&weight, &bias}), ")");
+  }
   OCTET_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
   if (y.defined()) {
     OCTET_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype() && y.device() == x.device(), op,

@@ -23,8 +23,8 @@ T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-// x is floating with a non-empty last dim C; weight and bias, where given, are [C] of one
-// floating dtype. Bias alone is refused: backward, which only sees weight, could not tell.
+// x is floating with a non-empty last dim C; weight and bias, where given, are [C] of one dtype, f32
+// or x's. Bias alone is refused: backward, which only sees weight, could not tell.
 int64_t check_layernorm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined(op, {&x});
   check_floating(op, x);
@@ -37,6 +37,7 @@ int64_t check_layernorm_args(const char* op, const Tensor& x, const Tensor& weig
     check_floating(op, weight);
     OCTET_CHECK(weight.shape() == Shape{C}, op, ": weight must be [", C, "] to match the last dim of x (",
                 describe_all({&x, &weight}), ")");
+    check_layernorm_weight_dtype(op, x, weight);
     check_same_device(op, {&x, &weight});
   }
   if (bias.defined()) {

@@ -14,7 +14,7 @@ struct LayerNormOutput {
   Tensor mean;  // x's shape without the last dim; f32 (f64 for f64 x)
   Tensor rstd;  // 1 / sqrt(var + eps), biased variance, same shape as mean
 };
-// weight and bias: [C] or undefined (no affine). They may be f32 while x is bf16.
+// weight and bias: [C] or undefined (no affine), of one dtype: x's, or f32 (while x is bf16, say).
 LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-6);
 struct LayerNormGrads {
   Tensor dx;       // x's dtype

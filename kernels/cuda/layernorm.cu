@@ -527,7 +527,7 @@ void launch_forward(const char* op, const Tensor& x, const Tensor& x2, const Ten
   const bool residual = x2.defined();
   cudaStream_t stream = stream_for(x);
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    with_weight_type(weight, op, [&]<class W>() {
+    with_weight_type<T>(weight, op, [&]<class W>() {
       const bool vectorized = C % Pack<T>::N == 0 && aligned16(x.data_ptr()) && aligned16(y.data_ptr()) &&
                               (!residual || (aligned16(x2.data_ptr()) && aligned16(h.data_ptr())));
       auto launch_mode = [&]<bool kResidual>() {
@@ -576,7 +576,7 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
   const bool residual = dresidual.defined();
 
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    with_weight_type(weight, op, [&]<class W>() {
+    with_weight_type<T>(weight, op, [&]<class W>() {
       constexpr int N = Pack<T>::N;
       const bool vectorized = C % N == 0 && aligned16(dy.data_ptr()) && aligned16(x.data_ptr()) &&
                               aligned16(dx.data_ptr()) && (!residual || aligned16(dresidual.data_ptr()));

@@ -152,7 +152,7 @@ bool launch_backward_columns(const Tensor& dy, const Tensor& dresidual, const Te
   const int64_t C = x.size(-1), rows = x.numel() / C;
   bool taken = false;
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    with_weight_type(weight, op, [&]<class W>() {
+    with_weight_type<T>(weight, op, [&]<class W>() {
       if (!columns_take<T>(C)) return;
       constexpr int N = Pack<T>::N;
       const int64_t rows_per_block = (rows + kColumnTargetBlocks - 1) / kColumnTargetBlocks;

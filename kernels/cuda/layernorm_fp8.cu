@@ -384,7 +384,7 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tenso
   cudaStream_t stream = stream_for(x);
 
   dispatch_floating(x.dtype(), op, [&]<class T>() {
-    with_weight_type(weight, op, [&]<class W>() {
+    with_weight_type<T>(weight, op, [&]<class W>() {
       constexpr int N = Pack<T>::N;
       // layernorm_forward's condition, less its output's alignment: a fresh device block (y there, h
       // here) is 256-byte aligned, so it never turns packed loads off.

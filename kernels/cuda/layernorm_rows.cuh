@@ -316,12 +316,20 @@ inline int layernorm_forward_block_threads(int64_t C, bool vectorized, int eleme
   return threads_for_row(C, vectorized, elements_per_pack, 128, 1024);
 }
 
-// Calls f.template operator()<W>() with weight's element type, or float when there is no weight
-// (the kernels then see null pointers).
-template <class F>
+// Calls f.template operator()<W>() with weight's element type, which is f32 or x's (T), or float
+// when there is no weight (the kernels then see null pointers). Only those two are compiled: a bf16
+// x with f16 weights (or the reverse) has no use in training, and each such pair would add as many
+// kernels again to the LayerNorm files, the slowest of the build. The ops' argument checks
+// (kernels/nn_ops.cpp, kernels/fp8.cpp) refuse any other weight dtype first, on every device.
+template <class T, class F>
 void with_weight_type(const Tensor& weight, const char* op, F&& f) {
-  if (weight.defined()) return dispatch_floating(weight.dtype(), op, f);
-  f.template operator()<float>();
+  if (!weight.defined() || weight.dtype() == DType::f32) return f.template operator()<float>();
+  if constexpr (!std::is_same_v<T, float>) {
+    constexpr DType kXDType = std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
+    if (weight.dtype() == kXDType) return f.template operator()<T>();
+  }
+  OCTET_FAIL(op, ": weight is ", dtype_name(weight.dtype()), "; the CUDA kernels take f32 weights or weights "
+             "of x's dtype");
 }
 
 template <class W>

@@ -140,10 +140,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaLayerNormFp8,
                                            Shape2{4097, 144}, Shape2{4097, 1280}, Shape2{1, 1}, Shape2{33, 7},
                                            Shape2{65, 2048}, Shape2{65, 2049}, Shape2{12608, 1280}));
 
-// The paths the shapes above do not take: f16 inputs, a weight of another dtype than x, misaligned rows
-// (scalar loads and stores), misaligned weights (loaded one at a time), widths that are not a multiple
-// of 4 in both modes, other row paddings, a leading batch dim, and NaN and inf in x (NaN must reach the
-// amax with the unfused bits).
+// The paths the shapes above do not take: f16 inputs, f32 weights of a bf16 or f16 x (a weight is f32
+// or x's dtype; any other is refused, as below), misaligned rows (scalar loads and stores),
+// misaligned weights (loaded one at a time), widths that are not a multiple of 4 in both modes, other
+// row paddings, a leading batch dim, and NaN and inf in x (NaN must reach the amax with the unfused
+// bits).
 TEST(CudaLayerNormFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
@@ -151,7 +152,7 @@ TEST(CudaLayerNormFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
       const int64_t rows = 45;
       const Tensor x_host = random_tensor({rows, C}, dtype, 500 + C, 3.0);
       const Tensor y_host = random_tensor({rows, C}, dtype, 600 + C);
-      const Tensor w_other = random_tensor({C}, dtype == DType::f32 ? DType::bf16 : DType::f32, 700 + C, 2.0);
+      const Tensor w_other = random_tensor({C}, DType::f32, 700 + C, 2.0);
       const Tensor b_other = random_tensor({C}, w_other.dtype(), 800 + C);
       for (bool misaligned : {false, true}) {
         const Tensor x = misaligned ? misaligned_on_gpu(x_host) : x_host.to(kGpu);
@@ -181,6 +182,14 @@ TEST(CudaLayerNormFp8Paths, EqualsTheUnfusedGpuSequenceBitForBit) {
     x.data<float>()[40 * 96 + 1] = std::numeric_limits<float>::infinity();
     expect_same_as_unfused({x.to(dtype).to(kGpu), Tensor(), Tensor(), Tensor()}, DType::e4m3, {true, true});
   }
+  // A weight neither f32 nor x's dtype is refused before any kernel, naming the fix.
+  EXPECT_TRUE(testing::throws_with(
+      [&] {
+        kernels::layernorm_fp8_forward(random_tensor({4, 64}, DType::f32, 950).to(kGpu),
+                                       random_tensor({64}, DType::bf16, 951).to(kGpu), Tensor(), kEps,
+                                       full({1}, 1.0, DType::f32, kGpu), Tensor(), DType::e4m3, true, false);
+      },
+      {"layernorm_fp8_forward", "weight is bf16 but x is f32", ".to(DType::f32)"}));
   // No rows: scale_inv is still written, the amax left alone.
   expect_same_as_unfused({empty({0, 96}, DType::bf16, kGpu), Tensor(), Tensor(), Tensor()}, DType::e4m3,
                          {true, true});

@@ -160,6 +160,17 @@ TEST(LayerNormFp8, ErrorsNameTheProblem) {
   EXPECT_TRUE(testing::throws_with(
       [&] { kernels::layernorm_fp8_forward(x, Tensor(), Tensor(), -1.0, scale, Tensor(), DType::e4m3, true, false); },
       {"eps"}));
+  // Weight and bias: f32 or x's dtype, one dtype, bias only with weight (as layernorm_forward asks).
+  const Tensor w16 = random_tensor({16}, DType::f16, 2), w32 = random_tensor({16}, DType::f32, 3);
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::layernorm_fp8_forward(x, w16, Tensor(), 1e-5, scale, Tensor(), DType::e4m3, true, false); },
+      {"layernorm_fp8_forward", "weight is f16 but x is bf16", ".to(DType::f32)"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::layernorm_fp8_forward(x, w32, w16, 1e-5, scale, Tensor(), DType::e4m3, true, false); },
+      {"layernorm_fp8_forward", "bias must be f32 like weight"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::layernorm_fp8_forward(x, Tensor(), w32, 1e-5, scale, Tensor(), DType::e4m3, true, false); },
+      {"layernorm_fp8_forward", "without weight"}));
 }
 
 }  // namespace

@@ -233,6 +233,10 @@ TEST(LayerNorm, ErrorsNameOpAndTensors) {
                {op, "weight must be [7]", "f32[4, 7]", "f32[8]"});
   expect_error([&] { layernorm_forward(x, w, random_tensor({7}, DType::f64)); }, {op, "bias must be f32[7]"});
   expect_error([&] { layernorm_forward(x, none, random_tensor({7})); }, {op, "without weight"});
+  // The weight is f32 or x's dtype: a bf16 x with f16 weights (or f32 with f64 ones) is refused.
+  expect_error([&] { layernorm_forward(random_tensor({4, 7}, DType::bf16), random_tensor({7}, DType::f16), none); },
+               {op, "weight is f16 but x is bf16", "must be f32 or x's dtype", ".to(DType::f32)"});
+  expect_error([&] { layernorm_forward(x, random_tensor({7}, DType::f64), none); }, {op, "weight is f64 but x is f32"});
   expect_error([&] { layernorm_forward(zeros({4, 7}, DType::i64), w, none); }, {op, "floating", "i64"});
   expect_error([&] { layernorm_forward(x, w, none, -1.0); }, {op, "eps"});
   const LayerNormOutput out = layernorm_forward(x, w, none);

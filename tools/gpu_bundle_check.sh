@@ -39,11 +39,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 max_mib=40
 passed=0 failed=0 skipped=0
-pass() { echo "gpu_bundle_check: PASS $*"; passed=$((passed + 1)); }
-fail() { echo "gpu_bundle_check: FAIL $*"; failed=$((failed + 1)); }
-skip() { echo "gpu_bundle_check: SKIP $*"; skipped=$((skipped + 1)); }
+# Each verdict line starts with the seconds since the check began, so that a slow part shows.
+pass() { echo "gpu_bundle_check: [${SECONDS} s] PASS $*"; passed=$((passed + 1)); }
+fail() { echo "gpu_bundle_check: [${SECONDS} s] FAIL $*"; failed=$((failed + 1)); }
+skip() { echo "gpu_bundle_check: [${SECONDS} s] SKIP $*"; skipped=$((skipped + 1)); }
 finish() {
-  echo "gpu_bundle_check: $passed passed, $failed failed, $skipped skipped"
+  echo "gpu_bundle_check: $passed passed, $failed failed, $skipped skipped in ${SECONDS} s"
   exit $((failed > 0))
 }
 

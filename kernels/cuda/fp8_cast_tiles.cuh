@@ -12,6 +12,8 @@
 //     using Element = ...;  // the element type of the kernel's pointers x and x2 (x2 may be unused)
 //     static constexpr int kMinBlocksPerSm = ...;  // __launch_bounds__: the register budget
 //     static constexpr int kRefillMinBlocksPerSm = ...;  // the same with kRefill (below)
+//     static constexpr bool kMaySumColumns = ...;  // whether a cast of it may sum columns (a bias
+//                                                   // gradient): only then are those kernels compiled
 //     struct Loaded { ... };  // what load() reads for 8 consecutive elements
 //     // elements i .. i+7: i % 8 == 0, x and x2 16-byte aligned
 //     static __device__ Loaded load(const Element* x, const Element* x2, int64_t i);
@@ -317,6 +319,7 @@ struct StoredInput {
   // at 80 registers ptxas spilled 12-52 bytes a thread, at 96 at most 8 (bf16 without column sums:
   // two words stored before the tile loop and read once a tile).
   static constexpr int kRefillMinBlocksPerSm = 5;
+  static constexpr bool kMaySumColumns = true;  // fp8_cast_dbias
   using Loaded = Eight<X>;
   static __device__ __forceinline__ Loaded load(const X* x, const X*, int64_t i) { return load_eight(x + i); }
   static __device__ __forceinline__ void values(const Loaded& in, float v[kSegment]) {
@@ -378,11 +381,16 @@ void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input:
       run(fp8_cast_kernel<Input, kE5M2, kColumnSums, false, false>);
     }
   };
-  const bool e5m2 = fp8_dtype == DType::e5m2, sums = a.column_partials != nullptr;
-  if (e5m2 && sums) launch.template operator()<true, true>();
-  else if (e5m2) launch.template operator()<true, false>();
-  else if (sums) launch.template operator()<false, true>();
-  else launch.template operator()<false, false>();
+  const bool e5m2 = fp8_dtype == DType::e5m2;
+  if (a.column_partials == nullptr) {
+    if (e5m2) launch.template operator()<true, false>();
+    else launch.template operator()<false, false>();
+  } else if constexpr (Input::kMaySumColumns) {
+    if (e5m2) launch.template operator()<true, true>();
+    else launch.template operator()<false, true>();
+  } else {
+    OCTET_FAIL(op, ": column sums asked of a cast that has none (an internal error)");
+  }
   check_launch(op);
 }
 

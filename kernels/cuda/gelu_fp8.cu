@@ -56,6 +56,7 @@ struct GeluInput {
   static constexpr int kMinBlocksPerSm = kTanh ? 5 : 6;  // at most 96 (tanh) or 80 registers
   // The same with the refill: ViT-H's (erf, bf16, no column sums) fits 80 registers without a spill.
   static constexpr int kRefillMinBlocksPerSm = kMinBlocksPerSm;
+  static constexpr bool kMaySumColumns = false;  // the forward has no bias gradient to sum
   using Loaded = Eight<T>;
   static __device__ __forceinline__ float stored(T x) {
     return widen_stored(from_float<T>(GeluForwardOf<T, kTanh>{}(to_float(x), 0.f)));
@@ -80,6 +81,7 @@ struct DgeluInput {
   // once before the tile loop, read back once a tile), where 3 blocks an SM would cost a quarter of
   // the warps.
   static constexpr int kRefillMinBlocksPerSm = 4;
+  static constexpr bool kMaySumColumns = true;  // dgelu_fp8_cast_dbias
   struct Loaded {
     Eight<T> dact, x;
   };

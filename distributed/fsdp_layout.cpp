@@ -48,7 +48,7 @@ FsdpLayout plan_fsdp_layout(const std::vector<std::string>& wrapped, const std::
       if (unit[i] == static_cast<int>(u) && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     }
     for (const FlatKey& key : keys) {
-      FlatLayout flat{static_cast<int>(u), key.key, key.trainable, key.fp8};
+      FlatLayout flat{static_cast<int>(u), key.key, key.trainable, key.fp8, {}, {}};  // parameters, offsets below
       for (size_t i = 0; i < parameters.size(); ++i) {
         if (unit[i] != static_cast<int>(u) || !(FlatKey::of(parameters[i]) == key)) continue;
         flat.parameters.push_back(static_cast<int>(i));

@@ -26,7 +26,9 @@ Flat make_flat(const FlatLayout& layout, const std::vector<nn::NamedTensor>& par
                DType compute_dtype) {
   NoGradGuard no_grad;
   const Device device = parameters.at(layout.parameters.at(0)).second.device();
-  Flat flat{layout.unit, layout.key, layout.trainable, {}, layout.numel, layout.padded, layout.shard_numel};
+  // The shard, gathered and fp8 are set below.
+  Flat flat{layout.unit, layout.key, layout.trainable, {}, layout.numel, layout.padded, layout.shard_numel,
+            Tensor(),    Tensor(),   nullptr};
   const Tensor full = zeros({flat.padded}, DType::f32, device);
   std::vector<Fp8Flat::Weight> fp8;
   for (size_t i = 0; i < layout.parameters.size(); ++i) {

@@ -81,9 +81,13 @@ TEST(CudaRowPrefetch, LayerNormBackwardSameBitsEitherWay) {
 // that starts non-zero) and scale_inv, and dbias where there is one.
 void expect_same_cast(const kernels::Fp8Cast& got, const kernels::Fp8Cast& want) {
   EXPECT_EQ(got.data.defined(), want.data.defined());
-  if (got.data.defined()) EXPECT_TRUE(same_bits(got.data, want.data)) << "row-major copy";
+  if (got.data.defined()) {
+    EXPECT_TRUE(same_bits(got.data, want.data)) << "row-major copy";
+  }
   EXPECT_EQ(got.transposed.defined(), want.transposed.defined());
-  if (got.transposed.defined()) EXPECT_TRUE(same_bits(got.transposed, want.transposed)) << "transposed copy";
+  if (got.transposed.defined()) {
+    EXPECT_TRUE(same_bits(got.transposed, want.transposed)) << "transposed copy";
+  }
   EXPECT_TRUE(same_bits(got.scale_inv, want.scale_inv)) << "scale_inv";
 }
 
@@ -184,7 +188,9 @@ TEST(CudaRowPrefetch, LayerNormFp8SameBytesEitherWay) {
         EXPECT_TRUE(same_bits(refill.amax, after.amax)) << "amax";
         EXPECT_TRUE(same_bits(refill.out.mean, after.out.mean)) << "mean";
         EXPECT_TRUE(same_bits(refill.out.rstd, after.out.rstd)) << "rstd";
-        if (residual) EXPECT_TRUE(same_bits(refill.out.h, after.out.h)) << "h";
+        if (residual) {
+          EXPECT_TRUE(same_bits(refill.out.h, after.out.h)) << "h";
+        }
       }
     }
   }

@@ -45,7 +45,7 @@ const testing::SeededBatches kBatches{.image_seed = 5000, .label_stride = 2, .la
 struct Setting {
   ShardingStrategy sharding = ShardingStrategy::FullShard;
   DType compute = DType::f32;
-  std::optional<nn::Fp8Recipe> fp8;  // FP8 autocast around the forward
+  std::optional<nn::Fp8Recipe> fp8 = std::nullopt;  // FP8 autocast around the forward
   bool fp8_all_gather = false;
   int micro_batches = 1;
 };
@@ -108,7 +108,9 @@ void expect_bit_for_bit(const Setting& s) {
     ASSERT_TRUE(recomputed.fp8_state.count(key)) << key;
     EXPECT_TRUE(testing::same_bits(recomputed.fp8_state.at(key), t)) << key;
   }
-  if (s.fp8) EXPECT_EQ(plain.fp8_state.size(), 3u * 4u * 8u) << "every block Linear ran in FP8";
+  if (s.fp8) {
+    EXPECT_EQ(plain.fp8_state.size(), 3u * 4u * 8u) << "every block Linear ran in FP8";
+  }
   EXPECT_EQ(recomputed.all_gathers, plain.all_gathers) << "the rerun uses the unit backward gathers anyway";
   EXPECT_GT(plain.all_gathers, 0);
 }

@@ -82,7 +82,8 @@ build=build
 max_mib=${OCTET_BUNDLE_MAX_MIB:-40}
 # xz's preset (OCTET_BUNDLE_XZ_PRESET, 0-9; 6 unless set). On 2 cores, 506 MB of tar: preset 6 took
 # 208 s for 34.7 MiB, preset 1 44 s for 37.8 MiB (the dictionary stays 256 MiB either way).
-# tools/gpu_bundle_check.sh packs with 1 when it carries no NCCL (CI): the same files, looser.
+# tools/gpu_bundle_check.sh packs with 1 when it carries no NCCL (CI): the same files, looser. A
+# bundle a faster preset leaves over the limit is packed again at 6.
 xz_preset=${OCTET_BUNDLE_XZ_PRESET:-6}
 [[ $xz_preset =~ ^[0-9]$ ]] || { echo "gpu_bundle: OCTET_BUNDLE_XZ_PRESET=$xz_preset: give a digit, 0-9 (6 is the default)" >&2; exit 2; }
 programs=(gpu_info test_cuda train_vit bench_vit bench_kernels
@@ -374,9 +375,16 @@ rm -f "$manifest" "$stage/needed" "$stage/machine_libs"
 mkdir -p "$out"
 rm -f "$out/bundle.tar.xz" "$out/MANIFEST"
 # One xz stream with a 256 MiB window, so that the second copy of the CUDA kernels costs nothing.
-tar -C "$stage" --sort=name -cf - . | xz -T1 --lzma2=preset="$xz_preset",dict=256MiB > "$out/bundle.tar.xz"
-cp "$stage/MANIFEST" "$out/MANIFEST"
+pack() { tar -C "$stage" --sort=name -cf - . | xz -T1 --lzma2=preset="$1",dict=256MiB > "$out/bundle.tar.xz"; }
+pack "$xz_preset"
 size=$(stat -c %s "$out/bundle.tar.xz")
+# A faster preset packs looser: over the limit, it is the default's size that counts.
+if ((size > max_mib * 1024 * 1024 && xz_preset < 6)); then
+  echo "gpu_bundle: $((size / 1024)) KiB at xz preset $xz_preset, over $max_mib MiB: packing again at preset 6"
+  pack 6
+  size=$(stat -c %s "$out/bundle.tar.xz")
+fi
+cp "$stage/MANIFEST" "$out/MANIFEST"
 unpacked=$(du -sb "$stage" | cut -f1)
 printf 'gpu_bundle: %s, %s MiB (%s MiB unpacked): %d programs, %d libraries, %d GCC runtime, %d OpenMPI components\n' \
   "$out/bundle.tar.xz" "$(awk -v b="$size" 'BEGIN {printf "%.1f", b / 1048576}')" \

@@ -57,8 +57,8 @@ fi
 # ---- size -------------------------------------------------------------------------------------------
 out=build-gpu-bundle
 # Without an NCCL to carry (as in CI) the bundle is packed with xz's preset 1, which takes a fifth of
-# the default's time for 3 MiB more: the same files, and a size check the stricter for it. With one,
-# as the GPU machine gets it.
+# the default's time for 3 MiB more: the same files (over the limit, gpu_bundle.sh packs them again
+# at the default preset, whose size is the one that counts). With an NCCL, as the GPU machine gets it.
 [[ -n ${OCTET_BUNDLE_NCCL:-} ]] || export OCTET_BUNDLE_XZ_PRESET=${OCTET_BUNDLE_XZ_PRESET:-1}
 if ! bash tools/gpu_bundle.sh "$out" > /tmp/octet-gpu-bundle.log 2>&1; then
   cat /tmp/octet-gpu-bundle.log

@@ -31,7 +31,7 @@
 #             tests, a rank killed mid-step); and a check stopped by a signal mid-step, which must
 #             still leave its summary and logs and end what it started
 #
-#   bash tools/gpu_bundle_check.sh        after a build (bash tools/test.sh); about 5 minutes on 2 cores
+#   bash tools/gpu_bundle_check.sh        after a build (bash tools/test.sh); about 4 minutes on 2 cores
 #
 # A part that cannot run here (no CUDA build, no unshare) says so and counts as skipped; the last
 # line counts passed, failed and skipped parts, and the exit status is non-zero if any part failed.

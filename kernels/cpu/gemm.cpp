@@ -11,8 +11,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -29,6 +30,18 @@ namespace {
 constexpr int64_t kParallelMacs = int64_t{1} << 18;
 // Bands of rows or columns are multiples of this, so each thread's band keeps whole register tiles.
 constexpr int64_t kBandAlign = 32;
+
+// How many bands `extent` rows (or columns) split into across `threads`, and band `band`'s [lo, hi):
+// edges on multiples of kBandAlign, the last band taking the remainder (it may be empty: hi <= lo).
+int64_t band_count(int64_t extent, int64_t threads) {
+  return std::min<int64_t>(threads, (extent + kBandAlign - 1) / kBandAlign);
+}
+std::pair<int64_t, int64_t> band_range(int64_t extent, int64_t band, int64_t bands) {
+  const int64_t units = (extent + kBandAlign - 1) / kBandAlign;
+  const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
+  const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
+  return {lo, hi};
+}
 
 // OpenBLAS takes 32-bit extents; refuse rather than wrap.
 int blas_int(int64_t v, const char* what) {
@@ -103,16 +116,24 @@ void gemm_on_caller_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
 void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 const float* b, float beta, float* c, bool parallel, int64_t threads, const float* bias = nullptr) {
   int64_t ldb = n;
-  std::vector<float> packed;
+  std::unique_ptr<float[]> packed;  // not zeroed first: the packing writes every float of it
   if (trans_b || n % tile_gemm::kLanes != 0) {
     ldb = tile_gemm::padded(n);
-    packed.resize(static_cast<size_t>(k * ldb));
-    if (trans_b) {
-      tile_gemm::pack_transposed(b, k, n, k, packed.data(), ldb);  // B is [n, k]
-    } else {
-      tile_gemm::pack_rows(b, n, k, n, packed.data(), ldb);  // B is [k, n]
+    packed.reset(new float[static_cast<size_t>(k * ldb)]);
+    // Packed B's k rows in bands across the threads, as C's below: a wide weight gradient's B (xᵀ,
+    // [n, k] with k the tokens) is megabytes, and one thread packing it kept the others waiting.
+    const int64_t pack_bands = parallel ? band_count(k, threads) : 1;
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(pack_bands)) if (pack_bands > 1)
+    for (int64_t band = 0; band < pack_bands; ++band) {
+      const auto [lo, hi] = band_range(k, band, pack_bands);
+      if (hi <= lo) continue;
+      if (trans_b) {
+        tile_gemm::pack_transposed(b + lo, k, n, hi - lo, packed.get() + lo * ldb, ldb);  // B is [n, k]
+      } else {
+        tile_gemm::pack_rows(b + lo * n, n, hi - lo, n, packed.get() + lo * ldb, ldb);  // B is [k, n]
+      }
     }
-    b = packed.data();
+    b = packed.get();
   }
   const int64_t chunk = std::max<int64_t>(tile_gemm::kLanes, kTileChunkFloats / ldb);
   const int64_t a_row = trans_a ? 1 : k, a_col = trans_a ? m : 1;
@@ -127,12 +148,10 @@ void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
   };
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
-  const int64_t bands = parallel ? std::min<int64_t>(threads, (extent + kBandAlign - 1) / kBandAlign) : 1;
+  const int64_t bands = parallel ? band_count(extent, threads) : 1;
 #pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands)) if (bands > 1)
   for (int64_t band = 0; band < bands; ++band) {
-    const int64_t units = (extent + kBandAlign - 1) / kBandAlign;
-    const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
-    const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
+    const auto [lo, hi] = band_range(extent, band, bands);
     if (hi <= lo) continue;
     if (by_rows) {
       block(lo, hi, 0, n);
@@ -174,17 +193,14 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   // Fewer matrices than threads: split each C into bands along its longer side.
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
-  const int64_t bands = std::min<int64_t>(threads, (extent + kBandAlign - 1) / kBandAlign);
+  const int64_t bands = band_count(extent, threads);
   for (int64_t i = 0; i < batch; ++i) {
     const T* ai = a + i * stride_a;
     const T* bi = b + i * stride_b;
     T* ci = c + i * stride_c;
 #pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands))
     for (int64_t band = 0; band < bands; ++band) {
-      // Band edges on multiples of kBandAlign; the last band takes the remainder.
-      const int64_t units = (extent + kBandAlign - 1) / kBandAlign;
-      const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
-      const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
+      const auto [lo, hi] = band_range(extent, band, bands);
       if (hi <= lo) continue;
       const int len = static_cast<int>(hi - lo);
       if (by_rows) {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -134,6 +135,62 @@ OCTET_AVX512 void multiply_rows(int64_t m, int64_t n, int64_t k, float alpha, co
   }
 }
 
+// ---- the transpose for pack_transposed ---------------------------------------------------------------
+
+// One stage of transposing a 16 × 16 block held as 16 row vectors: rows i and i + H (i without bit H)
+// trade their off-diagonal H × H blocks. Element k of row i with bit H set goes to row i + H at k - H,
+// and element k of row i + H without bit H goes to row i at k + H. The stages H = 8, 4, 2, 1 together
+// move element (i, k) to (k, i): 64 two-source shuffles a block, where a scalar transpose does 256
+// loads and 256 stores, each store to another row of dst.
+template <int H, int... K>
+OCTET_AVX512_INLINE void trade_blocks(Vec& lo, Vec& hi, std::integer_sequence<int, K...>) {
+  const Vec a = lo, b = hi;
+  lo = __builtin_shufflevector(a, b, ((K & H) != 0 ? 16 + K - H : K)...);
+  hi = __builtin_shufflevector(a, b, ((K & H) != 0 ? 16 + K : K + H)...);
+}
+
+template <int H>
+OCTET_AVX512_INLINE void transpose_stage(Vec (&v)[kLanes]) {
+#pragma GCC unroll 16
+  for (int i = 0; i < kLanes; ++i) {
+    if ((i & H) == 0) trade_blocks<H>(v[i], v[i + H], std::make_integer_sequence<int, kLanes>{});
+  }
+}
+
+// pack_transposed in 16 × 16 blocks: 16 rows of src (zeros past `rows`) go through the registers and
+// come out as 16 vectors of dst, one per column, each a whole 64-byte store at column r0 of its row.
+// The blocks run along src's rows (r0 outside), so src is read in 16 sequential streams and each
+// 64-byte piece of dst is written whole, once; the zeros past `rows` up to the next vector come from
+// the zero rows of the last block. Requires ld_dst >= padded(rows).
+OCTET_AVX512 void pack_transposed_blocks(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst,
+                                         int64_t ld_dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+    const int64_t nr = std::min(kLanes, rows - r0);
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      const int64_t nc = std::min(kLanes, cols - c0);
+      Vec v[kLanes];
+      if (nr == kLanes && nc == kLanes) {
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i) v[i] = load(src + (r0 + i) * ld_src + c0);
+      } else {  // a block at the edge: element by element (a memcpy of a variable size is a library call)
+        for (int i = 0; i < kLanes; ++i) {
+          v[i] = Vec{};
+          for (int64_t j = 0; i < nr && j < nc; ++j) v[i][j] = src[(r0 + i) * ld_src + c0 + j];
+        }
+      }
+      transpose_stage<8>(v);
+      transpose_stage<4>(v);
+      transpose_stage<2>(v);
+      transpose_stage<1>(v);
+      for (int64_t j = 0; j < nc; ++j) std::memcpy(dst + (c0 + j) * ld_dst + r0, &v[j], sizeof(Vec));
+    }
+  }
+  const int64_t written = padded(rows);
+  if (written < ld_dst) {
+    for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld_dst + written, dst + (c + 1) * ld_dst, 0.0f);
+  }
+}
+
 }  // namespace
 
 bool available() { return g_enabled.load(std::memory_order_relaxed) && cpu_has_avx512(); }
@@ -148,6 +205,11 @@ void pack_rows(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
 }
 
 void pack_transposed(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  OCTET_CHECK(ld_dst >= padded(rows), "tile_gemm::pack_transposed: ld_dst = ", ld_dst, " is less than ", rows,
+              " rows rounded up to whole vectors (", padded(rows), ")");
+#if OCTET_TILE_GEMM
+  if (cpu_has_avx512()) return pack_transposed_blocks(src, ld_src, rows, cols, dst, ld_dst);
+#endif
   for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld_dst + rows, dst + (c + 1) * ld_dst, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * ld_src;

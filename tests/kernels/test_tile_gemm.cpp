@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -160,6 +162,33 @@ TEST(TileGemm, PackingCopiesAndZeroPads) {
   for (int64_t c = 0; c < cols; ++c) {
     for (int64_t r = 0; r < ldt; ++r) EXPECT_EQ(t[c * ldt + r], r < rows ? src[r * ld_src + c] : 0.0f);
   }
+}
+
+// The transpose in 16 × 16 blocks: whole blocks, blocks cut at the last rows and columns, a source
+// wider than its columns and a destination wider than its rows rounded up (zeros past the rows). The
+// bits must be the source's, whatever they are: random values, -0, NaNs and infinities alike.
+TEST(TileGemm, PackTransposedMovesEveryBitInBlocksAndAtTheEdges) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{32, 48}, {37, 50}, {16, 3}, {3, 16}, {1, 1}, {50, 33}}) {
+    const int64_t ld_src = cols + 5;
+    for (const int64_t ldt : {tg::padded(rows), tg::padded(rows) + 16}) {
+      auto src = random_floats(static_cast<size_t>(rows * ld_src), static_cast<uint64_t>(rows * 131 + cols));
+      src[0] = -0.0f;
+      if (src.size() > 2) src[2] = std::numeric_limits<float>::quiet_NaN();
+      if (src.size() > 3) src[3] = -std::numeric_limits<float>::infinity();
+      std::vector<float> t(static_cast<size_t>(cols * ldt), 7.0f);
+      tg::pack_transposed(src.data(), ld_src, rows, cols, t.data(), ldt);
+      int64_t differ = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        for (int64_t r = 0; r < ldt; ++r) {
+          const float want = r < rows ? src[r * ld_src + c] : 0.0f;
+          differ += std::memcmp(&t[c * ldt + r], &want, sizeof(float)) != 0;
+        }
+      }
+      EXPECT_EQ(differ, 0) << rows << " x " << cols << ", ld " << ldt;
+    }
+  }
+  std::vector<float> small(16), out(16);
+  EXPECT_THROW(tg::pack_transposed(small.data(), 1, 16, 1, out.data(), 15), Error);
 }
 
 // ---- the paths that use the tiles, each with the tiles on and off -----------------------------------

@@ -288,15 +288,16 @@ Tensor offset_random(const Shape& shape, DType d, uint64_t seed, double scale, d
 Tensor zeros(DType d, int64_t rows) { return full({rows, 1}, 0.0, d); }
 
 // Every output of the four LayerNorm entry points against the CPU's, with the bounds derived above:
-// f32 arithmetic within 1e-5, then one rounding to the output's dtype. The weights are of the other
-// width (f32 for 16-bit x, bf16 for f32 x), so that both kinds of weight loads run. x sits around 3,
+// f32 arithmetic within 1e-5, then one rounding to the output's dtype. LayerNorm takes weights in f32
+// or in x's dtype (check_layernorm_weight_dtype): bf16 x gets f32 weights (a bf16 model's LayerNorms)
+// and f16 x f16 weights, so that both kinds of 16-bit weight loads run; f32 x gets f32. x sits around 3,
 // so that the means' relative errors are not those of sums that happen to cancel (one row of 1024
 // f32 draws can have a mean 100 times smaller than its spread).
 TEST(CudaLayerNormRowKernels, WidthsAroundTheRegisterCapacityMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   const double f32_bound = tolerance(DType::f32);
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
-    const DType wd = d == DType::f32 ? DType::bf16 : DType::f32;
+    const DType wd = d == DType::f16 ? DType::f16 : DType::f32;
     for (int64_t C : kRowKernelWidths) {
       for (int64_t rows : {int64_t{1}, int64_t{5}}) {
         const uint64_t seed = 1000 + 7 * static_cast<uint64_t>(C) + static_cast<uint64_t>(rows);
@@ -522,7 +523,8 @@ struct ColumnDesign {
 
 // With the column design on: dx, dweight and dbias against the CPU within the suite's bounds (a row,
 // a few, runs of 2 rows a block at 1000 and of 24 at ViT-H's 12,608 rows; widths of 12 and 25 bf16
-// packs and ViT-H's; the weight in f32 and in the other dtype, so that each weight load runs), with
+// packs and ViT-H's; the weight in f32 and, for 16-bit x, in x's dtype, so that each weight load
+// runs: LayerNorm takes no other weight dtype), with
 // the column kernel counted as launched wherever it takes the width, and the row or block kernels
 // where it does not (13, which no pack divides; f32 at 1280, 320 packs); the fused residual equal to
 // the unfused kernels under the same design (expect_fused_add_equals_unfused); each output the same
@@ -534,8 +536,9 @@ TEST(CudaLayerNormBackwardColumns, MatchesTheCpuTheUnfusedKernelsAndRepeats) {
     int64_t rows, C;
   };
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
-    const DType other = d == DType::f32 ? DType::bf16 : DType::f32;
-    for (AffineCase a : {AffineCase{true, other}, AffineCase{true, d}, AffineCase{false, d}}) {
+    std::vector<AffineCase> cases{AffineCase{true, d}, AffineCase{false, d}};
+    if (d != DType::f32) cases.push_back(AffineCase{true, DType::f32});
+    for (AffineCase a : cases) {
       for (Shape2 s : {Shape2{1, 96}, Shape2{7, 200}, Shape2{1000, 1280}, Shape2{37, 13}, Shape2{12608, 1280}}) {
         if (s.rows == 12608 && (d != DType::bf16 || !a.affine)) continue;  // ViT-H's case once is enough
         SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << s.rows << " C " << s.C << " weight "

@@ -20,6 +20,7 @@ namespace {
 using kernels::GeluApproximation;
 using kernels::RowPrefetch;
 using testing::kGpu;
+using testing::misaligned_on_gpu;
 using testing::random_tensor;
 using testing::same_bits;
 
@@ -41,22 +42,32 @@ struct Rows {
 
 // LayerNorm's backward in the row design, with and without the fused residual gradient and the
 // weight: 1 row; 9 rows (fewer than a block's warps); 1000 and ViT-H's 12,608 rows of 1280 (a warp
-// refilled 0 and 5 times, the last warps partial); 2000 rows of 640 (five units a lane in f32), 4097
-// of 768 and 40 of 24 (other unit counts); 1536 bf16 and 768 f32 (six units a lane: past the refill's
-// five, the kernel without it either way).
+// refilled 0 and 5 times, the last warps partial); 2000 rows of 640, 4097 of 768 and 40 of 24 (other
+// unit counts); 1536 bf16 and 768 f32 (six units a lane: past the refill's five, the kernel without
+// it either way). A warp takes more than one row only past one row per resident warp (about 2,100 on
+// 132 SMs), so these refill in every dtype: 4097 rows of 640 (f32: five 16-byte units a lane; 16 bits:
+// 80 packs, half the lanes without a third unit), of 100 (f32: 25 packs, 7 lanes without one; 16 bits:
+// not whole packs, so element loads, and the last unit 4 elements short), and of 640 again with rows
+// one element off 16 bytes (element loads throughout).
 TEST(CudaRowPrefetch, LayerNormBackwardSameBitsEitherWay) {
   SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, C;
+    bool misaligned;
+  };
   for (DType d : {DType::bf16, DType::f32, DType::f16}) {
-    for (Rows s : {Rows{1, 1280}, Rows{9, 1280}, Rows{1000, 1280}, Rows{12608, 1280}, Rows{4097, 768}, Rows{2000, 640},
-                   Rows{40, 24}, Rows{333, 1536}}) {
+    for (Case s : {Case{1, 1280, false}, Case{9, 1280, false}, Case{1000, 1280, false}, Case{12608, 1280, false},
+                   Case{4097, 768, false}, Case{2000, 640, false}, Case{40, 24, false}, Case{333, 1536, false},
+                   Case{4097, 640, false}, Case{4097, 100, false}, Case{4097, 640, true}}) {
       if (s.rows == 12608 && d != DType::bf16) continue;
+      const auto to_gpu = [&](const Tensor& t) { return s.misaligned ? misaligned_on_gpu(t) : t.to(kGpu); };
       for (bool affine : {true, false}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << s.rows << " C " << s.C << " affine "
-                                          << affine);
+                                          << affine << (s.misaligned ? " misaligned" : ""));
         const uint64_t seed = 500 + static_cast<uint64_t>(s.rows + s.C);
-        const Tensor x = random_tensor({s.rows, s.C}, d, seed, 2.0).to(kGpu);
-        const Tensor dy = random_tensor({s.rows, s.C}, d, seed + 1).to(kGpu);
-        const Tensor dres = random_tensor({s.rows, s.C}, d, seed + 2).to(kGpu);
+        const Tensor x = to_gpu(random_tensor({s.rows, s.C}, d, seed, 2.0));
+        const Tensor dy = to_gpu(random_tensor({s.rows, s.C}, d, seed + 1));
+        const Tensor dres = to_gpu(random_tensor({s.rows, s.C}, d, seed + 2));
         const Tensor w = affine ? random_tensor({s.C}, d, seed + 3).to(kGpu) : Tensor();
         const Tensor b = affine ? random_tensor({s.C}, d, seed + 4).to(kGpu) : Tensor();
         const auto fwd = kernels::layernorm_forward(x, w, b, 1e-6);

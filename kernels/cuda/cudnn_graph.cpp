@@ -12,6 +12,11 @@ namespace octet::kernels::cuda::cudnn {
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, std::string& why_not,
                                  cudaStream_t stream, const PlanTrial& trial, const std::function<std::string()>& what) {
   const bool tune = autotune_enabled() && trial;
+  // Set while autotuning times the candidates. A candidate cuDNN refuses comes back as a false trial;
+  // an error thrown there is the GPU's (a sticky CUDA error, a failed event), not a refusal, and must
+  // reach the caller rather than be cached as "no plan", which would run this shape unfused from then
+  // on and leave the error to surface in some later, unrelated op.
+  bool timing = false;
   try {
     Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     graph.set(ATTR(CUDNN_ATTR_OPERATIONGRAPH_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
@@ -67,9 +72,11 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
       if (candidates.empty()) continue;
       int pick = 0;
       if (tune) {
+        timing = true;
         pick = time_candidates(
             stream, static_cast<int>(candidates.size()), [&](int i) { return trial(*candidates[i]); },
             "cuDNN engine configuration", what);
+        timing = false;
         if (pick < 0) {
           why_not = "cuDNN ran none of the " + std::to_string(candidates.size()) +
                     " engine configurations it offered for this attention graph";
@@ -84,6 +91,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
     }
     why_not = "cuDNN has no engine for this attention graph: " + last_failure;
   } catch (const Error& e) {
+    if (timing) throw;
     why_not = e.what();
   }
   return nullptr;

@@ -234,6 +234,9 @@ bool gemm_with_epilogue(const Tensor& a, bool trans_a, const Tensor& b, bool tra
                         const GemmProblem& problem, double alpha, double beta, const GemmEpilogueArgs& epilogue) {
   check_operands(a, b, c);
   if (epilogue.kind == GemmEpilogue::None) {
+    // A plain GEMM reads C from the output itself: an addend here would be dropped without a word.
+    OCTET_CHECK(!epilogue.addend.defined(), "gemm: an addend (C apart from the output) goes with the BIAS epilogue, "
+                "got it with no epilogue (", epilogue.addend.describe(), "); add it after the GEMM, or pass the bias");
     gemm(a, trans_a, b, trans_b, c, problem, alpha, beta);
     return true;
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "kernels/cuda/gemm_cuda.h"
 #include "kernels/cuda/reduce_cuda.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
@@ -105,6 +106,25 @@ TEST(CudaLinear, ResidualAddedInTheEpilogueRoundsOnce) {
   EXPECT_TRUE(testing::throws_with(
       [&] { kernels::linear_forward(x.to(kGpu), w.to(kGpu), Tensor(), random_tensor({2, 197, 767}).to(kGpu)); },
       {"linear_forward", "residual", "[2, 197, 768]"}));
+}
+
+// An addend goes with the BIAS epilogue only: with no epilogue, where the GEMM reads C from the output,
+// it would be dropped without a word, so it is refused, and the output left unwritten.
+TEST(CudaLinear, AnAddendWithoutTheBiasEpilogueIsRefused) {
+  SKIP_WITHOUT_GPU();
+  const Tensor a = random_tensor({32, 64}, DType::bf16, 340).to(kGpu);
+  const Tensor b = random_tensor({48, 64}, DType::bf16, 341).to(kGpu);
+  const Tensor before = random_tensor({32, 48}, DType::bf16, 342);
+  const Tensor c = before.to(kGpu);
+  kernels::cuda::GemmEpilogueArgs epilogue;
+  epilogue.addend = random_tensor({32, 48}, DType::bf16, 343).to(kGpu);
+  kernels::cuda::GemmProblem problem;
+  problem.m = 32, problem.n = 48, problem.k = 64;
+  problem.stride_a = 32 * 64, problem.stride_b = 48 * 64, problem.stride_c = 32 * 48;
+  EXPECT_TRUE(testing::throws_with(
+      [&] { kernels::cuda::gemm_with_epilogue(a, false, b, true, c, problem, 1.0, 1.0, epilogue); },
+      {"gemm", "addend", "BIAS epilogue", "no epilogue"}));
+  EXPECT_TRUE(testing::same_bits(c, before));
 }
 
 TEST(CudaLinear, BackwardMatchesTheCpu) {

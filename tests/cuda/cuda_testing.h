@@ -6,20 +6,34 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "core/device.h"
 #include "core/tensor.h"
 #include "tests/testing.h"
 
-// First statement of every GPU test: CI machines have no GPU, and there the suite must skip cleanly.
-#define SKIP_WITHOUT_GPU()             \
-  if (!::octet::cuda::is_available()) \
+// First statement of every GPU test: CI machines have no GPU, and there the suite must skip cleanly,
+// unless this is the dry run below.
+#define SKIP_WITHOUT_GPU()                                                              \
+  if (!::octet::cuda::is_available() && !::octet::testing::gpu_tests_on_cpu()) \
   GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
 
 namespace octet::testing {
 
-inline const Device kGpu = Device::cuda(0);
+// The dry run, OCTET_GPU_TESTS_ON_CPU=1 (tools/gpu_tests_on_cpu.sh): nothing skips, and the CPU stands
+// in for the GPU (kGpu below), so that a test whose own setup or CPU reference throws (an argument
+// the API has since refused) shows on a machine without a GPU, before a GPU machine's time goes to it.
+inline bool gpu_tests_on_cpu() {
+  static const bool on = [] {
+    const char* value = std::getenv("OCTET_GPU_TESTS_ON_CPU");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return on;
+}
+
+inline const Device kGpu = gpu_tests_on_cpu() ? Device::cpu() : Device::cuda(0);
 
 // The suite's bounds on the norm-wise relative error: 1e-5 for f32, 1e-2 for bf16 (and anything else).
 // Not for FP8 GEMMs: Hopper's FP8 tensor cores do not accumulate in f32, whatever the output dtype;

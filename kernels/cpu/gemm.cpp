@@ -13,7 +13,6 @@
 #include <climits>
 #include <memory>
 #include <type_traits>
-#include <utility>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -31,16 +30,23 @@ constexpr int64_t kParallelMacs = int64_t{1} << 18;
 // Bands of rows or columns are multiples of this, so each thread's band keeps whole register tiles.
 constexpr int64_t kBandAlign = 32;
 
-// How many bands `extent` rows (or columns) split into across `threads`, and band `band`'s [lo, hi):
-// edges on multiples of kBandAlign, the last band taking the remainder (it may be empty: hi <= lo).
+// How many bands `extent` rows (or columns) split into across `threads`: at most one per thread,
+// each at least kBandAlign long.
 int64_t band_count(int64_t extent, int64_t threads) {
   return std::min<int64_t>(threads, (extent + kBandAlign - 1) / kBandAlign);
 }
-std::pair<int64_t, int64_t> band_range(int64_t extent, int64_t band, int64_t bands) {
+
+// f(lo, hi) for each of `bands` bands of [0, extent), one thread each: edges on multiples of
+// kBandAlign, the last band taking the remainder; an empty band is skipped.
+template <class F>
+void for_each_band(int64_t extent, int64_t bands, F&& f) {
   const int64_t units = (extent + kBandAlign - 1) / kBandAlign;
-  const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
-  const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
-  return {lo, hi};
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands)) if (bands > 1)
+  for (int64_t band = 0; band < bands; ++band) {
+    const int64_t lo = std::min(extent, units * band / bands * kBandAlign);
+    const int64_t hi = band + 1 == bands ? extent : std::min(extent, units * (band + 1) / bands * kBandAlign);
+    if (hi > lo) f(lo, hi);
+  }
 }
 
 // OpenBLAS takes 32-bit extents; refuse rather than wrap.
@@ -122,18 +128,15 @@ void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
     packed.reset(new float[static_cast<size_t>(k * ldb)]);
     // Packed B's k rows in bands across the threads, as C's below: a wide weight gradient's B (xᵀ,
     // [n, k] with k the tokens) is megabytes, and one thread packing it kept the others waiting.
-    const int64_t pack_bands = parallel ? band_count(k, threads) : 1;
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(pack_bands)) if (pack_bands > 1)
-    for (int64_t band = 0; band < pack_bands; ++band) {
-      const auto [lo, hi] = band_range(k, band, pack_bands);
-      if (hi <= lo) continue;
+    float* dst = packed.get();
+    for_each_band(k, parallel ? band_count(k, threads) : 1, [&](int64_t lo, int64_t hi) {
       if (trans_b) {
-        tile_gemm::pack_transposed(b + lo, k, n, hi - lo, packed.get() + lo * ldb, ldb);  // B is [n, k]
+        tile_gemm::pack_transposed(b + lo, k, n, hi - lo, dst + lo * ldb, ldb);  // B is [n, k]
       } else {
-        tile_gemm::pack_rows(b + lo * n, n, hi - lo, n, packed.get() + lo * ldb, ldb);  // B is [k, n]
+        tile_gemm::pack_rows(b + lo * n, n, hi - lo, n, dst + lo * ldb, ldb);  // B is [k, n]
       }
-    }
-    b = packed.get();
+    });
+    b = dst;
   }
   const int64_t chunk = std::max<int64_t>(tile_gemm::kLanes, kTileChunkFloats / ldb);
   const int64_t a_row = trans_a ? 1 : k, a_col = trans_a ? m : 1;
@@ -148,17 +151,13 @@ void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
   };
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
-  const int64_t bands = parallel ? band_count(extent, threads) : 1;
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands)) if (bands > 1)
-  for (int64_t band = 0; band < bands; ++band) {
-    const auto [lo, hi] = band_range(extent, band, bands);
-    if (hi <= lo) continue;
+  for_each_band(extent, parallel ? band_count(extent, threads) : 1, [&](int64_t lo, int64_t hi) {
     if (by_rows) {
       block(lo, hi, 0, n);
     } else {
       block(0, m, lo, hi);
     }
-  }
+  });
 }
 
 template <class T>
@@ -198,10 +197,7 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     const T* ai = a + i * stride_a;
     const T* bi = b + i * stride_b;
     T* ci = c + i * stride_c;
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(bands))
-    for (int64_t band = 0; band < bands; ++band) {
-      const auto [lo, hi] = band_range(extent, band, bands);
-      if (hi <= lo) continue;
+    for_each_band(extent, bands, [&](int64_t lo, int64_t hi) {
       const int len = static_cast<int>(hi - lo);
       if (by_rows) {
         // Rows lo..hi of op(A): row offset in A, or column offset when A is stored transposed.
@@ -212,7 +208,7 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
         const T* b_band = bi + (trans_b ? lo * ldb : lo);
         call_gemm(ta, tb, mi, len, ki, alpha, ai, lda, b_band, ldb, beta, ci + lo, ldc);
       }
-    }
+    });
   }
 }
 

@@ -33,7 +33,9 @@ inline int64_t padded(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
 // dst[r, 0:ld_dst) = src[r, 0:cols) then zeros, for r < rows.
 void pack_rows(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst);
-// dst[c, 0:ld_dst) = src[0:rows, c] then zeros, for c < cols: the transpose, packed.
+// dst[c, 0:ld_dst) = src[0:rows, c] then zeros, for c < cols: the transpose, packed. ld_dst must be
+// at least padded(rows) (it writes whole vectors). On an AVX-512 CPU in 16 × 16 blocks through the
+// registers; the bits are src's either way.
 void pack_transposed(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst);
 
 // C = alpha · A·B + beta · C (+ bias, a row of n added to every row of C, when not null) as above;

@@ -16,7 +16,7 @@
 
 // First statement of every GPU test: CI machines have no GPU, and there the suite must skip cleanly,
 // unless this is the dry run below.
-#define SKIP_WITHOUT_GPU()                                                              \
+#define SKIP_WITHOUT_GPU()                                                     \
   if (!::octet::cuda::is_available() && !::octet::testing::gpu_tests_on_cpu()) \
   GTEST_SKIP() << "no CUDA device on this machine; this test runs on the GPU machine"
 

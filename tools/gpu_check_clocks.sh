@@ -1,6 +1,6 @@
 # The GPU check's samples of the GPU's clocks and power, and their report beside each benchmark: sourced
 # by tools/gpu_check.sh (it runs nothing alone, and uses the check's settings and summary: note,
-# indent, $logs, $work, $rehearsal).
+# indent, time_left, $logs, $work, $rehearsal).
 #
 # The third run's ViT-H step took 7% longer than its kernels summed under ncu, where each kernel runs
 # alone on a GPU that boosts. nvidia-smi samples the clocks every 100 ms from the first benchmark on;
@@ -22,8 +22,10 @@ start_clock_samples() {
   echo "# nvidia-smi -i $gpu --query-gpu=$fields --format=csv,noheader,nounits -lms 100" > "$logs/gpu_clocks.csv"
   local line_buffered=()
   command -v stdbuf > /dev/null && line_buffered=(stdbuf -oL)  # each sample in the file as it is taken
-  "${line_buffered[@]}" nvidia-smi -i "$gpu" --query-gpu="$fields" --format=csv,noheader,nounits -lms 100 \
-    >> "$logs/gpu_clocks.csv" 2>&1 &
+  # Under a timeout past the check's deadline, so that a check ended by SIGKILL or an error that skips
+  # stop_clock_samples never leaves nvidia-smi sampling into a deleted folder.
+  timeout $(($(time_left) + 30)) "${line_buffered[@]}" nvidia-smi -i "$gpu" --query-gpu="$fields" \
+    --format=csv,noheader,nounits -lms 100 >> "$logs/gpu_clocks.csv" 2>&1 &
   clocks_pid=$!
   echo "$clocks_pid" > "$work/gpu_clocks.pid"
 }

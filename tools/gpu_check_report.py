@@ -455,7 +455,9 @@ METRICS = [
     ("instructions (M)", ("smsp__inst_executed.sum", "inst_executed"), "M"),
 ]
 UNITS_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-UNITS_RATE = {"byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
+# ncu spells a rate's seconds either way, by version ("Tbyte/s" in the 2026-11-28 capture).
+UNITS_RATE = {f"{prefix}byte/{seconds}": scale for prefix, scale in (("", 1), ("K", 1e3), ("M", 1e6), ("G", 1e9),
+                                                                      ("T", 1e12)) for seconds in ("s", "second")}
 STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
 
 
@@ -482,7 +484,9 @@ def metric_value(row, columns, units, names, unit):
             return v * UNITS_BYTES.get(u, 1.0) / 1e6
         if unit == "MB over the kernel's time":
             seconds = metric_value(row, columns, units, ("gpu__time_duration.sum",), "us")
-            return None if seconds is None else v * UNITS_RATE.get(u, 1.0) * seconds * 1e-6 / 1e6
+            if seconds is None or u not in UNITS_RATE:  # a unit it does not know: n/a, not a wrong number
+                return None
+            return v * UNITS_RATE[u] * seconds * 1e-6 / 1e6
         if unit == "M":
             return v / 1e6
         return v

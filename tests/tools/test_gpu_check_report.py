@@ -359,6 +359,13 @@ class Report(unittest.TestCase):
         self.assertIn("| layernorm_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 23.5 | n/a | n/a | 43.0 | 38.2 |", out)
         self.assertIn("| 12.6 | n/a |\n", out)
         self.assertIn("| fp8_cast_kernel<GeluInput<__nv_bfloat16, 0>, 0, 0, 1> | 97.0 | n/a | n/a | 242.5 | 51.5 |", out)
+        # Other ncu versions spell the rate's seconds out; a unit it does not know gives n/a, not 1 byte/s.
+        rc, out = run("metrics", self.write("seconds_spelt.csv", capture.replace('"1.83","38.16"', '"1830","38.16"')
+                                                            .replace('"Tbyte/s"', '"Gbyte/second"')))
+        self.assertEqual(rc, 0, out)  # 1830 GB/s over 23.488 us = 43.0 MB, as 1.83 TB/s above
+        self.assertIn("| layernorm_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 23.5 | n/a | n/a | 43.0 | 38.2 |", out)
+        rc, out = run("metrics", self.write("unknown_unit.csv", capture.replace('"Tbyte/s"', '"furlong/fortnight"')))
+        self.assertIn("| layernorm_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 23.5 | n/a | n/a | n/a | 38.2 |", out)
 
     # -- table
     def test_table_gives_each_run_the_ratios_and_the_goals(self):

@@ -385,11 +385,15 @@ nccl_kill_run() {
   rc=$?
   rm -f "$work/$name.pid"
   echo "gpu_check: rank 1 (pid $victim) killed with SIGKILL after $steps steps; the job ended $took s later with exit $rc" >> "$log"
-  if ((rc == 124 || rc == 137)) && ((limit < 170)); then  # timeout's own codes: the check ended the job
+  # Whether the run's timeout ended it: 124 is timeout's own code, but 137 is also how mpirun reports a
+  # rank killed by SIGKILL, so the time it ran decides (the timeout cannot fire before `limit` s).
+  local timed_out=0
+  ((rc == 124 || SECONDS - t0 >= limit)) && timed_out=1
+  if ((timed_out && limit < 170)); then
     note CUT "$name: rank 1 killed after $steps steps; $took s later the run's timeout ($limit s, what the check had left) ended the job: not judged"
     flush
     return 1
-  elif ((rc == 124 || rc == 137)); then
+  elif ((timed_out)); then
     note FAIL "$name: rank 1 killed after $steps steps; the job did not end by itself: the run's timeout ended it $took s later (exit $rc)"
   elif ((rc != 0)) && awk -v t="$took" 'BEGIN { exit !(t < 60) }'; then
     note PASS "$name: rank 1 killed (SIGKILL) after $steps steps; the job of $np ranks ended $took s later, exit $rc"

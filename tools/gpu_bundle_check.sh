@@ -301,7 +301,7 @@ for f in gpu_info.txt bench_vit_bf16.log bench_vit_fp8.log bench_vit_fp8_unfused
          bench_vit_bf16_gelu_tanh.log \
          test_cuda_list.txt test_cuda_s0.log test_cuda_s3.log bf16.jsonl bf16_cpu.jsonl fsdp_lora_nccl.log \
          fsdp_hybrid_nccl_cpu.jsonl mpi_gpu_shared.log mpi_collectives_cuda.log mpi2_fsdp_fp8_gather.jsonl \
-         mpi2_fsdp_fp8_gather_cpu.jsonl bench.jsonl results.md; do
+         mpi2_fsdp_fp8_gather_cpu.jsonl choose.txt bench.jsonl results.md; do
   grep -qx "./$f" "$work/check-logs.txt" || problems+=("logs.tar.gz lacks $f")
 done
 summary=$check_out/summary.txt
@@ -318,6 +318,9 @@ expect "$summary" '^SKIP  bench_vit_bf16_autotune: skipped: the CPU has no GPU a
   "the autotuned bench run does not say why it is skipped"
 expect "$summary" '^SKIP  bench_vit_bf16_designs: skipped: the CPU has one kernel per op, no designs to choose' \
   "the bench run with the kernel designs on trial does not say why it is skipped"
+expect "$summary" '^INFO  bench_vit_fp8_chosen: not run: no trial of fp8 beat the library.s defaults, or none ran' \
+  "the stage of the trials' winners does not say why it ran nothing"
+expect "$summary" '^      why: bf16 --autotune on: not decided' "the stage of the trials' winners does not say why"
 expect "$summary" '^PASS  fsdp_hybrid_nccl tracks its CPU twin: steps 1-6: .*bit for bit: True' "no track verdict (hybrid)"
 expect "$summary" '^PASS  mpi2_fsdp_fp8_gather tracks its CPU twin: steps 1-6' "no track verdict (2 ranks over MPI)"
 expect "$summary" '^INFO  fsdp_lora_nccl loss \(not judged.*\): mean loss of the first 5 steps' "no falls report"

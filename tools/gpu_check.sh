@@ -23,6 +23,10 @@
 #                  PyTorch (eager, torch.compile) gets a line for its timed steps
 #                  (tools/gpu_clocks.py); bench_vit also says how far ahead of the GPU the host queued
 #   bench_kernels  bench_kernels, where the build has it (1 s on the third run)
+#   chosen         bench_vit bf16 and fp8 again with every trial's winner at once (gpu_check_report.py
+#                  choose decides each: autotuning and fp8's refill by the step, the kernel designs by
+#                  bench_kernels' rows): the step the library would run with them as its defaults. Not
+#                  run yet; about 25 s, each left out (CUT) like the trials when time is short
 #   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (14 s), then plain SGD
 #                  with the tanh GELU (11 s)
 #   compile        starts torch.compile in the background (--start-gate): its cold compile (about
@@ -125,7 +129,7 @@ report=(python3 "$repo/tools/gpu_check_report.py")
 # the tests stage runs without it.
 export GTEST_COLOR=no PYTHONUNBUFFERED=1 OCTET_REQUIRE_FUSED_ATTENTION=1
 
-all_stages=(bench bench_kernels eager compile tests train mpi ncu table)
+all_stages=(bench bench_kernels chosen eager compile tests train mpi ncu table)
 optional_stages=(nccl_ranks)  # run only when named: they do not fit the whole check's 8 minutes
 if (($# == 0)); then
   stages=("${all_stages[@]}")
@@ -397,18 +401,24 @@ stage_bench() {
       continue
     fi
     # shellcheck disable=SC2086  # flags: words
-    if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
-         --steps "$bench_steps" --warmup "$bench_warmup" $flags; then
-      grep -E '^(step|host|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
-      clock_report "$logs/bench_vit_$name.log"
-      # What autotuning chose for each problem, against the heuristics' first (kernels/autotune.h).
-      { grep -o 'autotune: .*' "$logs/bench_vit_$name.log" || true; } | indent
-    fi
-    # The table's row: bench_vit's JSON line, tagged with the run it is (the line does not say
-    # whether the fused FP8 producers were on).
-    grep -h '^{"' "$logs/bench_vit_$name.log" 2> /dev/null | tail -n 1 | sed "s/^{/{\"run\":\"$run\",/" > "$logs/bench_vit_$name.jsonl"
+    bench_vit_run "$name" "$run" $flags
   done
   stage_end
+}
+bench_vit_run() {  # NAME RUN FLAGS...: bench_vit with FLAGS as step bench_vit_NAME, its row tagged RUN
+  local name=$1 run=$2
+  shift 2
+  if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
+       --steps "$bench_steps" --warmup "$bench_warmup" "$@"; then
+    grep -E '^(step|host|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
+    clock_report "$logs/bench_vit_$name.log"
+    # What autotuning chose for each problem, against the heuristics' first (kernels/autotune.h).
+    { grep -o 'autotune: .*' "$logs/bench_vit_$name.log" || true; } | indent
+  fi
+  # The table's row: bench_vit's JSON line, tagged with the run it is (the line does not say
+  # whether the fused FP8 producers were on) and the flags it was given.
+  grep -h '^{"' "$logs/bench_vit_$name.log" 2> /dev/null | tail -n 1 |
+    sed "s/^{/{\"run\":\"$run\",\"flags\":\"$*\",/" > "$logs/bench_vit_$name.jsonl"
 }
 
 write_kernels_txt() {  # kernels.txt: bench_kernels' table, then the ncu captures summed
@@ -448,6 +458,40 @@ stage_bench_kernels() {
   elif step bench_kernels 90 "$bin/bench_kernels"; then
     write_kernels_txt
   fi
+  stage_end
+}
+
+# ---- chosen: the trials' winners together ------------------------------------------------------------------
+# Each trial of the bench stage is decided on its own (gpu_check_report.py choose: autotuning and fp8's
+# refill by the step, the kernel designs by bench_kernels' rows of the kernels they change); this times
+# bf16 and fp8 once more with every winner at once, the step the library would run with them as its
+# defaults. Nothing runs for a precision whose defaults won every trial.
+stage_chosen() {
+  stage_begin chosen
+  compile_finish
+  start_clock_samples
+  cat "$logs"/bench_vit_*.jsonl > "$work/trials.jsonl" 2> /dev/null
+  if ! "${report[@]}" choose "$work/trials.jsonl" --kernels "$logs/bench_kernels.log" > "$logs/choose.txt" 2>&1; then
+    note FAIL "choose: gpu_check_report.py choose failed (log: choose.txt)"
+    tail -n 5 "$logs/choose.txt" | indent
+    stage_end
+    return
+  fi
+  indent < "$logs/choose.txt"
+  local p run flags
+  for p in bf16 fp8; do
+    flags=$(sed -n "s/^$p: *//p" "$logs/choose.txt")
+    run=octet-chosen
+    [[ $p == fp8 ]] && run=octet-fp8-chosen
+    if [[ -z $flags ]]; then
+      note INFO "bench_vit_${p}_chosen: not run: no trial of $p beat the library's defaults, or none ran"
+    elif (($(time_left) < bench_trials_reserve)); then
+      note CUT "bench_vit_${p}_chosen: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
+    else
+      # shellcheck disable=SC2086  # flags: words
+      bench_vit_run "${p}_chosen" "$run" --precision "$p" $flags
+    fi
+  done
   stage_end
 }
 

@@ -21,6 +21,12 @@
         an Nsight Compute capture with the SpeedOfLight, LaunchStats, Occupancy, WarpStateStats and
         MemoryWorkloadAnalysis sections (--csv --page raw), one line per kernel: time, DRAM bytes
         moved, throughput, occupancy, waves, and the warps' top stall reasons
+  choose BENCH.jsonl [--kernels BENCH_KERNELS.log]
+        the bench_vit flags that won their trials in this check, one line per precision ("bf16: FLAGS",
+        "fp8: FLAGS", empty where the library's defaults won or nothing on trial ran), then a "why:"
+        line for each decision: --autotune on and fp8's --row-prefetch after by the step's images/s
+        against the run without them; --layernorm-backward columns, --bias-grad column-sum and bf16's
+        --row-prefetch after by bench_kernels' rows of the kernels they change
   table BENCH.jsonl --device TEXT --model NAME --batch N [--commit C] [--date D]
         the benchmark table in bench/RESULTS.md's format: Octet bf16, fp8 (fused producers on and
         off) and bf16 with recompute beside PyTorch eager and torch.compile, and the goals
@@ -408,6 +414,115 @@ def kernels(args):
     return status
 
 
+# ---- choose: the trials' winners ------------------------------------------------------------------------
+
+def read_json_lines(path, bench=None):
+    rows = []
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and (bench is None or r.get("bench") == bench):
+            rows.append(r)
+    return rows
+
+
+# The bench_kernels rows each kernel design is judged by: (kernel, variant) -> its median µs. The
+# step runs LayerNorm's backward as add_layernorm_backward (64 a step: every LayerNorm's input is a
+# residual sum), and the bias gradients the column sum would take over are qkv's (one a block) and
+# proj's and fc2's (two a block, both over 1280 columns of 12,608 rows: proj's row stands for both).
+LN_BACKWARD = "add_layernorm_backward"
+LN_VARIANTS = {"refill": "bf16, dweight+dbias", "after": "bf16, dweight+dbias, no refill",
+               "columns": "bf16, dweight+dbias, column design"}
+BIAS_GRAD_ROWS = (("linear_backward (qkv wgrad)", 1), ("linear_backward (proj wgrad)", 2))
+BIAS_GRAD_VARIANTS = {"epilogue": "bf16, BGRADB epilogue", "column-sum": "bf16, GEMM then column sum"}
+
+
+def choose(args):
+    """Which of bench_vit's options on trial beat the library's defaults in this check's runs, so that
+    the check can time the step with all the winners together (tools/gpu_check.sh, stage chosen)."""
+    runs = {}
+    for r in read_json_lines(args.bench):
+        if r.get("run"):
+            runs[r["run"]] = r
+    us = {}
+    if args.kernels and os.path.exists(args.kernels):
+        for r in read_json_lines(args.kernels, bench="bench_kernels"):
+            if "us" in r and "variant" in r:
+                us[(r["kernel"], r["variant"])] = r["us"]
+    flags = {"bf16": [], "fp8": []}
+    why = []
+
+    def by_step(precision, base, trial, flag):
+        if base not in runs or trial not in runs:
+            why.append(f"{precision} {flag}: not decided, {'the run with it' if base in runs else 'the run without it'} "
+                       "did not run; the default stays")
+            return False
+        with_it, without = runs[trial]["images_per_s"], runs[base]["images_per_s"]
+        won = with_it > without
+        why.append(f"{precision} {flag}: {with_it:.1f} images/s with it, {without:.1f} without: "
+                   + ("taken" if won else "the default stays"))
+        return won
+
+    for precision, base in (("bf16", "octet"), ("fp8", "octet-fp8")):
+        if by_step(precision, base, base + "-autotune", "--autotune on"):
+            flags[precision] += ["--autotune", "on"]
+
+    # --row-prefetch: the fp8 step has a dozen kernels with the refill, so its step decides; in bf16
+    # only LayerNorm's backward in rows has it, so that kernel's rows decide, below.
+    prefetch = {"fp8": "after" if by_step("fp8", "octet-fp8", "octet-fp8-no-refill", "--row-prefetch after")
+                else "refill"}
+    ln = {k: us.get((LN_BACKWARD, v)) for k, v in LN_VARIANTS.items()}
+    if ln["refill"] is not None and ln["after"] is not None:
+        prefetch["bf16"] = "after" if ln["after"] < ln["refill"] else "refill"
+        why.append(f"bf16 --row-prefetch after: {LN_BACKWARD} {ln['after']:.1f} µs without the refill, "
+                   f"{ln['refill']:.1f} with it: " + ("taken" if prefetch["bf16"] == "after" else "the default stays"))
+    else:
+        prefetch["bf16"] = "refill"
+        why.append(f"bf16 --row-prefetch after: not decided, bench_kernels has no {LN_BACKWARD} rows with and "
+                   "without the refill; the default stays")
+    for precision in ("bf16", "fp8"):
+        if prefetch[precision] == "after":
+            flags[precision] += ["--row-prefetch", "after"]
+
+    # --layernorm-backward columns: the column design against the row design as each precision runs it.
+    for precision in ("bf16", "fp8"):
+        rows_us = ln[prefetch[precision]]
+        if ln["columns"] is None or rows_us is None:
+            why.append(f"{precision} --layernorm-backward columns: not decided, bench_kernels has no {LN_BACKWARD} "
+                       "rows for both designs; the default stays")
+            continue
+        won = ln["columns"] < rows_us
+        why.append(f"{precision} --layernorm-backward columns: {LN_BACKWARD} {ln['columns']:.1f} µs in columns, "
+                   f"{rows_us:.1f} in rows ({'no refill' if prefetch[precision] == 'after' else 'the refill'}): "
+                   + ("taken" if won else "the default stays"))
+        if won:
+            flags[precision] += ["--layernorm-backward", "columns"]
+
+    # --bias-grad column-sum (bf16: the FP8 step's bias gradients come out of its casts).
+    cost = {}
+    for design, variant in BIAS_GRAD_VARIANTS.items():
+        parts = [(us.get((kernel, variant)), n) for kernel, n in BIAS_GRAD_ROWS]
+        cost[design] = None if any(t is None for t, _ in parts) else sum(t * n for t, n in parts)
+    if cost["epilogue"] is None or cost["column-sum"] is None:
+        why.append("bf16 --bias-grad column-sum: not decided, bench_kernels has no qkv and proj wgrad rows for "
+                   "both designs; the default stays")
+    else:
+        won = cost["column-sum"] < cost["epilogue"]
+        why.append(f"bf16 --bias-grad column-sum: a block's qkv, proj and fc2 weight gradients "
+                   f"{cost['column-sum']:.1f} µs with the column sum, {cost['epilogue']:.1f} with BGRADB: "
+                   + ("taken" if won else "the default stays"))
+        if won:
+            flags["bf16"] += ["--bias-grad", "column-sum"]
+
+    for precision in ("bf16", "fp8"):
+        print(f"{precision}: {' '.join(flags[precision])}".rstrip())
+    for line in why:
+        print(f"why: {line}")
+    return 0
+
+
 # ---- table ------------------------------------------------------------------------------------------------
 
 # The rows, keyed by the JSON line's "run" (tools/gpu_check.sh tags bench_vit's lines with it: the
@@ -424,6 +539,8 @@ NAMES = {
     "octet-designs": "Octet bf16, --layernorm-backward columns --bias-grad column-sum",
     "octet-fp8-designs": "Octet fp8, fused producers on, --layernorm-backward columns",
     "octet-fp8-no-refill": "Octet fp8, fused producers on, --row-prefetch after (no refill)",
+    "octet-chosen": "Octet bf16, the trials' winners together (choose)",
+    "octet-fp8-chosen": "Octet fp8, fused producers on, the trials' winners together (choose)",
     "pytorch-eager": "PyTorch eager, bf16 autocast, SGD",
     "pytorch-eager-fused": "PyTorch eager, bf16 autocast, SGD(fused=True)",
     "pytorch-compile": "PyTorch torch.compile, bf16 autocast, SGD",
@@ -619,6 +736,25 @@ def table(args):
                 goals.append(goal(f"Octet bf16 {words} MFU", 100 * runs[bf16_run]["mfu"], 50, fmt=".1f", unit="%"))
         if fp8_run in runs and eager:
             goals.append(goal(f"Octet fp8 {words} ÷ PyTorch eager bf16", ips[fp8_run] / eager, 1.9))
+    # The trials' winners together (the stage chosen): what the library would run with them as its defaults.
+    for run, base, what in (("octet-chosen", "octet", "bf16"), ("octet-fp8-chosen", "octet-fp8", "fp8")):
+        if run not in runs:
+            continue
+        flags = re.sub(r"--precision \S+\s*", "", runs[run].get("flags", "?")).strip()
+        words = f"{what} with the trials' winners ({flags})"
+        if base in runs:
+            goals.append(f"{words}: {ips[run] / ips[base]:.3f}x {what}'s images/s with the library's defaults")
+        if what == "bf16":
+            if compiled:
+                goals.append(goal(f"Octet {words} ÷ torch.compile", ips[run] / compiled, 1.15))
+            if runs[run].get("mfu") is not None:
+                goals.append(goal(f"Octet {words} MFU", 100 * runs[run]["mfu"], 50, fmt=".1f", unit="%"))
+        else:
+            if eager:
+                goals.append(goal(f"Octet {words} ÷ PyTorch eager bf16", ips[run] / eager, 1.9))
+            bf16_best = max((ips[k] for k in ("octet", "octet-chosen") if k in runs), default=None)
+            if bf16_best:
+                goals.append(goal(f"Octet {words} ÷ Octet bf16's faster run", ips[run] / bf16_best, 1.35))
     if "octet" in runs and "pytorch-eager" in runs:
         goals.append(f"GFLOP per training image: Octet {runs['octet']['gflop_per_image']:.1f}, "
                      f"PyTorch script {runs['pytorch-eager']['gflop_per_image']:.1f}")
@@ -656,6 +792,9 @@ def main():
     p.add_argument("--top", type=int, default=15)
     p = sub.add_parser("metrics")
     p.add_argument("csv")
+    p = sub.add_parser("choose")
+    p.add_argument("bench")
+    p.add_argument("--kernels", help="bench_kernels' output (its JSON rows are read)")
     p = sub.add_parser("table")
     p.add_argument("bench")
     p.add_argument("--device", default="")
@@ -665,7 +804,7 @@ def main():
     p.add_argument("--date", default="")
     args = parser.parse_args()
     return {"gtest": gtest, "shards": shards, "track": track, "falls": falls, "kernels": kernels,
-            "metrics": metrics, "table": table}[args.command](args)
+            "metrics": metrics, "choose": choose, "table": table}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -368,6 +368,56 @@ class Report(unittest.TestCase):
         self.assertIn("| layernorm_forward_rows_kernel<__nv_bfloat16, __nv_bfloat16, 0> | 23.5 | n/a | n/a | n/a | 38.2 |", out)
 
     # -- table
+    # -- choose
+    def test_choose_takes_each_trial_that_won_and_says_why(self):
+        step = lambda run, ips, **kw: dict(run=run, bench="octet", images_per_s=ips, step_ms=64000 / ips, **kw)
+        bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in [
+            step("octet", 600.0, precision="bf16"), step("octet-autotune", 610.0, precision="bf16"),
+            step("octet-fp8", 830.0, precision="fp8"), step("octet-fp8-autotune", 820.0, precision="fp8"),
+            step("octet-fp8-no-refill", 835.0, precision="fp8"),
+            step("octet-designs", 590.0, precision="bf16")]) + "\n")  # a step run the kernel rows overrule
+        row = lambda kernel, variant, us: json.dumps({"bench": "bench_kernels", "kernel": kernel, "variant": variant,
+                                                      "shape": "12608x1280", "us": us, "ratio": 0.7})
+        kernels = self.write("bench_kernels.log", "\n".join([
+            "kernel   variant   shape   µs   (the text table, not read)",
+            row("add_layernorm_backward", "bf16, dweight+dbias", 58.0),
+            row("add_layernorm_backward", "bf16, dweight+dbias, no refill", 60.0),
+            row("add_layernorm_backward", "bf16, dweight+dbias, column design", 50.0),
+            row("layernorm_backward", "bf16, dweight+dbias, column design", 99.0),  # not the step's LayerNorm
+            # Per block: qkv once, proj's row twice (proj and fc2): 250 + 2 x 100 = 450 with BGRADB
+            # against 245 + 2 x 104 = 453 with the column sum, which wins only if proj is counted once.
+            row("linear_backward (qkv wgrad)", "bf16, BGRADB epilogue", 250.0),
+            row("linear_backward (qkv wgrad)", "bf16, GEMM then column sum", 245.0),
+            row("linear_backward (proj wgrad)", "bf16, BGRADB epilogue", 100.0),
+            row("linear_backward (proj wgrad)", "bf16, GEMM then column sum", 104.0),
+            json.dumps({"bench": "bench_kernels", "summary": True, "worst_ratio": 0.6})]) + "\n")
+        rc, out = run("choose", bench, "--kernels", kernels)
+        self.assertEqual(rc, 0, out)
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "bf16: --autotune on --layernorm-backward columns")
+        self.assertEqual(lines[1], "fp8: --row-prefetch after --layernorm-backward columns")
+        self.assertIn("why: bf16 --autotune on: 610.0 images/s with it, 600.0 without: taken", out)
+        self.assertIn("why: fp8 --autotune on: 820.0 images/s with it, 830.0 without: the default stays", out)
+        self.assertIn("why: fp8 --row-prefetch after: 835.0 images/s with it, 830.0 without: taken", out)
+        self.assertIn("why: bf16 --row-prefetch after: add_layernorm_backward 60.0 µs without the refill, 58.0 with "
+                      "it: the default stays", out)
+        self.assertIn("why: bf16 --layernorm-backward columns: add_layernorm_backward 50.0 µs in columns, 58.0 in "
+                      "rows (the refill): taken", out)
+        self.assertIn("why: fp8 --layernorm-backward columns: add_layernorm_backward 50.0 µs in columns, 60.0 in "
+                      "rows (no refill): taken", out)
+        self.assertIn("why: bf16 --bias-grad column-sum: a block's qkv, proj and fc2 weight gradients 453.0 µs with "
+                      "the column sum, 450.0 with BGRADB: the default stays", out)
+
+    def test_choose_keeps_every_default_when_no_trial_ran(self):
+        bench = self.write("bench.jsonl", json.dumps({"run": "octet", "bench": "octet", "images_per_s": 600.0}) + "\n")
+        rc, out = run("choose", bench, "--kernels", os.path.join(self.dir.name, "absent.log"))
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.splitlines()[:2], ["bf16:", "fp8:"])
+        self.assertIn("why: bf16 --autotune on: not decided, the run with it did not run; the default stays", out)
+        self.assertIn("why: fp8 --autotune on: not decided, the run without it did not run; the default stays", out)
+        self.assertIn("why: bf16 --layernorm-backward columns: not decided", out)
+        self.assertIn("why: bf16 --bias-grad column-sum: not decided", out)
+
     def test_table_gives_each_run_the_ratios_and_the_goals(self):
         rows = [
             {"run": "octet", "bench": "octet", "precision": "bf16", "images_per_s": 400.0, "step_ms": 160.0,
@@ -394,6 +444,9 @@ class Report(unittest.TestCase):
             {"run": "octet-fp8-designs", "bench": "octet", "precision": "fp8", "layernorm_backward": "columns",
              "bias_grad": "epilogue", "images_per_s": 480.0, "step_ms": 133.3, "tflops": 366.0, "mfu": 0.37,
              "peak_memory_gib": 28.0, "gflop_per_image": 764.0},
+            {"run": "octet-fp8-chosen", "flags": "--precision fp8 --autotune on", "bench": "octet", "precision": "fp8",
+             "images_per_s": 560.0, "step_ms": 114.3, "tflops": 425.0, "mfu": 0.43, "peak_memory_gib": 28.0,
+             "gflop_per_image": 764.0},
         ]
         bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
         rc, out = run("table", bench, "--device", "NVIDIA H100", "--model", "vit_huge_patch16_224", "--batch", "64",
@@ -427,9 +480,18 @@ class Report(unittest.TestCase):
         self.assertIn("| Octet fp8, fused producers on, --row-prefetch after (no refill) | 450.0 | 142.2 |", out)
         self.assertIn("fp8 with --row-prefetch after: 0.900x fp8's images/s with the refill", out)
         self.assertIn("Octet fp8 with --row-prefetch after ÷ PyTorch eager bf16 = 1.800 (goal >= 1.9): NOT met", out)
+        self.assertIn("| Octet fp8, fused producers on, the trials' winners together (choose) | 560.0 | 114.3 |", out)
+        self.assertIn("fp8 with the trials' winners (--autotune on): 1.120x fp8's images/s with the library's "
+                      "defaults", out)
+        self.assertIn("Octet fp8 with the trials' winners (--autotune on) ÷ PyTorch eager bf16 = 2.240 (goal >= 1.9): "
+                      "met", out)
+        # Against the faster of bf16's plain run and its trials' winners (not run here): 560 / 400.
+        self.assertIn("Octet fp8 with the trials' winners (--autotune on) ÷ Octet bf16's faster run = 1.400 "
+                      "(goal >= 1.35): met", out)
+        self.assertNotIn("bf16 with the trials' winners", out)  # its row did not run
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
-        self.assertIn("did not run: octet-recompute, octet-fp8-autotune, octet-designs, pytorch-eager-fused, "
-                      "pytorch-compile, pytorch-compile-fused", out)
+        self.assertIn("did not run: octet-recompute, octet-fp8-autotune, octet-designs, octet-chosen, "
+                      "pytorch-eager-fused, pytorch-compile, pytorch-compile-fused", out)
 
 
 if __name__ == "__main__":

@@ -80,10 +80,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   }
   check_cpu(op, {&a, &b, &c});
 
-  // Low-precision operands widen to f32 exactly; a non-f32 output is computed in f32 and rounded once.
+  // Low-precision operands widen to f32 exactly; a non-f32 output is computed in f32 and rounded once
+  // (C widened first only when beta reads it).
   const Tensor a32 = to_compute(a), b32 = to_compute(b);
   const bool direct = c.dtype() == compute_dtype(c.dtype());
-  Tensor acc = direct ? c : to_compute(c);
+  Tensor acc = direct ? c : beta != 0.0 ? to_compute(c) : empty(c.shape(), compute_dtype(c.dtype()), c.device());
   with_compute_type(a32.dtype(), [&]<class T>() {
     cpu::gemm_strided_batched<T>(trans_a, trans_b, d.m, d.n, d.k, static_cast<T>(alpha), a32.data<T>(), stride_a,
                                  b32.data<T>(), stride_b, static_cast<T>(beta), acc.data<T>(), stride_c, d.batch);

@@ -121,13 +121,18 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
     return add(linear_forward(x, weight, bias), residual);
   }
 
-  // On the CPU in f32, a product the tile kernels take adds the bias as it stores y.
-  if (!x.is_cuda() && bias.defined() && x.dtype() == DType::f32 && w.dtype() == DType::f32 &&
-      bias.dtype() == DType::f32 && y_dtype == DType::f32) {
-    Tensor y = empty({rows, out}, y_dtype, x.device());
-    if (cpu::linear_forward_tiled(rows, out, weight.size(1), x2.data<float>(), w.data<float>(), bias.data<float>(),
-                                  y.data<float>())) {
-      return y.reshape(y_shape);
+  // On the CPU, a product the tile kernels take adds the bias as it stores y, in f32: low-precision
+  // operands widened exactly first, the bias rounded to y's dtype as the composition below adds it,
+  // and y rounded once at the end, so the same bits as that composition. For bf16 it saves what the
+  // composition moves besides: y written as the broadcast bias, widened to f32 and read back by the GEMM.
+  if (!x.is_cuda() && bias.defined() && compute_dtype(x.dtype()) == DType::f32 &&
+      compute_dtype(w.dtype()) == DType::f32 && compute_dtype(bias.dtype()) == DType::f32 &&
+      cpu::linear_forward_takes_tiles(out)) {
+    const Tensor x32 = to_compute(x2), w32 = to_compute(w), bias32 = to_compute(bias.to(y_dtype));
+    Tensor y = empty({rows, out}, DType::f32, x.device());
+    if (cpu::linear_forward_tiled(rows, out, weight.size(1), x32.data<float>(), w32.data<float>(),
+                                  bias32.data<float>(), y.data<float>())) {
+      return y.to(y_dtype).reshape(y_shape);
     }
   }
 

@@ -212,6 +212,8 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
   }
 }
 
+bool linear_forward_takes_tiles(int64_t n) { return use_tiles(n, 1); }
+
 bool linear_forward_tiled(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* bias,
                           float* y) {
   if (m == 0 || k == 0 || !use_tiles(n, 1)) return false;

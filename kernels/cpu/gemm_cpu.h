@@ -37,5 +37,8 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 // Same bits as that composition (C = bias, then C += x·wᵀ on the tiles).
 bool linear_forward_tiled(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* bias,
                           float* y);
+// Whether linear_forward_tiled takes a Linear with n outputs (and rows and inputs), so that a caller
+// widening low-precision operands for it does so only when it will run.
+bool linear_forward_takes_tiles(int64_t n);
 
 }  // namespace octet::kernels::cpu

@@ -2,6 +2,7 @@
 // low-precision operands.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <tuple>
 
 #include "kernels/elementwise.h"
@@ -96,6 +97,20 @@ TEST(Gemm, BatchedInputTimesSharedWeightIsOneLinear) {
   EXPECT_EQ(y.shape(), (Shape{3, 5, 4}));
   auto expected = reference_gemm(x.to_vector<double>(), false, w.to_vector<double>(), true, {}, 1, 15, 4, 8, true, 1, 0);
   EXPECT_TRUE(all_close(y, expected, 1e-5, 1e-5));
+}
+
+// beta = 0: C's old values are never read, NaN included (as in BLAS), on the tile kernels (n = 64)
+// and OpenBLAS (n = 400, wider than the tiles take); a bf16 C is not widened first, and its result is
+// the one matmul rounds once.
+TEST(Gemm, BetaZeroIgnoresWhatCHeld) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t n : {64, 400}) {
+      const Tensor a = random_tensor({70, 48}, dtype, 7), b = random_tensor({48, n}, dtype, 8);
+      Tensor c = full({70, n}, std::numeric_limits<double>::quiet_NaN(), dtype);
+      kernels::gemm(a, false, b, false, c, 1.0, 0.0);
+      EXPECT_TRUE(all_close(c, kernels::matmul(a, b), 0, 0)) << dtype_name(dtype) << " n=" << n;
+    }
+  }
 }
 
 // k = 0: the product is an empty sum, so c = beta·c (BLAS itself leaves c untouched then).

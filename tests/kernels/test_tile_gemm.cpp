@@ -228,18 +228,30 @@ TEST(GemmPaths, TilesAndOpenBlasBothMatchFloat64) {
   }
 }
 
-// The tiled Linear adds the bias as it stores y: the same bits as starting y at the bias and
-// accumulating the GEMM onto it, which is what the composition does.
+// The tiled Linear adds the bias as it stores y: the same bits as starting y at the bias (rounded to
+// y's dtype) and accumulating the GEMM onto it, which is what the composition does. Low-precision
+// operands take the tiles too, widened first, with y rounded once at the end; K = 1000 runs in two
+// chunks of B, so the bias is added in the first and the second accumulates onto it.
 TEST(GemmPaths, TiledLinearBiasEqualsTheComposition) {
   SKIP_WITHOUT_TILES();
-  for (int64_t k : {96, 1000}) {
-    const Tensor x = random_tensor({130, k}, DType::f32, 51);
-    const Tensor w = random_tensor({72, k}, DType::f32, 52);
-    const Tensor bias = random_tensor({72}, DType::f32, 53);
-    const Tensor y = kernels::linear_forward(x, w, bias);
-    Tensor composed = kernels::broadcast_to(bias, {130, 72});
-    kernels::gemm(x, false, w, true, composed, 1.0, 1.0);
-    EXPECT_TRUE(all_close(y, composed, 0, 0)) << "k=" << k;
+  struct Case {
+    DType x, w, bias;
+  };
+  for (const Case& c : {Case{DType::f32, DType::f32, DType::f32}, Case{DType::bf16, DType::bf16, DType::bf16},
+                        Case{DType::bf16, DType::f32, DType::f32}, Case{DType::f16, DType::f16, DType::f32},
+                        Case{DType::bf16, DType::bf16, DType::f32}}) {
+    for (int64_t k : {96, 1000}) {
+      const Tensor x = random_tensor({130, k}, c.x, 51);
+      const Tensor w = random_tensor({72, k}, c.w, 52);
+      // Large enough against the products (|x·w| ~ sqrt(k)/3) that rounding it to y's dtype matters.
+      const Tensor bias = kernels::mul_scalar(random_tensor({72}, c.bias, 53), 7.0);
+      const Tensor y = kernels::linear_forward(x, w, bias);
+      Tensor composed = kernels::broadcast_to(bias.to(c.x), {130, 72});
+      kernels::gemm(x, false, w, true, composed, 1.0, 1.0);
+      ASSERT_EQ(y.dtype(), c.x);
+      EXPECT_TRUE(all_close(y, composed, 0, 0))
+          << dtype_name(c.x) << " x, " << dtype_name(c.w) << " w, " << dtype_name(c.bias) << " bias, k=" << k;
+    }
   }
 }
 

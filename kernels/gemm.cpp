@@ -81,8 +81,14 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   check_cpu(op, {&a, &b, &c});
 
   // Low-precision operands widen to f32 exactly; a non-f32 output is computed in f32 and rounded once
-  // (C widened first only when beta reads it).
+  // (C widened first only when beta reads it). A bf16 C the tiles take in one pass is rounded as
+  // they store it: the same bits without an f32 C in memory.
   const Tensor a32 = to_compute(a), b32 = to_compute(b);
+  if (c.dtype() == DType::bf16 && beta == 0.0 && d.batch == 1 && a32.dtype() == DType::f32 &&
+      cpu::gemm_tiled_to_bf16(trans_a, trans_b, d.m, d.n, d.k, static_cast<float>(alpha), a32.data<float>(),
+                              b32.data<float>(), static_cast<uint16_t*>(c.data_ptr()))) {
+    return;
+  }
   const bool direct = c.dtype() == compute_dtype(c.dtype());
   Tensor acc = direct ? c : beta != 0.0 ? to_compute(c) : empty(c.shape(), compute_dtype(c.dtype()), c.device());
   with_compute_type(a32.dtype(), [&]<class T>() {

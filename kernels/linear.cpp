@@ -129,6 +129,13 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
       compute_dtype(w.dtype()) == DType::f32 && compute_dtype(bias.dtype()) == DType::f32 &&
       cpu::linear_forward_takes_tiles(out)) {
     const Tensor x32 = to_compute(x2), w32 = to_compute(w), bias32 = to_compute(bias.to(y_dtype));
+    if (y_dtype == DType::bf16) {  // rounded as the tiles store it, where they take K in one pass
+      Tensor y = empty({rows, out}, y_dtype, x.device());
+      if (cpu::gemm_tiled_to_bf16(false, true, rows, out, weight.size(1), 1.0f, x32.data<float>(), w32.data<float>(),
+                                  static_cast<uint16_t*>(y.data_ptr()), bias32.data<float>())) {
+        return y.reshape(y_shape);
+      }
+    }
     Tensor y = empty({rows, out}, DType::f32, x.device());
     if (cpu::linear_forward_tiled(rows, out, weight.size(1), x32.data<float>(), w32.data<float>(),
                                   bias32.data<float>(), y.data<float>())) {

@@ -115,12 +115,17 @@ void gemm_on_caller_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
             std::max(blas_int(ldb, "ldb"), 1), beta, c, std::max(blas_int(ldc, "ldc"), 1));
 }
 
+// The rows of packed B one pass of the tiles takes (kTileChunkFloats of them, whole rows, at least one vector's).
+int64_t tile_chunk(int64_t n) { return std::max<int64_t>(tile_gemm::kLanes, kTileChunkFloats / tile_gemm::padded(n)); }
+
 // One product on the tile kernels: B packed once (or used in place when its rows are whole vectors
 // already), then bands of C's rows (or columns, when those are more) across the threads, as for
 // OpenBLAS below. Each band runs K in chunks of rows of B: the first chunk applies beta (and adds
-// the bias), the later ones accumulate onto C.
+// the bias), the later ones accumulate onto C. A bf16 C (Out = uint16_t, its bits) takes one chunk
+// only, with beta 0: its elements are rounded as they are stored, and a rounded C cannot be added to.
+template <class Out>
 void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                const float* b, float beta, float* c, bool parallel, int64_t threads, const float* bias = nullptr) {
+                const float* b, float beta, Out* c, bool parallel, int64_t threads, const float* bias = nullptr) {
   int64_t ldb = n;
   std::unique_ptr<float[]> packed;  // not zeroed first: the packing writes every float of it
   if (trans_b || n % tile_gemm::kLanes != 0) {
@@ -138,15 +143,21 @@ void tiled_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
     });
     b = dst;
   }
-  const int64_t chunk = std::max<int64_t>(tile_gemm::kLanes, kTileChunkFloats / ldb);
+  const int64_t chunk = tile_chunk(n);
   const int64_t a_row = trans_a ? 1 : k, a_col = trans_a ? m : 1;
   // C's rows [r0, r1) and columns [c0, c1).
   const auto block = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    for (int64_t p0 = 0; p0 < k; p0 += chunk) {
-      const bool first = p0 == 0;
-      tile_gemm::multiply(r1 - r0, c1 - c0, std::min(chunk, k - p0), alpha, a + r0 * a_row + p0 * a_col, a_row, a_col,
-                          b + p0 * ldb + c0, ldb, first ? beta : 1.0f, c + r0 * n + c0, n,
-                          first && bias != nullptr ? bias + c0 : nullptr);
+    if constexpr (std::is_same_v<Out, uint16_t>) {
+      OCTET_CHECK(k <= chunk && beta == 0.0f, "tiled_gemm: a bf16 C takes one pass over K with beta 0");
+      tile_gemm::multiply_to_bf16(r1 - r0, c1 - c0, k, alpha, a + r0 * a_row, a_row, a_col, b + c0, ldb,
+                                  c + r0 * n + c0, n, bias != nullptr ? bias + c0 : nullptr);
+    } else {
+      for (int64_t p0 = 0; p0 < k; p0 += chunk) {
+        const bool first = p0 == 0;
+        tile_gemm::multiply(r1 - r0, c1 - c0, std::min(chunk, k - p0), alpha, a + r0 * a_row + p0 * a_col, a_row,
+                            a_col, b + p0 * ldb + c0, ldb, first ? beta : 1.0f, c + r0 * n + c0, n,
+                            first && bias != nullptr ? bias + c0 : nullptr);
+      }
     }
   };
   const bool by_rows = m >= n;
@@ -213,6 +224,15 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 }
 
 bool linear_forward_takes_tiles(int64_t n) { return use_tiles(n, 1); }
+
+bool gemm_tiled_to_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                        const float* b, uint16_t* c, const float* bias) {
+  if (m == 0 || n == 0 || k == 0 || !use_tiles(n, 1) || k > tile_chunk(n)) return false;
+  const int64_t threads = max_threads();
+  tiled_gemm(trans_a, trans_b, m, n, k, alpha, a, b, 0.0f, c, threads > 1 && m * n * k >= kParallelMacs, threads,
+             bias);
+  return true;
+}
 
 bool linear_forward_tiled(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* bias,
                           float* y) {

@@ -37,6 +37,13 @@ void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 // Same bits as that composition (C = bias, then C += x·wᵀ on the tiles).
 bool linear_forward_tiled(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* bias,
                           float* y);
+// C[m, n] = alpha · op(A)·op(B) (+ bias[n] on every row) with C in bf16 (its bits), each element the
+// f32 value the tiles compute rounded once to nearest even, as converting an f32 result would: the
+// same bits without the f32 C in memory. Only where the tiles take the product in one pass over K
+// (N at most 320; K at most 65536 floats of packed B divided by N rounded up to 16); returns false,
+// having done nothing, otherwise (and for an empty product).
+bool gemm_tiled_to_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                        const float* b, uint16_t* c, const float* bias = nullptr);
 // Whether linear_forward_tiled takes a Linear with n outputs (and rows and inputs), so that a caller
 // widening low-precision operands for it does so only when it will run.
 bool linear_forward_takes_tiles(int64_t n);

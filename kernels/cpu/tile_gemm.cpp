@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -48,6 +49,26 @@ bool cpu_has_avx512() {
 
 // 16 floats; GCC lowers arithmetic on it to one AVX-512 instruction inside x86-64-v4 functions.
 typedef float Vec __attribute__((vector_size(64)));
+typedef uint32_t Bits __attribute__((vector_size(64)));      // a Vec's 16 floats as their bits
+typedef uint16_t HalfBits __attribute__((vector_size(32)));  // 16 bf16 values
+
+// Rounds 16 floats to bf16 bits the way float_to_bf16_bits (core/float_formats.h) rounds one: to
+// nearest, ties to even, and any NaN to 0x7FFF. Lane compares give all ones (true) or zeros.
+OCTET_AVX512_INLINE HalfBits round_to_bf16(Vec v) {
+  Bits u;
+  std::memcpy(&u, &v, sizeof u);
+  const Bits rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const Bits nan = reinterpret_cast<Bits>((u & 0x7FFFFFFFu) > 0x7F800000u);
+  return __builtin_convertvector((nan & 0x7FFFu) | (~nan & rounded), HalfBits);
+}
+
+// Where a tile stores its C elements: floats (C = alpha·A·B + beta·C + bias), or bf16 bits, each the
+// same f32 value rounded once (beta must then be 0: a bf16 C is not read back).
+OCTET_AVX512_INLINE void store(float* dst, Vec r, size_t lanes) { std::memcpy(dst, &r, lanes * sizeof(float)); }
+OCTET_AVX512_INLINE void store(uint16_t* dst, Vec r, size_t lanes) {
+  const HalfBits h = round_to_bf16(r);
+  std::memcpy(dst, &h, lanes * sizeof(uint16_t));
+}
 
 OCTET_AVX512_INLINE Vec load(const float* p) {
   Vec v;
@@ -58,9 +79,9 @@ OCTET_AVX512_INLINE Vec load(const float* p) {
 // The MR × NV tile of C at c, from A's rows i0.. at a: rows < `rows` and columns < `cols` are stored.
 // Row i reads A through its own pointer (row `rows` - 1 for the missing rows of the last tile), so the
 // inner loop is MR broadcasts at one running offset p·a_col whatever A's strides are.
-template <int MR, int NV>
+template <int MR, int NV, class Out>
 OCTET_AVX512_INLINE void tile(int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
-                              float alpha, float beta, float* c, int64_t ldc, const float* bias, int rows,
+                              float alpha, float beta, Out* c, int64_t ldc, const float* bias, int rows,
                               int64_t cols) {
   const float* ar[MR];
 #pragma GCC unroll 16
@@ -89,28 +110,31 @@ OCTET_AVX512_INLINE void tile(int64_t k, const float* a, int64_t a_row, int64_t 
     for (int j = 0; j < NV; ++j) {
       const int64_t left = cols - j * kLanes;
       if (left <= 0) break;
-      const size_t bytes = static_cast<size_t>(std::min(left, kLanes)) * sizeof(float);
-      float* dst = c + i * ldc + j * kLanes;
+      const size_t lanes = static_cast<size_t>(std::min(left, kLanes));
+      const size_t bytes = lanes * sizeof(float);
+      Out* dst = c + i * ldc + j * kLanes;
       Vec r = acc[i][j] * alpha;
-      if (beta != 0.0f) {  // as in BLAS, C is not read when beta is 0 (it may be uninitialised)
-        Vec old = Vec{};
-        std::memcpy(&old, dst, bytes);
-        r += beta * old;
+      if constexpr (std::is_same_v<Out, float>) {
+        if (beta != 0.0f) {  // as in BLAS, C is not read when beta is 0 (it may be uninitialised)
+          Vec old = Vec{};
+          std::memcpy(&old, dst, bytes);
+          r += beta * old;
+        }
       }
       if (bias != nullptr) {
         Vec add = Vec{};
         std::memcpy(&add, bias + j * kLanes, bytes);
         r += add;
       }
-      std::memcpy(dst, &r, bytes);
+      store(dst, r, lanes);
     }
   }
 }
 
 // Tiles of MR rows across all of C's columns, kMaxVectors at a time then the remainder.
-template <int MR, int kMaxVectors>
+template <int MR, int kMaxVectors, class Out>
 OCTET_AVX512 void multiply_rows(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row,
-                                int64_t a_col, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                                int64_t a_col, const float* b, int64_t ldb, float beta, Out* c, int64_t ldc,
                                 const float* bias) {
   constexpr int64_t kMaxCols = kMaxVectors * kLanes;
   for (int64_t i0 = 0; i0 < m; i0 += MR) {
@@ -120,7 +144,7 @@ OCTET_AVX512 void multiply_rows(int64_t m, int64_t n, int64_t k, float alpha, co
       const int64_t cols = std::min(kMaxCols, n - j0);
       const int64_t vectors = (cols + kLanes - 1) / kLanes;
       const float* bj = b + j0;
-      float* cij = c + i0 * ldc + j0;
+      Out* cij = c + i0 * ldc + j0;
       const float* bias_j = bias == nullptr ? nullptr : bias + j0;
       if (vectors == kMaxVectors) {
         tile<MR, kMaxVectors>(k, ai, a_row, a_col, bj, ldb, alpha, beta, cij, ldc, bias_j, rows, cols);
@@ -217,9 +241,12 @@ void pack_transposed(const float* src, int64_t ld_src, int64_t rows, int64_t col
   }
 }
 
-void multiply(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
-              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
-OCTET_CHECK(available(), "tile_gemm::multiply: this CPU or build has no AVX-512 tile kernels; use OpenBLAS");
+namespace {
+
+template <class Out>
+void multiply_any(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                  const float* b, int64_t ldb, float beta, Out* c, int64_t ldc, const float* bias) {
+  OCTET_CHECK(available(), "tile_gemm::multiply: this CPU or build has no AVX-512 tile kernels; use OpenBLAS");
 #if OCTET_TILE_GEMM
   if (n <= 2 * kLanes) {
     multiply_rows<8, 2>(m, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc, bias);
@@ -231,6 +258,18 @@ OCTET_CHECK(available(), "tile_gemm::multiply: this CPU or build has no AVX-512 
 #else
   (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)a_row, (void)a_col, (void)b, (void)ldb, (void)beta, (void)c, (void)ldc, (void)bias;
 #endif
+}
+
+}  // namespace
+
+void multiply(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias) {
+  multiply_any(m, n, k, alpha, a, a_row, a_col, b, ldb, beta, c, ldc, bias);
+}
+
+void multiply_to_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                      const float* b, int64_t ldb, uint16_t* c, int64_t ldc, const float* bias) {
+  multiply_any(m, n, k, alpha, a, a_row, a_col, b, ldb, 0.0f, c, ldc, bias);
 }
 
 }  // namespace octet::kernels::cpu::tile_gemm

@@ -42,5 +42,9 @@ void pack_transposed(const float* src, int64_t ld_src, int64_t rows, int64_t col
 // C is not read when beta is 0. Requires available().
 void multiply(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc, const float* bias = nullptr);
+// The same product with C in bf16 (its bits): each element is the f32 value multiply() would store
+// with beta = 0, rounded once to nearest even (NaN to 0x7FFF, as float_to_bf16_bits). C is not read.
+void multiply_to_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                      const float* b, int64_t ldb, uint16_t* c, int64_t ldc, const float* bias = nullptr);
 
 }  // namespace octet::kernels::cpu::tile_gemm

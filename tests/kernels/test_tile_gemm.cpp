@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/float_formats.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/tile_gemm.h"
 #include "kernels/elementwise.h"
@@ -119,6 +120,72 @@ TEST(TileGemm, BetaZeroNeverReadsC) {
       double dot = 0;
       for (int64_t p = 0; p < k; ++p) dot += double(a[i * k + p]) * double(b[p * n + j]);
       ASSERT_NEAR(c[i * n + j], dot, 1e-4) << "row " << i << " column " << j;
+    }
+  }
+}
+
+// multiply_to_bf16 stores each element as float_to_bf16_bits of the f32 value multiply() computes:
+// on random products over every tile shape and the columns past a ldc wider than n untouched; and,
+// through A = 1 and k = 1 (C = B), on the values rounding must get right: ties to even both ways,
+// the largest floats (rounding up to inf), infinities, NaNs of either sign and payload, zeros and
+// subnormals (ties among them too).
+TEST(TileGemm, MultiplyToBf16RoundsEachElementOnceAsTheConversionDoes) {
+  SKIP_WITHOUT_TILES();
+  for (int64_t n : {5, 40, 48, 100, 200}) {
+    const int64_t m = 29, k = 37, ldc = n + 3, ldb = tg::padded(n);
+    const auto a = random_floats(static_cast<size_t>(m * k), 11), b = random_floats(static_cast<size_t>(k * n), 12);
+    const auto bias = random_floats(static_cast<size_t>(n), 13);
+    std::vector<float> packed(static_cast<size_t>(k * ldb));
+    tg::pack_rows(b.data(), n, k, n, packed.data(), ldb);
+    std::vector<float> c32(static_cast<size_t>(m * n));
+    tg::multiply(m, n, k, 1.5f, a.data(), k, 1, packed.data(), ldb, 0.0f, c32.data(), n, bias.data());
+    std::vector<uint16_t> c16(static_cast<size_t>(m * ldc), 0xABCD);
+    tg::multiply_to_bf16(m, n, k, 1.5f, a.data(), k, 1, packed.data(), ldb, c16.data(), ldc, bias.data());
+    int64_t wrong = 0, touched = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const uint16_t got = c16[static_cast<size_t>(i * ldc + j)];
+        if (j >= n) {
+          touched += got != 0xABCD;
+        } else {
+          wrong += got != float_to_bf16_bits(c32[static_cast<size_t>(i * n + j)]);
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "n=" << n;
+    EXPECT_EQ(touched, 0) << "n=" << n << ": wrote past column n";
+  }
+  const auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> specials = {
+      bits(0x3F808000u), bits(0x3F818000u),  // exactly half an ulp of bf16: to the even neighbour, down and up
+      bits(0x3F808001u), bits(0x3F807FFFu),  // just above and below half
+      bits(0xBF818000u), std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+      bits(0x7F7F7FFFu),  // the largest float that stays finite in bf16
+      inf, -inf, std::numeric_limits<float>::quiet_NaN(), bits(0xFFC00001u), bits(0x7F800001u),
+      0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), bits(0x80018000u), bits(0x00018000u), 1.0f, -3.0f};
+  const int64_t n = static_cast<int64_t>(specials.size()), ldb = tg::padded(n);
+  std::vector<float> packed(static_cast<size_t>(ldb));
+  tg::pack_rows(specials.data(), n, 1, n, packed.data(), ldb);
+  const std::vector<float> ones(3, 1.0f);
+  std::vector<float> c32(static_cast<size_t>(3 * n));
+  tg::multiply(3, n, 1, 1.0f, ones.data(), 1, 1, packed.data(), ldb, 0.0f, c32.data(), n);
+  std::vector<uint16_t> c16(static_cast<size_t>(3 * n));
+  tg::multiply_to_bf16(3, n, 1, 1.0f, ones.data(), 1, 1, packed.data(), ldb, c16.data(), n);
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float x = specials[static_cast<size_t>(j)], got32 = c32[static_cast<size_t>(i * n + j)];
+      // The sum starts at +0, so 1·x is x itself except for -0 (+0) and NaNs (quietened).
+      if (std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(got32)) << "value " << j;
+      } else {
+        EXPECT_EQ(got32, x) << "value " << j;
+      }
+      EXPECT_EQ(c16[static_cast<size_t>(i * n + j)], float_to_bf16_bits(got32)) << "row " << i << ", value " << j;
     }
   }
 }

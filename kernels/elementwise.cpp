@@ -58,6 +58,13 @@ Tensor binary_op(const char* op, BinaryOp kind, const Tensor& a, const Tensor& b
   ledger.read({&a, &b}).write_bytes(shape.numel() * static_cast<int64_t>(a.element_size()));
   if (a.is_cuda()) return cuda::binary(kind, a, b, shape, op);
   check_cpu(op, {&a, &b});
+  if (a.dtype() == DType::bf16 && a.shape() == b.shape()) {  // a residual add: in f32 a chunk at a time
+    Tensor out = empty(shape, DType::bf16);
+    cpu::binary_same_shape_bf16(kind, static_cast<const bfloat16*>(a.data_ptr()),
+                                static_cast<const bfloat16*>(b.data_ptr()), static_cast<bfloat16*>(out.data_ptr()),
+                                shape.numel());
+    return out;
+  }
   return with_arith_type(a.dtype(), [&]<class T>() {
     const Tensor ac = to_arith(a), bc = to_arith(b);
     Tensor out = empty(shape, ac.dtype());

@@ -246,6 +246,12 @@ Tensor gelu_forward(const Tensor& x, GeluApproximation approximation) {
   check_floating(op, x);
   if (x.is_cuda()) return cuda::gelu_forward(x, approximation);
   check_cpu(op, {&x});
+  if (x.dtype() == DType::bf16) {
+    Tensor y = empty(x.shape(), DType::bf16);
+    cpu::gelu_forward_bf16(static_cast<const bfloat16*>(x.data_ptr()), static_cast<bfloat16*>(y.data_ptr()), x.numel(),
+                           approximation);
+    return y;
+  }
   return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
     const Tensor xc = to_compute(x);
     Tensor y = empty(x.shape(), dtype_of<T>());
@@ -265,6 +271,12 @@ Tensor gelu_backward(const Tensor& dy, const Tensor& x, GeluApproximation approx
   check_same_device(op, {&dy, &x});
   if (x.is_cuda()) return cuda::gelu_backward(dy, x, approximation);
   check_cpu(op, {&dy, &x});
+  if (x.dtype() == DType::bf16) {
+    Tensor dx = empty(x.shape(), DType::bf16);
+    cpu::gelu_backward_bf16(static_cast<const bfloat16*>(dy.data_ptr()), static_cast<const bfloat16*>(x.data_ptr()),
+                            static_cast<bfloat16*>(dx.data_ptr()), x.numel(), approximation);
+    return dx;
+  }
   return with_compute_type(x.dtype(), [&]<class T>() -> Tensor {
     const Tensor dyc = to_compute(dy), xc = to_compute(x);
     Tensor dx = empty(x.shape(), dtype_of<T>());

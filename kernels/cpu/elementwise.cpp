@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/bf16_chunks.h"
 #include "kernels/cpu/elementwise_cpu.h"
 #include "kernels/index_math.h"
 
@@ -200,6 +201,22 @@ void broadcast_copy_typed(const U* src, const Shape& src_shape, U* dst, const Sh
 }  // namespace
 
 // ---- entry points for kernels/elementwise.cpp --------------------------------------------------------------
+
+void binary_same_shape_bf16(BinaryOp op, const bfloat16* a, const bfloat16* b, bfloat16* out, int64_t n) {
+  const auto run = [&](auto f) {
+    map_bf16_in_f32<2>({a, b}, out, n, [&](const float* x, const float* y, float* o, int64_t count) {
+      for (int64_t i = 0; i < count; ++i) o[i] = f(x[i], y[i]);
+    });
+  };
+  switch (op) {
+    case BinaryOp::add: return run(Add{});
+    case BinaryOp::sub: return run(Sub{});
+    case BinaryOp::mul: return run(Mul{});
+    case BinaryOp::div: return run(Div{});
+    case BinaryOp::pow: return run(Pow{});
+    case BinaryOp::maximum: return run(Maximum{});
+  }
+}
 
 template <class T>
 void binary(BinaryOp op, const T* a, const Shape& a_shape, const T* b, const Shape& b_shape, T* out,

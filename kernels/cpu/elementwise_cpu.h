@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/float_formats.h"
 #include "core/shape.h"
 
 namespace octet::kernels::cpu {
@@ -17,6 +18,9 @@ enum class ScalarOp { add, mul, rsub, rdiv, pow };  // a + s, a * s, s - a, s / 
 template <class T>
 void binary(BinaryOp op, const T* a, const Shape& a_shape, const T* b, const Shape& b_shape, T* out,
             const Shape& out_shape);
+// out = op(a, b) for bf16 a and b of one shape, n elements: computed in f32 a chunk at a time and
+// rounded once (kernels/cpu/bf16_chunks.h), the bits of binary<float> on the widened tensors.
+void binary_same_shape_bf16(BinaryOp op, const bfloat16* a, const bfloat16* b, bfloat16* out, int64_t n);
 // out = op(a) over n elements; out may equal a.
 template <class T>
 void unary(UnaryOp op, const T* a, T* out, int64_t n);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels/cpu/bf16_chunks.h"
 #include "kernels/cpu/nn_ops_cpu.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -122,6 +123,20 @@ void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApproximation 
   const bool tanh_form = approximation == GeluApproximation::Tanh;
   parallel_ranges(n, kParallelElements, [&](int64_t lo, int64_t hi) {
     gelu_backward_range(dy + lo, x + lo, dx + lo, hi - lo, tanh_form);
+  });
+}
+
+void gelu_forward_bf16(const bfloat16* x, bfloat16* y, int64_t n, GeluApproximation approximation) {
+  const bool tanh_form = approximation == GeluApproximation::Tanh;
+  map_bf16_in_f32<1>({x}, y, n,
+                     [&](const float* xf, float* yf, int64_t count) { gelu_forward_f32(xf, yf, count, tanh_form); });
+}
+
+void gelu_backward_bf16(const bfloat16* dy, const bfloat16* x, bfloat16* dx, int64_t n,
+                        GeluApproximation approximation) {
+  const bool tanh_form = approximation == GeluApproximation::Tanh;
+  map_bf16_in_f32<2>({dy, x}, dx, n, [&](const float* dyf, const float* xf, float* dxf, int64_t count) {
+    gelu_backward_f32(dyf, xf, dxf, count, tanh_form);
   });
 }
 

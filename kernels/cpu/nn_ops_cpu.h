@@ -2,9 +2,11 @@
 // CPU implementations behind kernels/nn_ops.h. Each works on contiguous buffers of its compute
 // type T (float or double; kernels/common.h says why there are only two): the entry points in
 // kernels/nn_ops.cpp have already checked the arguments, widened the inputs to T and will round
-// the outputs back to the caller's dtype. Instantiated for float and double.
+// the outputs back to the caller's dtype. Instantiated for float and double; the *_bf16 entry points
+// take bf16 buffers as they are and widen them a chunk at a time.
 #include <cstdint>
 
+#include "core/float_formats.h"
 #include "kernels/nn_ops.h"
 
 namespace octet::kernels::cpu {
@@ -33,6 +35,11 @@ template <class T>
 void gelu_forward(const T* x, T* y, int64_t n, GeluApproximation approximation);
 template <class T>
 void gelu_backward(const T* dy, const T* x, T* dx, int64_t n, GeluApproximation approximation);
+// The same in bf16: computed in f32 a chunk at a time and rounded once (kernels/cpu/bf16_chunks.h),
+// the bits of widening x (and dy) whole, calling the f32 kernels above and rounding their result.
+void gelu_forward_bf16(const bfloat16* x, bfloat16* y, int64_t n, GeluApproximation approximation);
+void gelu_backward_bf16(const bfloat16* dy, const bfloat16* x, bfloat16* dx, int64_t n,
+                        GeluApproximation approximation);
 
 // targets are already checked to be in [0, C) or ignore_index. Writes lse[N] and returns the mean
 // loss over the rows that are not ignored (0 when there are none).

@@ -2,6 +2,8 @@
 // f64 and bf16. bf16 inputs are rounded first; the reference then runs in f64 on the rounded values.
 #include "kernels/elementwise.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -162,6 +164,39 @@ TEST(ElementwiseBf16, RoundsOnceToTheStorageDtype) {
   for (size_t i = 0; i < x.size(); ++i) prod[i] = x[i] * y[i];
   const Tensor expected = from_vector(prod, {4099}, DType::bf16);
   EXPECT_TRUE(all_close(mul(a, b), expected, 0, 0));
+}
+
+// bf16 operands of one shape take the chunked path (kernels/cpu/bf16_chunks.h): every binary op
+// gives the bits of the same op on the operands widened to f32, rounded, at sizes around a chunk of
+// 1024 and past the threads' split, on 1 thread and on 3; NaN, infinities and signed zeros among the
+// operands.
+TEST(ElementwiseBf16, SameShapeOpsAreTheF32OpsRounded) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    for (int64_t n : {5, 1023, 1025, 70001}) {
+      std::vector<double> x = host(uniform_tensor({n}, 0.25, 4.0, DType::bf16, 3));
+      std::vector<double> y = host(uniform_tensor({n}, -4.0, 4.0, DType::bf16, 4));
+      const std::vector<double> odd = {nan, inf, -inf, 0.0, -0.0};
+      for (size_t i = 0; i < odd.size() && i < x.size(); ++i) x[x.size() - 1 - i] = odd[i], y[i] = odd[i];
+      const Tensor a = from_vector(x, {n}, DType::bf16), b = from_vector(y, {n}, DType::bf16);
+      const Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
+      for (const auto& [name, f] : std::vector<std::pair<const char*, Tensor (*)(const Tensor&, const Tensor&)>>{
+               {"add", add}, {"sub", sub}, {"mul", mul}, {"div", div}, {"pow", pow}, {"maximum", maximum}}) {
+        const Tensor got = f(a, b), want = f(a32, b32).to(DType::bf16);
+        ASSERT_EQ(got.dtype(), DType::bf16);
+        const std::vector<double> g = host(got), w = host(want);
+        int64_t differ = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          differ += std::isnan(g[i]) != std::isnan(w[i]) || (!std::isnan(g[i]) && (g[i] != w[i] ||
+                                                             std::signbit(g[i]) != std::signbit(w[i])));
+        }
+        EXPECT_EQ(differ, 0) << name << ", n=" << n << ", " << threads << " threads";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(ElementwiseSpecial, SignedZerosAndNaN) {

@@ -269,6 +269,27 @@ INSTANTIATE_TEST_SUITE_P(Forms, GeluTest,
                                             ::testing::Values(GeluApproximation::None, GeluApproximation::Tanh),
                                             ::testing::Values(7, 300 * 769)));
 
+// bf16 GELU runs the f32 kernels a chunk of 1024 at a time (kernels/cpu/bf16_chunks.h): the same
+// bits as widening the whole tensor, running them in f32 and rounding, at sizes around a chunk and
+// past the threads' split, on 1 thread and on 3 (ranges that start inside a chunk).
+TEST(Gelu, Bf16InChunksIsTheF32OpRounded) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    for (GeluApproximation form : {GeluApproximation::None, GeluApproximation::Tanh}) {
+      for (int64_t n : {1, 1023, 1025, 70001}) {
+        const Tensor x = random_tensor({n}, DType::bf16, 74, 4.0), dy = random_tensor({n}, DType::bf16, 75);
+        const Tensor x32 = x.to(DType::f32), dy32 = dy.to(DType::f32);
+        EXPECT_EQ(vals(gelu_forward(x, form)), vals(gelu_forward(x32, form).to(DType::bf16)))
+            << "n=" << n << ", " << threads << " threads";
+        EXPECT_EQ(vals(gelu_backward(dy, x, form)), vals(gelu_backward(dy32, x32, form).to(DType::bf16)))
+            << "n=" << n << ", " << threads << " threads";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(Gelu, TailsAreFinite) {
   const Vec xs = {-1e20, -30, -10, -5, 0.5, 5, 10, 30, 1e20};
   const Tensor x = from_vector(xs, {9}, DType::f32);

@@ -106,6 +106,15 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
   if (x.is_cuda()) return cuda::layernorm_forward(x, weight, bias, eps);
   check_cpu(op, {&x});
   const int64_t rows = x.numel() / C;
+  if (x.dtype() == DType::bf16) {  // a row at a time in f32, no f32 copy of x or y (kernels/cpu/nn_ops_cpu.h)
+    const Tensor wc = weight.defined() ? weight.detach().to(DType::f32) : Tensor();
+    const Tensor bc = bias.defined() ? bias.detach().to(DType::f32) : Tensor();
+    Tensor y = empty(x.shape(), DType::bf16), mean = empty(row_shape(x)), rstd = empty(row_shape(x));
+    cpu::layernorm_forward_bf16(static_cast<const bfloat16*>(x.data_ptr()), data_or_null<float>(wc),
+                                data_or_null<float>(bc), static_cast<bfloat16*>(y.data_ptr()), mean.data<float>(),
+                                rstd.data<float>(), rows, C, static_cast<float>(eps));
+    return {y, mean, rstd};
+  }
 
   return with_compute_type(x.dtype(), [&]<class T>() -> LayerNormOutput {
     const DType cd = dtype_of<T>();
@@ -175,6 +184,18 @@ AddLayerNormOutput add_layernorm_forward(const Tensor& x, const Tensor& y, const
   if (x.is_cuda()) return cuda::add_layernorm_forward(x, y, weight, bias, eps);
   check_cpu(op, {&x, &y});
   const int64_t rows = x.numel() / C;
+  if (x.dtype() == DType::bf16) {  // a row at a time in f32, as layernorm_forward
+    const Tensor wc = weight.defined() ? weight.detach().to(DType::f32) : Tensor();
+    const Tensor bc = bias.defined() ? bias.detach().to(DType::f32) : Tensor();
+    Tensor h = empty(x.shape(), DType::bf16), out = empty(x.shape(), DType::bf16);
+    Tensor mean = empty(row_shape(x)), rstd = empty(row_shape(x));
+    cpu::add_layernorm_forward_bf16(static_cast<const bfloat16*>(x.data_ptr()),
+                                    static_cast<const bfloat16*>(y.data_ptr()), data_or_null<float>(wc),
+                                    data_or_null<float>(bc), static_cast<bfloat16*>(h.data_ptr()),
+                                    static_cast<bfloat16*>(out.data_ptr()), mean.data<float>(), rstd.data<float>(),
+                                    rows, C, static_cast<float>(eps));
+    return {h, out, mean, rstd};
+  }
 
   return with_compute_type(x.dtype(), [&]<class T>() -> AddLayerNormOutput {
     const DType cd = dtype_of<T>();

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -217,7 +218,70 @@ void backward(const T* dy, const T* dresidual, const T* x, const T* weight, cons
   });
 }
 
+// One row of f32 for a bf16 row widened, placed where that row of a 64-byte-aligned f32 tensor would
+// sit modulo 64 bytes (row r at r·C floats), as add_layernorm_forward places h: a compiler may peel a
+// vectorized sum to an aligned address, which splits the row into other lanes, and a bf16 row must
+// give the bits of the tensor widened whole. (GCC's AVX-512 clone here does not peel: the placement
+// changes no bit today, which LayerNorm.Bf16RowsAreTheF32KernelRounded would show if it did.)
+class RowBuffer {
+ public:
+  explicit RowBuffer(int64_t C) : storage_(static_cast<size_t>(C + 2 * kFloatsPer64)) {
+    const auto at = reinterpret_cast<uintptr_t>(storage_.data());
+    aligned_ = storage_.data() + ((kBytes - at % kBytes) % kBytes) / sizeof(float);
+  }
+  float* for_row(int64_t r, int64_t C) const { return aligned_ + (r * C) % kFloatsPer64; }
+
+ private:
+  static constexpr uintptr_t kBytes = 64;  // Storage::kHostAlignment
+  static constexpr int64_t kFloatsPer64 = 16;
+  std::vector<float> storage_;
+  float* aligned_;
+};
+
+void widen_row(const bfloat16* src, float* dst, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) dst[c] = bf16_bits_to_float(src[c].bits);
+}
+void round_row(const float* src, bfloat16* dst, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) dst[c].bits = float_to_bf16_bits(src[c]);
+}
+
 }  // namespace
+
+void layernorm_forward_bf16(const bfloat16* x, const float* weight, const float* bias, bfloat16* y, float* mean,
+                            float* rstd, int64_t rows, int64_t C, float eps) {
+  parallel_ranges(rows, kParallelWork / C + 1, [&](int64_t lo, int64_t hi) {
+    const RowBuffer in(C), out(C);
+    for (int64_t r = lo; r < hi; ++r) {
+      float* xr = in.for_row(r, C);
+      float* yr = out.for_row(r, C);
+      widen_row(x + r * C, xr, C);
+      forward_rows(xr, weight, bias, yr, mean + r, rstd + r, 1, C, eps);
+      round_row(yr, y + r * C, C);
+    }
+  });
+}
+
+void add_layernorm_forward_bf16(const bfloat16* x, const bfloat16* y, const float* weight, const float* bias,
+                                bfloat16* h, bfloat16* out, float* mean, float* rstd, int64_t rows, int64_t C,
+                                float eps) {
+  parallel_ranges(rows, kParallelWork / C + 1, [&](int64_t lo, int64_t hi) {
+    const RowBuffer in(C), normed(C);
+    for (int64_t r = lo; r < hi; ++r) {
+      const bfloat16* xr = x + r * C;
+      const bfloat16* yr = y + r * C;
+      bfloat16* hr = h + r * C;
+      float* hf = in.for_row(r, C);
+      // h = x + y in f32, rounded to bf16 as add() rounds it, and normalized as rounded.
+      for (int64_t c = 0; c < C; ++c) {
+        hr[c].bits = float_to_bf16_bits(bf16_bits_to_float(xr[c].bits) + bf16_bits_to_float(yr[c].bits));
+        hf[c] = bf16_bits_to_float(hr[c].bits);
+      }
+      float* outr = normed.for_row(r, C);
+      forward_rows(hf, weight, bias, outr, mean + r, rstd + r, 1, C, eps);
+      round_row(outr, out + r * C, C);
+    }
+  });
+}
 
 template <class T>
 void layernorm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd, int64_t rows, int64_t C,

@@ -26,6 +26,14 @@ void layernorm_backward(const T* dy, const T* x, const T* weight, const T* mean,
 template <class T>
 void add_layernorm_forward(const T* x, const T* y, const T* weight, const T* bias, T* h, T* out, T* mean, T* rstd,
                            int64_t rows, int64_t C, T eps, DType h_dtype);
+// The forwards for bf16 x (and y) with f32 weight and bias (either may be null): each row widened
+// into a buffer at the alignment its f32 row would have, normalized by the f32 row routine and
+// rounded into place, so the bits of widening whole, calling the f32 kernels and rounding.
+void layernorm_forward_bf16(const bfloat16* x, const float* weight, const float* bias, bfloat16* y, float* mean,
+                            float* rstd, int64_t rows, int64_t C, float eps);
+void add_layernorm_forward_bf16(const bfloat16* x, const bfloat16* y, const float* weight, const float* bias,
+                                bfloat16* h, bfloat16* out, float* mean, float* rstd, int64_t rows, int64_t C,
+                                float eps);
 // layernorm_backward of h, with dresidual (may be null) added to dh row by row.
 template <class T>
 void add_layernorm_backward(const T* dy, const T* dresidual, const T* h, const T* weight, const T* mean,

@@ -196,6 +196,36 @@ TEST(LayerNorm, Bf16InputWithF32Weight) {
   EXPECT_TRUE(all_close(g.dbias, ref.db, 2e-4, 1e-5));
 }
 
+// bf16 rows are widened one at a time into a buffer at the alignment their f32 row would have (the
+// f32 kernel's vectorized sums split a row into lanes by its address): y, mean and rstd are the bits
+// of the f32 kernel on x widened whole, y rounded, for widths that put rows at every alignment (7, 100)
+// or none off it (96), on 1 thread and on 3, with and without the affine parameters.
+TEST(LayerNorm, Bf16RowsAreTheF32KernelRounded) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    for (int64_t C : {7, 96, 100, 769}) {
+      for (int64_t rows : {1, 37, 300}) {
+        const Tensor x = random_tensor({rows, C}, DType::bf16, 45 + C, 3.0);
+        const Tensor w = random_tensor({C}, DType::f32, 46), b = random_tensor({C}, DType::f32, 47);
+        for (int affine = 0; affine < 3; ++affine) {  // weight and bias, weight alone (bf16), neither
+          const Tensor wt = affine == 0 ? w : affine == 1 ? w.to(DType::bf16) : Tensor();
+          const Tensor bt = affine == 0 ? b : Tensor();
+          const LayerNormOutput got = layernorm_forward(x, wt, bt);
+          const LayerNormOutput want = layernorm_forward(x.to(DType::f32), wt.defined() ? wt.to(DType::f32) : wt, bt);
+          const std::string where = "C=" + std::to_string(C) + " rows=" + std::to_string(rows) + " affine " +
+                                    std::to_string(affine) + ", " + std::to_string(threads) + " threads";
+          ASSERT_EQ(got.y.dtype(), DType::bf16) << where;
+          EXPECT_EQ(vals(got.y), vals(want.y.to(DType::bf16))) << where;
+          EXPECT_EQ(vals(got.mean), vals(want.mean)) << where;
+          EXPECT_EQ(vals(got.rstd), vals(want.rstd)) << where;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // Rows at 1e4 + N(0, 1): E[x²] - E[x]² in f32 loses every digit of the variance here, and a plain
 // f32 running sum puts the mean off by ~5e-3. What remains is the rounding of the f32 mean itself
 // (half an ulp of 1e4 ≈ 5e-4).

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 
@@ -177,6 +178,16 @@ void check_packed_qkv(const char* op, const Tensor& qkv) {
   OCTET_CHECK(qkv.size(3) >= 1 && qkv.size(4) >= 1, op, ": qkv ", qkv.describe(), " needs at least one head and a nonzero head dim");
 }
 
+// A bf16 tensor's elements, for the CPU's bf16 attention (kernels/cpu/attention_cpu.h).
+const bfloat16* bf16_data(const Tensor& t) { return static_cast<const bfloat16*>(t.data_ptr()); }
+bfloat16* bf16_data(Tensor& t) { return static_cast<bfloat16*>(t.data_ptr()); }
+bool all_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (t->dtype() != DType::bf16) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 AttentionPathCounts attention_path_counts() {
@@ -194,6 +205,15 @@ AttentionOutput attention_forward(const Tensor& q, const Tensor& k, const Tensor
   check_cpu(op, {&q, &k, &v});
   const int64_t b = q.size(0), h = q.size(1), s = q.size(2), d = q.size(3), sk = k.size(2);
   const DType ct = compute_dtype(q.dtype());
+  if (all_bf16({&q, &k, &v}) && q.numel() > 0) {  // widened a head at a time
+    const AttentionDims z{b, h, s, sk, d};
+    const HeadStrides qs = query_strides(AttentionLayout::kBhsd, z), ks = key_strides(AttentionLayout::kBhsd, z);
+    Tensor out = empty(q.shape(), DType::bf16, q.device()), lse = empty({b, h, s}, ct, q.device());
+    if (cpu::attention_forward_bf16({bf16_data(q), qs}, {bf16_data(k), ks}, {bf16_data(v), ks}, {bf16_data(out), qs},
+                                    lse.data<float>(), z, static_cast<float>(scale))) {
+      return {out, lse};
+    }
+  }
   Tensor out = empty(q.shape(), ct, q.device());
   Tensor lse = empty({b, h, s}, ct, q.device());
   if (out.numel() > 0) {
@@ -233,6 +253,17 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
               dtype_name(ct), Shape({b, h, s}), ", as attention_forward returns it (q: ", q.describe(), ")");
   if (q.is_cuda()) return attention_backward_cuda(dout, q, k, v, out, lse, scale);
   check_cpu(op, {&q, &k, &v, &dout, &out, &lse});
+  if (all_bf16({&q, &k, &v, &dout, &out}) && q.numel() > 0) {  // widened a head at a time
+    const AttentionDims z{b, h, s, sk, d};
+    const HeadStrides qs = query_strides(AttentionLayout::kBhsd, z), ks = key_strides(AttentionLayout::kBhsd, z);
+    Tensor dq = empty(q.shape(), DType::bf16, q.device()), dk = empty(k.shape(), DType::bf16, q.device());
+    Tensor dv = empty(v.shape(), DType::bf16, q.device());
+    if (cpu::attention_backward_bf16({bf16_data(dout), qs}, {bf16_data(q), qs}, {bf16_data(k), ks},
+                                     {bf16_data(v), ks}, {bf16_data(out), qs}, lse.data<float>(), {bf16_data(dq), qs},
+                                     {bf16_data(dk), ks}, {bf16_data(dv), ks}, z, static_cast<float>(scale))) {
+      return {dq, dk, dv};
+    }
+  }
   Tensor dq = empty(q.shape(), ct, q.device());
   Tensor dk = empty(k.shape(), ct, q.device());
   Tensor dv = empty(v.shape(), ct, q.device());
@@ -267,6 +298,16 @@ AttentionOutput packed_attention_forward(const Tensor& qkv, double scale) {
   check_cpu(op, {&qkv});
   const AttentionDims z = packed_dims(qkv);
   const DType ct = compute_dtype(qkv.dtype());
+  if (qkv.dtype() == DType::bf16 && qkv.numel() > 0) {  // widened a head at a time
+    const HeadStrides qs = query_strides(AttentionLayout::kPacked, z);
+    Tensor out = empty({z.b, z.s, z.h, z.d}, DType::bf16, qkv.device()), lse = empty({z.b, z.h, z.s}, ct, qkv.device());
+    const bfloat16* base = bf16_data(qkv);
+    if (cpu::attention_forward_bf16({base, qs}, {base + packed_k_offset(z), qs}, {base + packed_v_offset(z), qs},
+                                    {bf16_data(out), output_strides(AttentionLayout::kPacked, z)}, lse.data<float>(), z,
+                                    static_cast<float>(scale))) {
+      return {out, lse};
+    }
+  }
   Tensor out = empty({z.b, z.s, z.h, z.d}, ct, qkv.device());
   Tensor lse = empty({z.b, z.h, z.s}, ct, qkv.device());
   if (out.numel() > 0) {
@@ -302,6 +343,19 @@ Tensor packed_attention_backward(const Tensor& dout, const Tensor& qkv, const Te
               ")");
   if (qkv.is_cuda()) return packed_attention_backward_cuda(dout, qkv, out, lse, scale);
   check_cpu(op, {&qkv, &dout, &out, &lse});
+  if (all_bf16({&qkv, &dout, &out}) && qkv.numel() > 0) {  // widened a head at a time
+    const HeadStrides qs = query_strides(AttentionLayout::kPacked, z);
+    const HeadStrides os = output_strides(AttentionLayout::kPacked, z);
+    Tensor dqkv = empty(qkv.shape(), DType::bf16, qkv.device());
+    const bfloat16* base = bf16_data(qkv);
+    bfloat16* grad = bf16_data(dqkv);
+    if (cpu::attention_backward_bf16({bf16_data(dout), os}, {base, qs}, {base + packed_k_offset(z), qs},
+                                     {base + packed_v_offset(z), qs}, {bf16_data(out), os}, lse.data<float>(),
+                                     {grad, qs}, {grad + packed_k_offset(z), qs}, {grad + packed_v_offset(z), qs}, z,
+                                     static_cast<float>(scale))) {
+      return dqkv;
+    }
+  }
   Tensor dqkv = empty(qkv.shape(), ct, qkv.device());
   if (dqkv.numel() > 0) {
     // Every element of dqkv is some head's row of dq, dk or dv, so all of it is written.

@@ -209,7 +209,76 @@ void tiled_backward_head(const float* douth, int64_t ld_dout, const float* qh, i
   tile_gemm::multiply(sk, d, s, scale, ds, 1, t.skp, qp, t.dp, 0.0f, dkh, lddk);
 }
 
+// ---- bf16 through the tile kernels, a head at a time --------------------------------------------------
+//
+// Each head's bf16 operands are widened into contiguous f32 rows of D in the head's scratch, the f32
+// head routines above run on them, and their f32 results are rounded into the bf16 outputs' rows.
+// The tile products do not depend on where their operands sit (kernels/cpu/tile_gemm.h), so this
+// gives the bits of widening every tensor whole first, without those tensor-sized copies.
+
+void widen_rows(const bfloat16* src, int64_t ld, int64_t rows, int64_t d, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; ++c) dst[r * d + c] = bf16_bits_to_float(src[r * ld + c].bits);
+  }
+}
+void round_rows(const float* src, int64_t rows, int64_t d, bfloat16* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; ++c) dst[r * ld + c].bits = float_to_bf16_bits(src[r * d + c]);
+  }
+}
+
 }  // namespace
+
+bool attention_forward_bf16(HeadMatrix<const bfloat16> q, HeadMatrix<const bfloat16> k, HeadMatrix<const bfloat16> v,
+                            HeadMatrix<bfloat16> out, float* lse, const AttentionDims& z, float scale) {
+  if (!tile_gemm::available()) return false;
+  const int64_t s = z.s, sk = z.sk, d = z.d;
+  const int64_t tiled = tiled_forward_scratch(z);
+  const size_t scratch = static_cast<size_t>(tiled + (2 * s + 2 * sk) * d);  // + q, k, v, out in f32
+  for_each_head<float>(z.b * z.h, 2 * s * sk * d, scratch, [&](int64_t h, float* p) {
+    float* qf = p + tiled;
+    float* kf = qf + s * d;
+    float* vf = kf + sk * d;
+    float* of = vf + sk * d;
+    widen_rows(q.head(h, z.h), q.ld(), s, d, qf);
+    widen_rows(k.head(h, z.h), k.ld(), sk, d, kf);
+    widen_rows(v.head(h, z.h), v.ld(), sk, d, vf);
+    tiled_forward_head(qf, d, kf, d, vf, d, of, d, lse + h * s, z, scale, p);
+    round_rows(of, s, d, out.head(h, z.h), out.ld());
+  });
+  return true;
+}
+
+bool attention_backward_bf16(HeadMatrix<const bfloat16> dout, HeadMatrix<const bfloat16> q,
+                             HeadMatrix<const bfloat16> k, HeadMatrix<const bfloat16> v, HeadMatrix<const bfloat16> out,
+                             const float* lse, HeadMatrix<bfloat16> dq, HeadMatrix<bfloat16> dk,
+                             HeadMatrix<bfloat16> dv, const AttentionDims& z, float scale) {
+  if (!tile_gemm::available()) return false;
+  const int64_t s = z.s, sk = z.sk, d = z.d;
+  const int64_t tiled = tiled_backward_scratch(z);
+  // + dout, q, out, dq [S, D] and k, v, dk, dv [Sk, D] in f32
+  const size_t scratch = static_cast<size_t>(tiled + (4 * s + 4 * sk) * d);
+  for_each_head<float>(z.b * z.h, 5 * s * sk * d, scratch, [&](int64_t h, float* p) {
+    float* dof = p + tiled;
+    float* qf = dof + s * d;
+    float* of = qf + s * d;
+    float* dqf = of + s * d;
+    float* kf = dqf + s * d;
+    float* vf = kf + sk * d;
+    float* dkf = vf + sk * d;
+    float* dvf = dkf + sk * d;
+    widen_rows(dout.head(h, z.h), dout.ld(), s, d, dof);
+    widen_rows(q.head(h, z.h), q.ld(), s, d, qf);
+    widen_rows(out.head(h, z.h), out.ld(), s, d, of);
+    widen_rows(k.head(h, z.h), k.ld(), sk, d, kf);
+    widen_rows(v.head(h, z.h), v.ld(), sk, d, vf);
+    tiled_backward_head(dof, d, qf, d, kf, d, vf, d, of, d, lse + h * s, dqf, d, dkf, d, dvf, d, z, scale, p);
+    round_rows(dqf, s, d, dq.head(h, z.h), dq.ld());
+    round_rows(dkf, sk, d, dk.head(h, z.h), dk.ld());
+    round_rows(dvf, sk, d, dv.head(h, z.h), dv.ld());
+  });
+  return true;
+}
 
 template <class T>
 void attention_forward(HeadMatrix<const T> q, HeadMatrix<const T> k, HeadMatrix<const T> v, HeadMatrix<T> out, T* lse,

@@ -1,6 +1,7 @@
 // Unfused attention against a float64 reference written here with plain loops: the forward output
 // and log-sum-exp, the analytic gradients, and (on a tiny case) central finite differences.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -225,6 +226,51 @@ TEST(Attention, LowPrecisionInputsComputeInF32AndRoundOnce) {
     EXPECT_TRUE(all_close(g.dk, ref.dk, 4 * tol.atol, 2 * tol.rtol)) << dtype << " dk";
     EXPECT_TRUE(all_close(g.dv, ref.dv, 4 * tol.atol, 2 * tol.rtol)) << dtype << " dv";
   }
+}
+
+// bf16 attention widens each head's operands into f32 rows as it goes and rounds each head's results
+// into place (kernels/cpu/attention_cpu.h): forward and backward give the bits of the f32 kernels on
+// the tensors widened whole, rounded, in both layouts, for head dims that put the packed rows off a
+// 64-byte boundary (20) or on it (64), on 1 thread and on 3.
+TEST(Attention, Bf16HeadsWidenedOneAtATimeAreTheF32KernelsRounded) {
+  const int saved = omp_get_max_threads();
+  const auto bits = [](const Tensor& t) { return t.to_vector<double>(); };
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    for (const Dims& n : {Dims{2, 3, 50, 50, 64}, Dims{1, 2, 7, 11, 20}}) {
+      const std::string where = "s=" + std::to_string(n.s) + " sk=" + std::to_string(n.sk) + " d=" +
+                                std::to_string(n.d) + ", " + std::to_string(threads) + " threads";
+      const double scale = 0.2;
+      const auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
+      const auto bf16 = [](const Tensor& t) { return t.to(DType::bf16); };
+      // [B, H, S, D]
+      const auto in = make_inputs(n, DType::bf16, 410);
+      const Tensor dout = random_tensor({n.b, n.h, n.s, n.d}, DType::bf16, 413);
+      const auto fwd = kernels::attention_forward(in.q, in.k, in.v, scale);
+      const auto ref = kernels::attention_forward(f32(in.q), f32(in.k), f32(in.v), scale);
+      ASSERT_EQ(fwd.out.dtype(), DType::bf16);
+      EXPECT_EQ(bits(fwd.out), bits(bf16(ref.out))) << where;
+      EXPECT_EQ(bits(fwd.lse), bits(ref.lse)) << where;
+      const auto g = kernels::attention_backward(dout, in.q, in.k, in.v, fwd.out, fwd.lse, scale);
+      const auto gref =
+          kernels::attention_backward(f32(dout), f32(in.q), f32(in.k), f32(in.v), f32(fwd.out), fwd.lse, scale);
+      EXPECT_EQ(bits(g.dq), bits(bf16(gref.dq))) << where;
+      EXPECT_EQ(bits(g.dk), bits(bf16(gref.dk))) << where;
+      EXPECT_EQ(bits(g.dv), bits(bf16(gref.dv))) << where;
+      // The packed qkv [B, S, 3, H, D] (self-attention: S keys)
+      const Tensor qkv = random_tensor({n.b, n.s, 3, n.h, n.d}, DType::bf16, 420);
+      const Tensor pdout = random_tensor({n.b, n.s, n.h, n.d}, DType::bf16, 421);
+      const auto pf = kernels::packed_attention_forward(qkv, scale);
+      const auto pref = kernels::packed_attention_forward(f32(qkv), scale);
+      EXPECT_EQ(bits(pf.out), bits(bf16(pref.out))) << "packed, " << where;
+      EXPECT_EQ(bits(pf.lse), bits(pref.lse)) << "packed, " << where;
+      const Tensor dqkv = kernels::packed_attention_backward(pdout, qkv, pf.out, pf.lse, scale);
+      const Tensor dref = kernels::packed_attention_backward(f32(pdout), f32(qkv), f32(pf.out), pf.lse, scale);
+      ASSERT_EQ(dqkv.dtype(), DType::bf16);
+      EXPECT_EQ(bits(dqkv), bits(bf16(dref))) << "packed, " << where;
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(Attention, ZeroScaleAveragesTheValues) {

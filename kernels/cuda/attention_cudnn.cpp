@@ -114,17 +114,24 @@ const Plan* find_plan(const PlanKey& key, cudnnHandle_t handle, BuildGraph&& bui
   auto it = cache.find(key);
   if (it == cache.end()) {
     CacheEntry entry;
+    GraphBuilder builder;
+    bool described = false;
     try {
-      GraphBuilder builder;
       build_graph(builder);
+      described = true;
+    } catch (const Error& e) {  // cuDNN refused a tensor or an operation of the graph
+      entry.why_not = e.what();
+    }
+    if (described) {
       const auto what = [&] {
         return std::string(key.backward ? "attention backward" : "attention forward") + " B=" + std::to_string(key.b) +
                " H=" + std::to_string(key.h) + " S=" + std::to_string(key.s) + " Sk=" + std::to_string(key.sk) +
                " D=" + std::to_string(key.d) + " " + dtype_name(key.dtype);
       };
+      // Outside the try: build_plan reports cuDNN's refusals as a null plan with the reason, and
+      // throws only for an error while autotuning times the candidates (the GPU's, not a refusal),
+      // which must reach the caller with nothing cached, so that the next call tries again.
       entry.plan = build_plan(handle, builder, entry.why_not, octet::cuda::current_stream(key.device), trial, what);
-    } catch (const Error& e) {  // cuDNN refused a tensor or an operation of the graph
-      entry.why_not = e.what();
     }
     it = cache.emplace(key, std::move(entry)).first;
   }

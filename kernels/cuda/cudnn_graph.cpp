@@ -77,10 +77,10 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, st
             stream, static_cast<int>(candidates.size()), [&](int i) { return trial(*candidates[i]); },
             "cuDNN engine configuration", what);
         timing = false;
-        if (pick < 0) {
-          why_not = "cuDNN ran none of the " + std::to_string(candidates.size()) +
-                    " engine configurations it offered for this attention graph";
-          return nullptr;
+        if (pick < 0) {  // every candidate refused to run: the next list, as for plans that do not finalize
+          last_failure = "cuDNN ran none of the " + std::to_string(candidates.size()) +
+                         " engine configurations it offered for this attention graph";
+          continue;
         }
       }
       std::unique_ptr<Plan> plan = std::move(candidates[pick]);

@@ -220,9 +220,11 @@ using PlanTrial = std::function<bool(const Plan&)>;
 
 // Finalizes the graph and asks cuDNN's heuristics (mode A, then the fallback list) for engine
 // configurations. With autotuning off, keeps the first one whose execution plan finalizes; with it
-// on, the fastest of the first kAutotuneCandidates that finalize in the first list that has any, as
-// `trial` runs them on `stream` (`what` names the problem in the log line). Returns nullptr with the
-// reason in why_not when none finalizes (or, tuning, none runs), or when cuDNN refuses the graph.
+// on, the fastest of the first kAutotuneCandidates that finalize in the first list where any of them
+// runs, as `trial` runs them on `stream` (`what` names the problem in the log line). Returns nullptr
+// with the reason in why_not when none finalizes (or, tuning, none runs), or when cuDNN refuses the
+// graph; throws an error raised while the candidates are timed (a refusal is a false trial, so such
+// an error is the GPU's), so that the caller caches nothing.
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, GraphBuilder& builder, std::string& why_not,
                                  cudaStream_t stream, const PlanTrial& trial, const std::function<std::string()>& what);
 

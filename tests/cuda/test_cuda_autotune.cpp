@@ -10,7 +10,9 @@
 #include <cmath>
 #include <string>
 
+#include "core/cuda_stream.h"
 #include "kernels/attention.h"
+#include "kernels/cuda/cudnn_graph.h"
 #include "kernels/fp8_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/autotune.h"
@@ -155,6 +157,71 @@ TEST(CudaAutotune, PackedAttentionForwardAndBackward) {
   const kernels::AttentionOutput again = kernels::packed_attention_forward(qkv_gpu, scale);
   EXPECT_EQ(kernels::autotuned_problems(), before + 2) << "a shape seen before keeps its plan";
   EXPECT_TRUE(testing::same_bits(again.out, got.out));
+}
+
+// cuDNN's plan while autotuning (kernels/cuda/cudnn_graph.h's build_plan), on a graph of one matmul,
+// which cuDNN's runtime fusion engines run on Hopper. A candidate that refuses to run is a false
+// trial: the plan is null with the reason, after the fallback list was tried too. An error raised
+// while the candidates are timed is the GPU's (a sticky CUDA error, a failed event), not a refusal:
+// it must reach the caller, which then caches nothing (attention's find_plan once caught it and ran
+// the shape unfused for the rest of the process). The trials here never run the plan, so no tensor
+// is bound.
+TEST(CudaAutotune, CudnnPlanRethrowsAnErrorWhileTimingAndReportsRefusals) {
+  SKIP_WITHOUT_GPU();
+  (void)empty({1}, DType::f32, Device::cuda(0));  // without a GPU (the dry run) this says so, before cuDNN does
+  namespace cudnn = kernels::cuda::cudnn;
+  cudnnHandle_t handle = nullptr;
+  cudnn::check(cudnnCreate(&handle), "cudnnCreate", "the test's handle");
+  struct Destroy {
+    cudnnHandle_t h;
+    ~Destroy() { cudnnDestroy(h); }
+  } destroy{handle};
+  const cudaStream_t stream = octet::cuda::current_stream(0);
+  const auto describe = [](cudnn::GraphBuilder& g) {
+    const cudnn::Dims dims = {1, 1, 64, 64};
+    const cudnn::TensorRef a = g.tensor("A", 1, dims, cudnn::contiguous_strides(dims), CUDNN_DATA_BFLOAT16);
+    const cudnn::TensorRef b = g.tensor("B", 2, dims, cudnn::contiguous_strides(dims), CUDNN_DATA_BFLOAT16);
+    const cudnn::TensorRef c = g.tensor("C", 3, dims, cudnn::contiguous_strides(dims), CUDNN_DATA_BFLOAT16);
+    g.matmul("A·B", a, b, c);
+  };
+  const auto what = [] { return std::string("the test's 64 x 64 x 64 matmul"); };
+
+  {  // autotuning off: the heuristics' first plan, no trial run
+    cudnn::GraphBuilder g;
+    describe(g);
+    std::string why;
+    int trials = 0;
+    const auto plan = cudnn::build_plan(handle, g, why, stream, [&](const cudnn::Plan&) { return ++trials > 0; }, what);
+    ASSERT_NE(plan, nullptr) << "cuDNN gave no plan for a lone bf16 matmul, so the checks below mean nothing: " << why;
+    EXPECT_EQ(trials, 0);
+  }
+  AutotuneOn on;
+  {
+    cudnn::GraphBuilder g;
+    describe(g);
+    std::string why;
+    int trials = 0;
+    EXPECT_THROW(cudnn::build_plan(
+                     handle, g, why, stream,
+                     [&](const cudnn::Plan&) -> bool {
+                       ++trials;
+                       OCTET_FAIL("planted: an error while the candidates are timed");
+                     },
+                     what),
+                 Error);
+    EXPECT_EQ(trials, 1) << "the first trial's error ends the timing";
+  }
+  {
+    cudnn::GraphBuilder g;
+    describe(g);
+    std::string why;
+    int trials = 0;
+    const auto plan =
+        cudnn::build_plan(handle, g, why, stream, [&](const cudnn::Plan&) { return ++trials < 0; }, what);
+    EXPECT_EQ(plan, nullptr);
+    EXPECT_GE(trials, 1);
+    EXPECT_NE(why.find("ran none of the"), std::string::npos) << why;
+  }
 }
 
 }  // namespace

@@ -112,8 +112,8 @@ void note_unfused_bias(const Tensor& a, const Tensor& b, const Tensor& out, cons
 }
 
 // One cuBLASLt FP8 matmul, with the BIAS epilogue when `bias` is defined. Returns false, having
-// written nothing, when cuBLASLt has no algorithm (or, with a bias, refuses in any way); throws on
-// any other failure.
+// written nothing, when cuBLASLt has no algorithm (or, with a bias or an addend read as C, refuses
+// in any way: fp8_gemm then adds what was refused itself); throws on any other failure.
 bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b,
                 const Tensor& out, const Tensor& bias, bool accumulate, bool fast_accumulate, const Tensor& addend) {
   const int device = out.device().index;
@@ -121,6 +121,8 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
   cudaStream_t stream = octet::cuda::current_stream(device);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const bool with_bias = bias.defined();
+  // A refusal of the epilogue or of an out-of-place C, from the heuristic or from the matmul itself.
+  const bool may_refuse = with_bias || addend.defined();
 
   MatmulDesc desc;
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);  // cuBLASLt's A is our b, stored k × n
@@ -181,12 +183,12 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
     return run(candidate, accumulates_in_place ? scratch.data_ptr() : out.data_ptr());
   };
 
-  // NOT_SUPPORTED means "no algorithm for this configuration". A bias epilogue rejected in any way
-  // falls back to the unfused bias instead of failing.
+  // NOT_SUPPORTED means "no algorithm for this configuration". A bias epilogue or an addend
+  // rejected in any way falls back to the unfused add instead of failing.
   const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get(key, [&] {
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     std::optional<cublasLtMatmulAlgo_t> found =
-        choose_algo(ctx.handle, desc, lt_a, lt_b, lt_d, align_b, align_a, align_out, with_bias, status, stream, trial,
+        choose_algo(ctx.handle, desc, lt_a, lt_b, lt_d, align_b, align_a, align_out, may_refuse, status, stream, trial,
                     [&] { return "FP8 " + problem_text(a, b, out, with_bias, fast_accumulate); });
     if (!found && with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
     return found;
@@ -194,8 +196,8 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
   if (!algo) return false;
 
   const cublasStatus_t status = run(*algo, out.data_ptr());
-  if (with_bias && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
-    note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+  if (may_refuse && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
+    if (with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
     algo_cache().refuse(key);
     return false;
   }

@@ -396,6 +396,15 @@ std::vector<Tensor> add_layernorm_mlp_node(const Tensor& x, const Tensor& residu
                                            const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
                                            kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
                                            const std::shared_ptr<const Fp8Config>& config, bool add_h) {
+  // The shapes that join the two Linears, checked before fc1's casts record an amax: a call that
+  // throws leaves every FP8 state as it was (each Linear's own checks run after the one before it cast).
+  const char* op = add_h ? "fp8_add_layernorm_mlp_residual" : "fp8_add_layernorm_mlp";
+  OCTET_CHECK(fc1.weight.dim() == 2 && fc2.weight.dim() == 2 && fc2.weight.size(1) == fc1.weight.size(0), op,
+              ": fc2 must take fc1's output, got fc1 ", fc1.weight.describe(), " and fc2 ", fc2.weight.describe(),
+              " (weights [out, in])");
+  OCTET_CHECK(!add_h || (x.dim() >= 1 && fc2.weight.size(0) == x.size(-1)), op, ": fc2's output is added to h, so it",
+              " must have h's ", x.dim() >= 1 ? x.size(-1) : 0, " features, got fc2 ", fc2.weight.describe(),
+              "; call fp8_add_layernorm_mlp and add h yourself");
   // The dGELU fusion hands fc1 its output gradient already cast, with the bias gradient from that
   // pass; when the bias gradient is summed apart (set_fp8_fused_bias_grad(false)) it runs as two nodes.
   if (!producer_fuses(config) || !fused_bias_grad.load(std::memory_order_relaxed)) {

@@ -244,6 +244,46 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
   }
 }
 
+// The MLP node checks the shapes that join its Linears before anything is cast: a call that throws
+// leaves fc1's FP8 state (its history's current row, where the casts record their amaxes, and its
+// scales) as it was, fused or not.
+TEST(Fp8Producers, AnMlpWhoseLinearsDoNotJoinThrowsBeforeAnyCast) {
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    const FusedProducers mode(fused);
+    const Tensor x = random_tensor({2, 9, 32}, DType::bf16, 850), r = random_tensor({2, 9, 32}, DType::bf16, 851);
+    const Tensor lnw = random_tensor({32}, DType::bf16, 852), lnb = random_tensor({32}, DType::bf16, 853);
+    const Tensor w1 = random_tensor({64, 32}, DType::bf16, 854, 0.2), b1 = random_tensor({64}, DType::bf16, 855);
+    const Tensor w2 = random_tensor({32, 64}, DType::bf16, 856, 0.2), b2 = random_tensor({32}, DType::bf16, 857);
+    const Tensor w2_wide = random_tensor({48, 64}, DType::bf16, 858, 0.2), b2_wide = random_tensor({48}, DType::bf16, 859);
+    const Tensor w2_other = random_tensor({32, 48}, DType::bf16, 860, 0.2);
+    std::shared_ptr<Fp8LinearState> s1, s2;
+    const Fp8Autocast scope(true, DelayedScaling{.amax_history_len = 3});
+    fp8_add_layernorm_mlp_residual(x, r, lnw, lnb, 1e-5, {w1, b1, s1}, kernels::GeluApproximation::None, {w2, b2, s2},
+                                   fp8_config());
+    ASSERT_NE(s1, nullptr);
+    const Tensor history = s1->forward.amax_history.clone(), scale = s1->forward.scale.clone();
+    // Another amax for fc1's input (LayerNorm's output is blind to x's scale, not to its weight's):
+    // a cast that ran would change the history's row 0.
+    const Tensor lnw4 = mul(lnw, 4.0);
+    std::shared_ptr<Fp8LinearState> s2_wide, s2_other;
+    EXPECT_TRUE(octet::testing::throws_with(
+        [&] {
+          fp8_add_layernorm_mlp_residual(x, r, lnw4, lnb, 1e-5, {w1, b1, s1}, kernels::GeluApproximation::None,
+                                         {w2_wide, b2_wide, s2_wide}, fp8_config());
+        },
+        {"fp8_add_layernorm_mlp_residual", "must have h's 32 features", "[48, 64]"}));
+    EXPECT_TRUE(octet::testing::throws_with(
+        [&] {
+          fp8_add_layernorm_mlp(x, r, lnw4, lnb, 1e-5, {w1, b1, s1}, kernels::GeluApproximation::None,
+                                {w2_other, b2, s2_other}, fp8_config());
+        },
+        {"fp8_add_layernorm_mlp", "fc2 must take fc1's output", "[32, 48]"}));
+    EXPECT_TRUE(octet::testing::same_bits(s1->forward.amax_history, history));
+    EXPECT_TRUE(octet::testing::same_bits(s1->forward.scale, scale));
+  }
+}
+
 // The fused nodes compute only the gradients asked for: a block whose input needs no gradient and
 // whose fc1 and norm2 are frozen trains the same bits fused and unfused (the frozen parameters get
 // none either way).

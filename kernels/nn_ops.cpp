@@ -327,7 +327,9 @@ GeluGradAndOutput gelu_backward_and_forward(const Tensor& dy, const Tensor& x, G
   if (!x.is_cuda()) {
     // The CPU: the two calls (each in the op ledger under its own name), and the sum.
     GeluGradAndOutput r{gelu_backward(dy, x, approximation), gelu_forward(x, approximation), Tensor()};
-    if (dbias_dtype) r.dbias = sum(r.dx.reshape({-1, cols}), 0).to(*dbias_dtype);
+    if (dbias_dtype) {  // no columns: the empty bias gradient, as the GPU returns (reshape cannot infer rows of 0)
+      r.dbias = cols == 0 ? empty({0}, *dbias_dtype) : sum(r.dx.reshape({-1, cols}), 0).to(*dbias_dtype);
+    }
     return r;
   }
   LedgerOp ledger(op);

@@ -400,6 +400,12 @@ TEST(Gelu, BackwardAndForwardSumsTheBiasGradient) {
       EXPECT_FALSE(plain.dbias.defined());
     }
   }
+  // No columns: the bias gradient is empty (no rows can be inferred from 0 elements).
+  const Tensor empty_x = random_tensor({4, 0});
+  const GeluGradAndOutput none = gelu_backward_and_forward(empty_x, empty_x, GeluApproximation::None, false, DType::bf16);
+  EXPECT_EQ(none.dbias.shape(), Shape({0}));
+  EXPECT_EQ(none.dbias.dtype(), DType::bf16);
+  EXPECT_EQ(none.dx.shape(), Shape({4, 0}));
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------------------------

@@ -167,18 +167,26 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
 
   // alpha and beta are host floats: the scale type of CUBLAS_COMPUTE_32F is f32.
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, const void* c_in, void* d) {
     return cublasLtMatmul(ctx.handle, desc.desc, &alpha_f, b.data_ptr(), b_layout.layout, a.data_ptr(),
-                          a_layout.layout, &beta_f, c_read, c_layout.layout, d, c_layout.layout, &algo, ctx.workspace,
+                          a_layout.layout, &beta_f, c_in, c_layout.layout, d, c_layout.layout, &algo, ctx.workspace,
                           kWorkspaceBytes, stream);
   };
   // Autotuning's trials (kernels/autotune.h) write D, which the real run writes again after
-  // them, unless D is also the C they read: then a scratch D, so that C is added once.
+  // them, unless D is also the C they read: then they accumulate in place into a copy of C, so that
+  // C is added once and each candidate is tried as it will run, reading C from the buffer it writes.
   Tensor scratch;
   auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {
-    const bool accumulates_in_place = beta_f != 0.f && c_read == c.data_ptr();
-    if (accumulates_in_place && !scratch.defined()) scratch = empty({p.batch * p.m * p.n}, c.dtype(), c.device());
-    return run(candidate, accumulates_in_place ? scratch.data_ptr() : c.data_ptr());
+    if (beta_f != 0.f && c_read == c.data_ptr()) {
+      if (!scratch.defined()) {
+        scratch = empty({p.batch * p.m * p.n}, c.dtype(), c.device());
+        octet::cuda::check(cudaMemcpyAsync(scratch.data_ptr(), c.data_ptr(), scratch.nbytes(),
+                                           cudaMemcpyDeviceToDevice, stream),
+                           "gemm: cudaMemcpyAsync (autotuning's copy of C)");
+      }
+      return run(candidate, scratch.data_ptr(), scratch.data_ptr());
+    }
+    return run(candidate, c_read, c.data_ptr());
   };
 
   // NOT_SUPPORTED means "no algorithm for this configuration". An epilogue that cuBLASLt rejects in
@@ -194,7 +202,7 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
   });
   if (!algo) return false;
 
-  const cublasStatus_t status = run(*algo, c.data_ptr());
+  const cublasStatus_t status = run(*algo, c_read, c.data_ptr());
   if ((status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) &&
       epilogue.kind != GemmEpilogue::None) {
     note_unfused(a, trans_a, b, trans_b, c, p, epilogue.kind, status);

@@ -170,17 +170,25 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
   // alpha and beta are host floats (the scale type of CUBLAS_COMPUTE_32F); the operand scales are
   // applied through the scale pointers.
   const float alpha = 1.0f, beta = accumulate || addend.defined() ? 1.0f : 0.0f;
-  auto run = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, const void* c_in, void* d) {
     return cublasLtMatmul(ctx.handle, desc.desc, &alpha, b.data_ptr(), lt_a.layout, a.data_ptr(), lt_b.layout, &beta,
-                          c_read, lt_d.layout, d, lt_d.layout, &algo, ctx.workspace, cublaslt::kWorkspaceBytes, stream);
+                          c_in, lt_d.layout, d, lt_d.layout, &algo, ctx.workspace, cublaslt::kWorkspaceBytes, stream);
   };
   // Autotuning's trials (kernels/autotune.h) write out, which the real run writes again after
-  // them, unless out is also the C they read (accumulate): then a scratch D, so that C is added once.
+  // them, unless out is also the C they read (accumulate): then they accumulate in place into a copy
+  // of out, so that C is added once and each candidate is tried as it will run, C and D one buffer.
   Tensor scratch;
   auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {
-    const bool accumulates_in_place = beta != 0.f && c_read == out.data_ptr();
-    if (accumulates_in_place && !scratch.defined()) scratch = empty({m, n}, out.dtype(), out.device());
-    return run(candidate, accumulates_in_place ? scratch.data_ptr() : out.data_ptr());
+    if (beta != 0.f && c_read == out.data_ptr()) {
+      if (!scratch.defined()) {
+        scratch = empty({m, n}, out.dtype(), out.device());
+        octet::cuda::check(cudaMemcpyAsync(scratch.data_ptr(), out.data_ptr(), scratch.nbytes(),
+                                           cudaMemcpyDeviceToDevice, stream),
+                           "fp8_gemm: cudaMemcpyAsync (autotuning's copy of C)");
+      }
+      return run(candidate, scratch.data_ptr(), scratch.data_ptr());
+    }
+    return run(candidate, c_read, out.data_ptr());
   };
 
   // NOT_SUPPORTED means "no algorithm for this configuration". A bias epilogue or an addend
@@ -195,7 +203,7 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
   });
   if (!algo) return false;
 
-  const cublasStatus_t status = run(*algo, out.data_ptr());
+  const cublasStatus_t status = run(*algo, c_read, out.data_ptr());
   if (may_refuse && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
     if (with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
     algo_cache().refuse(key);

@@ -130,9 +130,15 @@ std::optional<cublasLtMatmulAlgo_t> choose_algo(cublasLtHandle_t handle, const M
   const int pick = time_candidates(
       stream, static_cast<int>(candidates.size()),
       [&](int i) {
+        // A refusal (the algorithm cannot take this problem) is a false trial; any other failure is the
+        // GPU's, and is thrown rather than taken for a refusal.
         const cublasStatus_t s = trial(candidates[i]);
-        if (s != CUBLAS_STATUS_SUCCESS) refusal = s;
-        return s == CUBLAS_STATUS_SUCCESS;
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+          refusal = s;
+          return false;
+        }
+        check_lt(s, "cublasLtMatmul (an autotuning trial)");
+        return true;
       },
       "cuBLASLt algorithm", what);
   if (pick < 0) {

@@ -180,9 +180,17 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
   if (need_dweight) ledger.read(x).write(weight).flops(gemm_flops);
   if (need_dbias) ledger.write_bytes(out * static_cast<int64_t>(dtype_size(writable(weight.dtype()))));
 
+  // The CPU computes in f32 from a bf16 or f16 dy, which each GEMM and the bias sum would widen again:
+  // widened once here when two or more of them read it (exact, so the same bits; the op ledger counts
+  // this call, not its inner ones).
+  const DType dy_compute = compute_dtype(dy2.dtype());
+  const bool widen_once = !dy2.is_cuda() && dy_compute != dy2.dtype() &&
+                          static_cast<int>(need_dx) + static_cast<int>(need_dweight) + static_cast<int>(need_dbias) >= 2;
+  const Tensor dyc = widen_once ? dy2.to(dy_compute) : dy2;
+
   if (need_dx) {
     Tensor dx = empty({rows, in}, x.dtype(), x.device());
-    gemm_into(dy2, false, as_operand(weight, dy), false, dx, false);
+    gemm_into(dyc, false, as_operand(weight, dy), false, dx, false);
     grads.dx = dx.reshape(x.shape());
   }
 
@@ -197,7 +205,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
       fused_dbias = cuda::gemm_with_epilogue(dy2, true, xs, false, dweight, single(out, in, rows), 1.0, 0.0, epilogue);
       if (fused_dbias) grads.dbias = dbias;
     }
-    if (!fused_dbias) gemm_into(dy2, true, xs, false, dweight, false);
+    if (!fused_dbias) gemm_into(dyc, true, xs, false, dweight, false);
     grads.dweight = dweight;
   }
   if (need_dbias && !grads.dbias.defined()) {
@@ -208,7 +216,8 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
       // 32.3 MB for ViT-H's 12,608 × 1280 bf16, 7.7 µs at 4.3 TB/s).
       grads.dbias = cuda::sum(dy2, 1, rows, out, 1.f, dbias_dtype, op);
     } else {
-      grads.dbias = sum(dy2, 0).to(dbias_dtype);  // the CPU sums in dy's dtype, then converts
+      // The CPU sums in f32 and rounds to dy's dtype (what sum() of dy2 returns), then converts.
+      grads.dbias = sum(dyc, 0).to(dy2.dtype()).to(dbias_dtype);
     }
   }
   return grads;

@@ -5,9 +5,11 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "kernels/reduce.h"
@@ -109,6 +111,36 @@ TEST(Linear, BackwardComputesOnlyWhatIsAskedFor) {
   for (int64_t r = 0; r < 6; ++r)
     for (int64_t o = 0; o < 3; ++o) expected[o] += dyv[r * 3 + o];
   EXPECT_TRUE(all_close(g.dbias, expected, 1e-5, 1e-5));
+}
+
+// A bf16 or f16 dy on the CPU is widened once for whichever of the two GEMMs and the bias sum run:
+// the same bits as each of them on dy itself, for every subset asked for (1500 rows: the weight
+// gradient's K takes more than one pass of the tile kernels), with weights of dy's dtype or f32
+// (whose bias gradient is dy's sum rounded to dy's dtype, then widened).
+TEST(Linear, HalfPrecisionBackwardOnTheCpuIsTheSeparateCallsBitForBit) {
+  const std::vector<std::pair<DType, DType>> dtypes = {
+      {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}, {DType::f16, DType::f16}, {DType::f16, DType::f32}};
+  for (const auto& [d, wd] : dtypes) {
+    const Tensor x = random_tensor({3, 500, 40}, d, 71), w = random_tensor({24, 40}, wd, 72, 0.3);
+    const Tensor dy = random_tensor({3, 500, 24}, d, 73);
+    const Tensor x2 = x.reshape({1500, 40}), dy2 = dy.reshape({1500, 24});
+    Tensor dx = empty({1500, 40}, d), dw = empty({24, 40}, wd);
+    kernels::gemm(dy2, false, w, false, dx);
+    kernels::gemm(dy2, true, x2, false, dw);
+    const Tensor db = kernels::sum(dy2, 0).to(wd);
+    for (int mask = 1; mask < 8; ++mask) {
+      const bool need_dx = mask & 1, need_dw = mask & 2, need_db = mask & 4;
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << ", weight " << dtype_name(wd) << ", dx " << need_dx
+                                        << " dweight " << need_dw << " dbias " << need_db);
+      const kernels::LinearGrads g = kernels::linear_backward(dy, x, w, need_dx, need_dw, need_db);
+      EXPECT_EQ(g.dx.defined(), need_dx);
+      EXPECT_EQ(g.dweight.defined(), need_dw);
+      EXPECT_EQ(g.dbias.defined(), need_db);
+      if (need_dx) EXPECT_TRUE(testing::same_bits(g.dx, dx.reshape(x.shape())));
+      if (need_dw) EXPECT_TRUE(testing::same_bits(g.dweight, dw));
+      if (need_db) EXPECT_TRUE(testing::same_bits(g.dbias, db));
+    }
+  }
 }
 
 // The GPU's bias-gradient design switch (kernels/linear.h): the epilogue unless set, and the CPU's one

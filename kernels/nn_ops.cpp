@@ -128,6 +128,29 @@ LayerNormOutput layernorm_forward(const Tensor& x, const Tensor& weight, const T
   });
 }
 
+namespace {
+
+// The CPU backward of bf16 tensors a row at a time in f32 (kernels/cpu/nn_ops_cpu.h): the bits of the
+// widened tensors through the f32 kernel, rounded once, without their f32 copies.
+LayerNormGrads layernorm_backward_bf16(const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                                       const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t C) {
+  const Tensor wc = weight.defined() ? weight.detach().to(DType::f32) : Tensor();
+  Tensor dx = empty(x.shape(), DType::bf16), dweight, dbias;
+  if (weight.defined()) {
+    dweight = empty({C});
+    dbias = empty({C});
+  }
+  cpu::add_layernorm_backward_bf16(static_cast<const bfloat16*>(dy.data_ptr()),
+                                   dresidual.defined() ? static_cast<const bfloat16*>(dresidual.data_ptr()) : nullptr,
+                                   static_cast<const bfloat16*>(x.data_ptr()), data_or_null<float>(wc),
+                                   mean.data<float>(), rstd.data<float>(), static_cast<bfloat16*>(dx.data_ptr()),
+                                   data_or_null<float>(dweight), data_or_null<float>(dbias), rows, C);
+  if (!weight.defined()) return {dx, Tensor(), Tensor()};
+  return {dx, dweight.to(weight.dtype()), dbias.to(weight.dtype())};
+}
+
+}  // namespace
+
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd) {
   constexpr const char* op = "layernorm_backward";
@@ -148,6 +171,7 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   if (x.is_cuda()) return cuda::layernorm_backward(dy, x, weight, mean, rstd);
   check_cpu(op, {&dy, &x, &mean, &rstd});
   const int64_t rows = x.numel() / C;
+  if (x.dtype() == DType::bf16) return layernorm_backward_bf16(dy, Tensor(), x, weight, mean, rstd, rows, C);
 
   return with_compute_type(x.dtype(), [&]<class T>() -> LayerNormGrads {
     const Tensor dyc = to_compute(dy), xc = to_compute(x);
@@ -239,6 +263,10 @@ AddLayerNormGrads add_layernorm_backward(const Tensor& dy_ln, const Tensor& dh_r
   if (h.is_cuda()) return cuda::add_layernorm_backward(dy_ln, dh_residual, h, weight, mean, rstd);
   check_cpu(op, {&dy_ln, &h, &mean, &rstd});
   const int64_t rows = h.numel() / C;
+  if (h.dtype() == DType::bf16) {
+    const LayerNormGrads g = layernorm_backward_bf16(dy_ln, dh_residual, h, weight, mean, rstd, rows, C);
+    return {g.dx, g.dweight, g.dbias};
+  }
 
   return with_compute_type(h.dtype(), [&]<class T>() -> AddLayerNormGrads {
     const Tensor dyc = to_compute(dy_ln), hc = to_compute(h);

@@ -181,25 +181,17 @@ void add_residual(T* dh, const T* dresidual, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dh[i] += dresidual[i];
 }
 
-// layernorm_backward, with dresidual (or nothing, when null) added to each block of rows right after
-// the block's dx is written.
-template <class T>
-void backward(const T* dy, const T* dresidual, const T* x, const T* weight, const T* mean, const T* rstd, T* dx,
-              T* dweight, T* dbias, int64_t rows, int64_t C) {
+// The backward's frame: blocks(lo, hi, partial) computes the blocks [lo, hi) of kRowsPerBlock rows
+// (on one thread), adding block blk's dweight and dbias sums into partial + blk·2C (C for dweight,
+// then C for dbias; partial is null without a weight); then the partials are summed in block order.
+template <class T, class Blocks>
+void backward_blocks(int64_t rows, int64_t C, bool with_weight, T* dweight, T* dbias, Blocks&& blocks_fn) {
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  // Per block: C sums for dweight, then C for dbias.
-  std::vector<T> partial(weight ? static_cast<size_t>(blocks * 2 * C) : 0, T(0));
-  parallel_ranges(blocks, kParallelWork / (kRowsPerBlock * C) + 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      T* pw = weight ? partial.data() + blk * 2 * C : nullptr;
-      const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(rows, (blk + 1) * kRowsPerBlock);
-      backward_rows(dy, x, weight, mean, rstd, dx, pw, weight ? pw + C : nullptr, r0, r1, C);
-      // The block's dx (64 rows) is still in cache.
-      if (dresidual) add_residual(dx + r0 * C, dresidual + r0 * C, (r1 - r0) * C);
-    }
-  });
+  std::vector<T> partial(with_weight ? static_cast<size_t>(blocks * 2 * C) : 0, T(0));
+  parallel_ranges(blocks, kParallelWork / (kRowsPerBlock * C) + 1,
+                  [&](int64_t lo, int64_t hi) { blocks_fn(lo, hi, with_weight ? partial.data() : nullptr); });
 
-  if (!weight) return;
+  if (!with_weight) return;
   if (blocks == 0) {  // no rows: the sums are empty (and the split below would divide by zero)
     std::fill(dweight, dweight + C, T(0));
     std::fill(dbias, dbias + C, T(0));
@@ -214,6 +206,22 @@ void backward(const T* dy, const T* dresidual, const T* x, const T* weight, cons
       }
       dweight[c] = sw;
       dbias[c] = sb;
+    }
+  });
+}
+
+// layernorm_backward, with dresidual (or nothing, when null) added to each block of rows right after
+// the block's dx is written.
+template <class T>
+void backward(const T* dy, const T* dresidual, const T* x, const T* weight, const T* mean, const T* rstd, T* dx,
+              T* dweight, T* dbias, int64_t rows, int64_t C) {
+  backward_blocks<T>(rows, C, weight != nullptr, dweight, dbias, [&](int64_t lo, int64_t hi, T* partial) {
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      T* pw = partial ? partial + blk * 2 * C : nullptr;
+      const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(rows, (blk + 1) * kRowsPerBlock);
+      backward_rows(dy, x, weight, mean, rstd, dx, pw, pw ? pw + C : nullptr, r0, r1, C);
+      // The block's dx (64 rows) is still in cache.
+      if (dresidual) add_residual(dx + r0 * C, dresidual + r0 * C, (r1 - r0) * C);
     }
   });
 }
@@ -279,6 +287,33 @@ void add_layernorm_forward_bf16(const bfloat16* x, const bfloat16* y, const floa
       float* outr = normed.for_row(r, C);
       forward_rows(hf, weight, bias, outr, mean + r, rstd + r, 1, C, eps);
       round_row(outr, out + r * C, C);
+    }
+  });
+}
+
+void add_layernorm_backward_bf16(const bfloat16* dy, const bfloat16* dresidual, const bfloat16* x, const float* weight,
+                                 const float* mean, const float* rstd, bfloat16* dx, float* dweight, float* dbias,
+                                 int64_t rows, int64_t C) {
+  backward_blocks<float>(rows, C, weight != nullptr, dweight, dbias, [&](int64_t lo, int64_t hi, float* partial) {
+    const RowBuffer dy_row(C), x_row(C), dx_row(C);
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      float* pw = partial ? partial + blk * 2 * C : nullptr;
+      const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(rows, (blk + 1) * kRowsPerBlock);
+      // The f32 kernel's rows one at a time (its sums, and pw and pb, in the same row order), then
+      // the residual's f32 add and the one rounding that the f32 path's add and conversion make.
+      for (int64_t r = r0; r < r1; ++r) {
+        float* dyr = dy_row.for_row(r, C);
+        float* xr = x_row.for_row(r, C);
+        float* dxr = dx_row.for_row(r, C);
+        widen_row(dy + r * C, dyr, C);
+        widen_row(x + r * C, xr, C);
+        backward_rows(dyr, xr, weight, mean + r, rstd + r, dxr, pw, pw ? pw + C : nullptr, 0, 1, C);
+        if (dresidual) {
+          const bfloat16* dres = dresidual + r * C;
+          for (int64_t c = 0; c < C; ++c) dxr[c] += bf16_bits_to_float(dres[c].bits);
+        }
+        round_row(dxr, dx + r * C, C);
+      }
     }
   });
 }

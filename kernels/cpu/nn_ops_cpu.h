@@ -34,6 +34,12 @@ void layernorm_forward_bf16(const bfloat16* x, const float* weight, const float*
 void add_layernorm_forward_bf16(const bfloat16* x, const bfloat16* y, const float* weight, const float* bias,
                                 bfloat16* h, bfloat16* out, float* mean, float* rstd, int64_t rows, int64_t C,
                                 float eps);
+// The backward for bf16 dy and x (and dresidual, which may be null, added to dx before its rounding)
+// with an f32 weight (or null: then dweight and dbias are not written), the same way: a row at a
+// time, dweight and dbias in f32.
+void add_layernorm_backward_bf16(const bfloat16* dy, const bfloat16* dresidual, const bfloat16* x, const float* weight,
+                                 const float* mean, const float* rstd, bfloat16* dx, float* dweight, float* dbias,
+                                 int64_t rows, int64_t C);
 // layernorm_backward of h, with dresidual (may be null) added to dh row by row.
 template <class T>
 void add_layernorm_backward(const T* dy, const T* dresidual, const T* h, const T* weight, const T* mean,

@@ -226,6 +226,47 @@ TEST(LayerNorm, Bf16RowsAreTheF32KernelRounded) {
   omp_set_num_threads(saved);
 }
 
+// The backward likewise (layernorm_backward and add_layernorm_backward, a row at a time in f32): dx
+// (with the residual gradient added before its one rounding), dweight and dbias are the bits of the
+// f32 kernel on the tensors widened whole, rounded; 300 rows are five blocks of partial sums.
+TEST(LayerNorm, Bf16BackwardRowsAreTheF32KernelRounded) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    for (int64_t C : {7, 96, 100, 769}) {
+      for (int64_t rows : {1, 37, 300}) {
+        const Tensor x = random_tensor({rows, C}, DType::bf16, 55 + C, 3.0);
+        const Tensor dy = random_tensor({rows, C}, DType::bf16, 56 + C), dres = random_tensor({rows, C}, DType::bf16, 57);
+        const Tensor w = random_tensor({C}, DType::f32, 58);
+        for (int affine = 0; affine < 3; ++affine) {  // an f32 weight, a bf16 one, none
+          const Tensor wt = affine == 0 ? w : affine == 1 ? w.to(DType::bf16) : Tensor();
+          const Tensor w32 = wt.defined() ? wt.to(DType::f32) : wt;
+          const LayerNormOutput fwd = layernorm_forward(x, wt, Tensor());
+          const std::string where = "C=" + std::to_string(C) + " rows=" + std::to_string(rows) + " affine " +
+                                    std::to_string(affine) + ", " + std::to_string(threads) + " threads";
+          const LayerNormGrads got = layernorm_backward(dy, x, wt, fwd.mean, fwd.rstd);
+          const LayerNormGrads want = layernorm_backward(dy.to(DType::f32), x.to(DType::f32), w32, fwd.mean, fwd.rstd);
+          ASSERT_EQ(got.dx.dtype(), DType::bf16) << where;
+          EXPECT_EQ(vals(got.dx), vals(want.dx.to(DType::bf16))) << where;
+          const AddLayerNormGrads added = add_layernorm_backward(dy, dres, x, wt, fwd.mean, fwd.rstd);
+          const AddLayerNormGrads added_want =
+              add_layernorm_backward(dy.to(DType::f32), dres.to(DType::f32), x.to(DType::f32), w32, fwd.mean, fwd.rstd);
+          ASSERT_EQ(added.dh.dtype(), DType::bf16) << where;
+          EXPECT_EQ(vals(added.dh), vals(added_want.dh.to(DType::bf16))) << where;
+          ASSERT_EQ(got.dweight.defined(), wt.defined()) << where;
+          if (!wt.defined()) continue;
+          EXPECT_EQ(got.dweight.dtype(), wt.dtype()) << where;
+          EXPECT_EQ(vals(got.dweight), vals(want.dweight.to(wt.dtype()))) << where;
+          EXPECT_EQ(vals(got.dbias), vals(want.dbias.to(wt.dtype()))) << where;
+          EXPECT_EQ(vals(added.dweight), vals(got.dweight)) << where;
+          EXPECT_EQ(vals(added.dbias), vals(got.dbias)) << where;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // Rows at 1e4 + N(0, 1): E[x²] - E[x]² in f32 loses every digit of the variance here, and a plain
 // f32 running sum puts the mean off by ~5e-3. What remains is the rounding of the f32 mean itself
 // (half an ulp of 1e4 ≈ 5e-4).

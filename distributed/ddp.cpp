@@ -169,7 +169,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 DistributedDataParallel::~DistributedDataParallel() {
   // A backward that threw may have left buckets in flight: let them finish before the buffers go.
   for (State::Bucket& b : state_->buckets) {
-    if (b.work) b.work->synchronize();
+    if (b.work) synchronize_in_destructor(*b.work, "DistributedDataParallel");
   }
 }
 

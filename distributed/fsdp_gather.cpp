@@ -12,7 +12,7 @@ UnitGatherer::UnitGatherer(std::vector<Flat>& flats, std::vector<Unit>& units, P
 
 UnitGatherer::~UnitGatherer() {
   for (UnitState& s : state_) {
-    if (s.work) s.work->synchronize();
+    if (s.work) synchronize_in_destructor(*s.work, "FullyShardedDataParallel (a parameter all-gather)");
   }
 }
 

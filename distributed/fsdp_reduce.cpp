@@ -35,7 +35,7 @@ GradientReducer::GradientReducer(std::vector<Flat>& flats, const std::vector<Uni
 
 GradientReducer::~GradientReducer() {
   for (InFlight& r : in_flight_) {
-    if (r.work) r.work->synchronize();
+    if (r.work) synchronize_in_destructor(*r.work, "FullyShardedDataParallel (a gradient reduce-scatter)");
   }
 }
 

@@ -26,6 +26,7 @@
 #include <functional>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,6 +94,45 @@ int world_size() {
 
 std::string bytes_of(const Tensor& t) { return format_bytes(static_cast<double>(t.nbytes())); }
 
+// Ends the job with `message` unless destroyed within `timeout`: for a host call that blocks until
+// every rank has joined it (ncclCommSplit), where no watchdog sees a missing rank. abort_job aborts
+// the job's groups first; where an abort is itself the call that may block, Ending::kAtOnce skips
+// that and ends the job straight away (a second abort would wait for the first's lock).
+class Deadline {
+ public:
+  enum class Ending { kAbortGroups, kAtOnce };
+  Deadline(std::chrono::seconds timeout, std::string message, Ending ending = Ending::kAbortGroups)
+      : thread_([this, timeout, ending, message = std::move(message)] {
+          std::unique_lock lock(mutex_);
+          if (wake_.wait_for(lock, timeout, [this] { return done_; })) return;
+          lock.unlock();
+          if (ending == Ending::kAbortGroups) abort_job(message);
+          logging::error("{}; ending the job", message);
+          logging::logger().flush();
+          if (mpi_initialized()) MPI_Abort(MPI_COMM_WORLD, 1);
+          std::_Exit(1);
+        }) {}
+  ~Deadline() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Deadline(const Deadline&) = delete;
+  Deadline& operator=(const Deadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+// How long ncclCommAbort may take before the job is ended without it (Communicator::abort).
+constexpr std::chrono::seconds kAbortGrace{15};
+
 // The communicator and its stream. The group and every Work it returned share it, and the last of
 // them destroys it: a Work synchronised after its group is gone still asks the communicator for
 // errors, and its collective may still be running on the stream.
@@ -136,6 +176,20 @@ struct Communicator {
     std::lock_guard lock(lifetime_mutex);
     if (aborted || comm == nullptr) return;
     aborted = true;
+    // ncclCommAbort can wait too: it joins NCCL's proxy thread, which waits for the peers to close
+    // their connections to it unless cuMem host memory is on (a driver of CUDA 12.6 or later, NUMA
+    // host allocations allowed, NCCL_CUMEM_HOST_ENABLE not 0). A failing rank must not hang there
+    // without a word, so past kAbortGrace the job ends without it.
+    std::optional<Deadline> deadline;
+    try {
+      deadline.emplace(kAbortGrace,
+                       fmt::format("rank {}: ncclCommAbort has not returned after {} s (NCCL waits there for its "
+                                   "peers when its cuMem host memory is off)",
+                                   rank, kAbortGrace.count()),
+                       Deadline::Ending::kAtOnce);
+    } catch (const std::exception& e) {  // no thread for it: the abort runs unguarded
+      logging::warn("rank {}: no deadline for ncclCommAbort: {}", rank, e.what());
+    }
     try {
       cuda::DeviceGuard device(device_index);
       const ncclResult_t result = ncclCommAbort(comm);
@@ -331,35 +385,6 @@ class Watchdog {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::vector<Entry> pending_;
-  std::thread thread_;  // last: started once the members above exist
-};
-
-// Ends the job (abort_job) with `message` unless destroyed within `timeout`: for a host call that
-// blocks until every rank has joined it (ncclCommSplit), where no watchdog sees a missing rank.
-class Deadline {
- public:
-  Deadline(std::chrono::seconds timeout, std::string message)
-      : thread_([this, timeout, message = std::move(message)] {
-          std::unique_lock lock(mutex_);
-          if (wake_.wait_for(lock, timeout, [this] { return done_; })) return;
-          lock.unlock();
-          abort_job(message);
-        }) {}
-  ~Deadline() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  Deadline(const Deadline&) = delete;
-  Deadline& operator=(const Deadline&) = delete;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool done_ = false;
   std::thread thread_;  // last: started once the members above exist
 };
 

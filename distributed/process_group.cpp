@@ -3,9 +3,21 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "distributed/launch.h"
 
 namespace octet::distributed {
+
+void synchronize_in_destructor(Work& work, const char* owner) noexcept {
+  try {
+    work.synchronize();
+  } catch (const std::exception& e) {
+    try {
+      logging::warn("{}: a collective in flight at its destruction failed: {}", owner, e.what());
+    } catch (...) {  // logging failed too: nothing more to do in a destructor
+    }
+  }
+}
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

@@ -82,6 +82,11 @@ class Work {
 };
 using WorkHandle = std::shared_ptr<Work>;
 
+// work.synchronize() for a destructor, which must not throw (a throw there ends the process without
+// a message, std::terminate): what it reports (an error NCCL found, a collective a failed peer never
+// joined) is logged as a warning naming `owner` instead, and the destructor goes on.
+void synchronize_in_destructor(Work& work, const char* owner) noexcept;
+
 struct ProcessGroupOptions {
   // How long wait() lets a collective run before it ends the job (a rank that died or never
   // arrived). PyTorch's default for NCCL is 10 minutes; training steps here are far shorter.

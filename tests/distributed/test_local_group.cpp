@@ -10,6 +10,7 @@
 #include "distributed/launch.h"
 #include "distributed/process_group.h"
 #include "tests/distributed/collective_testing.h"
+#include "tests/log_capture.h"
 #include "tests/testing.h"
 
 namespace octet::testing {
@@ -19,6 +20,31 @@ using distributed::Collective;
 using distributed::LocalProcessGroup;
 using distributed::ReduceOp;
 using distributed::WorkHandle;
+
+// Destructors that wait for collectives still in flight (DDP's buckets, FSDP's gathers and
+// reduce-scatters) call synchronize_in_destructor: a Work whose synchronize throws (an error NCCL
+// found, a collective a failed peer never joined) must not escape a destructor, which would end the
+// process through std::terminate without a message; it is logged, naming the owner.
+TEST(LocalGroup, SynchronizeInADestructorLogsWhatTheWorkThrows) {
+  struct FailingWork : distributed::Work {
+    int synchronized = 0;
+    void wait() override {}
+    void synchronize() override {
+      ++synchronized;
+      OCTET_FAIL("planted: a peer never joined all_reduce(avg) of 4.00 MB");
+    }
+    bool is_completed() override { return false; }
+    std::string describe() const override { return "all_reduce(avg) of 4.00 MB"; }
+  };
+  FailingWork work;
+  CapturedLog log;
+  EXPECT_NO_THROW(distributed::synchronize_in_destructor(work, "DistributedDataParallel"));
+  EXPECT_EQ(work.synchronized, 1);
+  EXPECT_NE(log.text().find("DistributedDataParallel: a collective in flight at its destruction failed: planted: a "
+                            "peer never joined"),
+            std::string::npos)
+      << log.text();
+}
 
 TEST(LocalGroup, IsRankZeroOfOne) {
   LocalProcessGroup group;

@@ -91,9 +91,12 @@ struct TensorRef {
 // own() stay valid while more descriptors are added.
 class GraphBuilder {
  public:
-  // A tensor in memory, named by the caller's uid (the variant pack refers to it by that uid).
-  TensorRef tensor(const char* name, int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type) {
-    return make_tensor(name, uid, dims, strides, type, false, false);
+  // A tensor in memory, named by the caller's uid (the variant pack refers to it by that uid). `rank`
+  // is how many of dims and strides count: 4 for attention's [B, H, S, D]; 3 for the [B, M, K] that
+  // a matmul outside attention's fused engines takes.
+  TensorRef tensor(const char* name, int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
+                   int rank = 4) {
+    return make_tensor(name, uid, dims, strides, type, false, false, CUDNN_TENSOR_REORDERING_NONE, rank);
   }
   // The backward's f32 dQ accumulator: in memory, in the F16x16 reordering the frontend declares for it.
   TensorRef accumulator(const char* name, int64_t uid, const Dims& dims, const Dims& strides) {
@@ -171,12 +174,12 @@ class GraphBuilder {
  private:
   TensorRef make_tensor(const char* name, int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
                         bool is_virtual, bool by_value,
-                        cudnnBackendTensorReordering_t reordering = CUDNN_TENSOR_REORDERING_NONE) {
+                        cudnnBackendTensorReordering_t reordering = CUDNN_TENSOR_REORDERING_NONE, int rank = 4) {
     Descriptor& t = own(CUDNN_BACKEND_TENSOR_DESCRIPTOR, name, "tensor");
     const int64_t alignment = 16;
     t.set(ATTR(CUDNN_ATTR_TENSOR_DATA_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &type);
-    t.set(ATTR(CUDNN_ATTR_TENSOR_DIMENSIONS), CUDNN_TYPE_INT64, 4, dims.data());
-    t.set(ATTR(CUDNN_ATTR_TENSOR_STRIDES), CUDNN_TYPE_INT64, 4, strides.data());
+    t.set(ATTR(CUDNN_ATTR_TENSOR_DIMENSIONS), CUDNN_TYPE_INT64, rank, dims.data());
+    t.set(ATTR(CUDNN_ATTR_TENSOR_STRIDES), CUDNN_TYPE_INT64, rank, strides.data());
     t.set(ATTR(CUDNN_ATTR_TENSOR_UNIQUE_ID), CUDNN_TYPE_INT64, 1, &uid);
     t.set(ATTR(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), CUDNN_TYPE_INT64, 1, &alignment);
     if (is_virtual) t.set(ATTR(CUDNN_ATTR_TENSOR_IS_VIRTUAL), CUDNN_TYPE_BOOLEAN, 1, &is_virtual);

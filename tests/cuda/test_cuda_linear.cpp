@@ -174,9 +174,13 @@ TEST(CudaLinear, BothBiasGradDesignsSumDyOnceRounded) {
     for (LinearBiasGradDesign design : {LinearBiasGradDesign::kEpilogue, LinearBiasGradDesign::kColumnSum}) {
       const std::string what = std::string(dtype_name(weight_dtype)) + " weight, " +
                                (design == LinearBiasGradDesign::kEpilogue ? "epilogue" : "column sum");
-      kernels::set_linear_bias_grad_design(design);
-      const kernels::LinearGrads got = kernels::linear_backward(dy.to(kGpu), x.to(kGpu), w.to(kGpu), false, true, true);
-      kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kEpilogue);
+      const kernels::LinearGrads got = [&] {
+        kernels::set_linear_bias_grad_design(design);
+        struct Restore {  // even when linear_backward throws: later tests run with the default
+          ~Restore() { kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kEpilogue); }
+        } restore;
+        return kernels::linear_backward(dy.to(kGpu), x.to(kGpu), w.to(kGpu), false, true, true);
+      }();
       ASSERT_TRUE(got.dbias.defined()) << what;
       EXPECT_EQ(got.dbias.dtype(), weight_dtype) << what;
       const double u = weight_dtype == DType::bf16 ? 0x1p-8 : 0.0;

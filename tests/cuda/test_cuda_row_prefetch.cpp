@@ -24,15 +24,17 @@ using testing::misaligned_on_gpu;
 using testing::random_tensor;
 using testing::same_bits;
 
-// f() once with each setting, the switch restored after.
+// f() once with each setting, the switch restored after (also when f throws).
 template <class F>
 auto with_and_without_refill(F f) {
-  const RowPrefetch before = kernels::row_prefetch();
+  struct Restore {
+    RowPrefetch before = kernels::row_prefetch();
+    ~Restore() { kernels::set_row_prefetch(before); }
+  } restore;
   kernels::set_row_prefetch(RowPrefetch::kRefill);
   auto refill = f();
   kernels::set_row_prefetch(RowPrefetch::kAfter);
   auto after = f();
-  kernels::set_row_prefetch(before);
   return std::make_pair(refill, after);
 }
 

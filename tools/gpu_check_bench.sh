@@ -8,11 +8,19 @@ bench_device=cuda
 ((rehearsal)) && bench_device=cpu
 bench_trials="bf16_autotune fp8_autotune bf16_designs fp8_designs fp8_no_refill" bench_trials_reserve=0
 { in_stages tests || in_stages train || in_stages mpi; } && bench_trials_reserve=200
+bench_vit_limit=90  # seconds a bench_vit run may take (a steady run takes 10-25)
+# The limit of a trial's run: what the reserve leaves, at most bench_vit_limit, so that even a trial
+# that hangs leaves the reserve to the stages after the benchmarks. Under 40 s: not run.
+trial_limit() {
+  local limit=$(($(time_left) - bench_trials_reserve))
+  ((limit > bench_vit_limit)) && limit=$bench_vit_limit
+  echo "$limit"
+}
 stage_bench() {
   stage_begin bench
   compile_finish
   start_clock_samples
-  local spec name run flags
+  local spec name run flags limit
   for spec in "bf16 octet --precision bf16" "bf16_head_start octet-head-start --precision bf16 --head-start 30" \
               "fp8 octet-fp8 --precision fp8" \
               "fp8_unfused octet-fp8-unfused --precision fp8 --fp8-fused-producers off" \
@@ -38,19 +46,23 @@ stage_bench() {
     fi
     # The runs of bench_vit's own options (autotuning, the designs on trial) give way to the stages
     # after this one when time is short: the tests, train and mpi stages need about 150 s (the third run).
-    if [[ " $bench_trials " == *" $name "* ]] && (($(time_left) < bench_trials_reserve)); then
-      note CUT "bench_vit_$name: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
-      continue
+    limit=$bench_vit_limit
+    if [[ " $bench_trials " == *" $name "* ]]; then
+      limit=$(trial_limit)
+      if ((limit < 40)); then
+        note CUT "bench_vit_$name: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
+        continue
+      fi
     fi
     # shellcheck disable=SC2086  # flags: words
-    bench_vit_run "$name" "$run" $flags
+    bench_vit_limit=$limit bench_vit_run "$name" "$run" $flags
   done
   stage_end
 }
 bench_vit_run() {  # NAME RUN FLAGS...: bench_vit with FLAGS as step bench_vit_NAME, its row tagged RUN
   local name=$1 run=$2
   shift 2
-  if step "bench_vit_$name" 90 "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
+  if step "bench_vit_$name" "$bench_vit_limit" "$bin/bench_vit" --device "$bench_device" --model "$model" --batch-size "$batch" \
        --steps "$bench_steps" --warmup "$bench_warmup" "$@"; then
     grep -E '^(step|host|training|memory|activations)' "$logs/bench_vit_$name.log" | indent
     clock_report "$logs/bench_vit_$name.log"
@@ -127,11 +139,11 @@ stage_chosen() {
     [[ $p == fp8 ]] && run=octet-fp8-chosen
     if [[ -z $flags ]]; then
       note INFO "bench_vit_${p}_chosen: not run: no trial of $p beat the library's defaults, or none ran"
-    elif (($(time_left) < bench_trials_reserve)); then
+    elif (($(trial_limit) < 40)); then
       note CUT "bench_vit_${p}_chosen: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
     else
       # shellcheck disable=SC2086  # flags: words
-      bench_vit_run "${p}_chosen" "$run" --precision "$p" $flags
+      bench_vit_limit=$(trial_limit) bench_vit_run "${p}_chosen" "$run" --precision "$p" $flags
     fi
   done
   stage_end

@@ -374,7 +374,7 @@ class Report(unittest.TestCase):
         bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in [
             step("octet", 600.0, precision="bf16"), step("octet-autotune", 610.0, precision="bf16"),
             step("octet-fp8", 830.0, precision="fp8"), step("octet-fp8-autotune", 820.0, precision="fp8"),
-            step("octet-fp8-no-refill", 835.0, precision="fp8"),
+            step("octet-fp8-no-refill", 845.0, precision="fp8"),
             step("octet-designs", 590.0, precision="bf16")]) + "\n")  # a step run the kernel rows overrule
         row = lambda kernel, variant, us: json.dumps({"bench": "bench_kernels", "kernel": kernel, "variant": variant,
                                                       "shape": "12608x1280", "us": us, "ratio": 0.7})
@@ -398,7 +398,7 @@ class Report(unittest.TestCase):
         self.assertEqual(lines[1], "fp8: --row-prefetch after --layernorm-backward columns")
         self.assertIn("why: bf16 --autotune on: 610.0 images/s with it, 600.0 without: taken", out)
         self.assertIn("why: fp8 --autotune on: 820.0 images/s with it, 830.0 without: the default stays", out)
-        self.assertIn("why: fp8 --row-prefetch after: 835.0 images/s with it, 830.0 without: taken", out)
+        self.assertIn("why: fp8 --row-prefetch after: 845.0 images/s with it, 830.0 without: taken", out)
         self.assertIn("why: bf16 --row-prefetch after: add_layernorm_backward 60.0 µs without the refill, 58.0 with "
                       "it: the default stays", out)
         self.assertIn("why: bf16 --layernorm-backward columns: add_layernorm_backward 50.0 µs in columns, 58.0 in "
@@ -407,6 +407,18 @@ class Report(unittest.TestCase):
                       "rows (no refill): taken", out)
         self.assertIn("why: bf16 --bias-grad column-sum: a block's qkv, proj and fc2 weight gradients 453.0 µs with "
                       "the column sum, 450.0 with BGRADB: the default stays", out)
+
+    def test_choose_keeps_the_default_for_a_step_gain_within_its_spread(self):
+        step = lambda run, ips: dict(run=run, bench="octet", images_per_s=ips, step_ms=64000 / ips)
+        bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in [
+            step("octet", 600.0), step("octet-autotune", 605.0),  # 0.8% faster: noise
+            step("octet-fp8", 830.0), step("octet-fp8-autotune", 839.0)]) + "\n")  # 1.1% faster: taken
+        rc, out = run("choose", bench)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.splitlines()[:2], ["bf16:", "fp8: --autotune on"])
+        self.assertIn("why: bf16 --autotune on: 605.0 images/s with it, 600.0 without: the default stays (less than "
+                      "the step's 1% spread)", out)
+        self.assertIn("why: fp8 --autotune on: 839.0 images/s with it, 830.0 without: taken", out)
 
     def test_choose_keeps_every_default_when_no_trial_ran(self):
         bench = self.write("bench.jsonl", json.dumps({"run": "octet", "bench": "octet", "images_per_s": 600.0}) + "\n")

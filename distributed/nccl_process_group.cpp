@@ -24,9 +24,9 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <future>
 #include <iterator>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,43 +94,7 @@ int world_size() {
 
 std::string bytes_of(const Tensor& t) { return format_bytes(static_cast<double>(t.nbytes())); }
 
-// Ends the job with `message` unless destroyed within `timeout`: for a host call that blocks until
-// every rank has joined it (ncclCommSplit), where no watchdog sees a missing rank. abort_job aborts
-// the job's groups first; where an abort is itself the call that may block, Ending::kAtOnce skips
-// that and ends the job straight away (a second abort would wait for the first's lock).
-class Deadline {
- public:
-  enum class Ending { kAbortGroups, kAtOnce };
-  Deadline(std::chrono::seconds timeout, std::string message, Ending ending = Ending::kAbortGroups)
-      : thread_([this, timeout, ending, message = std::move(message)] {
-          std::unique_lock lock(mutex_);
-          if (wake_.wait_for(lock, timeout, [this] { return done_; })) return;
-          lock.unlock();
-          if (ending == Ending::kAbortGroups) abort_job(message);
-          logging::error("{}; ending the job", message);
-          logging::logger().flush();
-          if (mpi_initialized()) MPI_Abort(MPI_COMM_WORLD, 1);
-          std::_Exit(1);
-        }) {}
-  ~Deadline() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  Deadline(const Deadline&) = delete;
-  Deadline& operator=(const Deadline&) = delete;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool done_ = false;
-  std::thread thread_;  // last: started once the members above exist
-};
-
-// How long ncclCommAbort may take before the job is ended without it (Communicator::abort).
+// How long ncclCommAbort may take before Communicator::abort goes on without it.
 constexpr std::chrono::seconds kAbortGrace{15};
 
 // The communicator and its stream. The group and every Work it returned share it, and the last of
@@ -178,24 +142,33 @@ struct Communicator {
     aborted = true;
     // ncclCommAbort can wait too: it joins NCCL's proxy thread, which waits for the peers to close
     // their connections to it unless cuMem host memory is on (a driver of CUDA 12.6 or later, NUMA
-    // host allocations allowed, NCCL_CUMEM_HOST_ENABLE not 0). A failing rank must not hang there
-    // without a word, so past kAbortGrace the job ends without it.
-    std::optional<Deadline> deadline;
+    // host allocations allowed, NCCL_CUMEM_HOST_ENABLE not 0). So it runs on a thread of its own,
+    // waited for at most kAbortGrace; past that it is left running and this returns, so that a
+    // failing rank still reaches abort_job and says why the job ends (its MPI_Abort ends the process,
+    // the stuck call with it).
+    auto finished = std::make_shared<std::promise<void>>();
+    std::future<void> done = finished->get_future();
+    auto call = [comm = comm, device_index = device_index, rank = rank, finished] {
+      try {
+        cuda::DeviceGuard device(device_index);
+        const ncclResult_t result = ncclCommAbort(comm);
+        if (result != ncclSuccess) {
+          logging::warn("rank {}: ncclCommAbort failed: {}", rank, ncclGetErrorString(result));
+        }
+      } catch (const std::exception& e) {
+        logging::warn("rank {}: ncclCommAbort failed: {}", rank, e.what());
+      }
+      finished->set_value();
+    };
     try {
-      deadline.emplace(kAbortGrace,
-                       fmt::format("rank {}: ncclCommAbort has not returned after {} s (NCCL waits there for its "
-                                   "peers when its cuMem host memory is off)",
-                                   rank, kAbortGrace.count()),
-                       Deadline::Ending::kAtOnce);
-    } catch (const std::exception& e) {  // no thread for it: the abort runs unguarded
-      logging::warn("rank {}: no deadline for ncclCommAbort: {}", rank, e.what());
+      std::thread(call).detach();
+    } catch (const std::exception&) {  // no thread for it: the abort runs here, unguarded
+      call();
     }
-    try {
-      cuda::DeviceGuard device(device_index);
-      const ncclResult_t result = ncclCommAbort(comm);
-      if (result != ncclSuccess) logging::warn("rank {}: ncclCommAbort failed: {}", rank, ncclGetErrorString(result));
-    } catch (const std::exception& e) {
-      logging::warn("rank {}: ncclCommAbort failed: {}", rank, e.what());
+    if (done.wait_for(kAbortGrace) == std::future_status::timeout) {
+      logging::error("rank {}: ncclCommAbort has not returned after {} s (NCCL waits there for its peers when its "
+                     "cuMem host memory is off); going on without it",
+                     rank, kAbortGrace.count());
     }
   }
 
@@ -385,6 +358,35 @@ class Watchdog {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::vector<Entry> pending_;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+// Ends the job (abort_job) with `message` unless destroyed within `timeout`: for a host call that
+// blocks until every rank has joined it (ncclCommSplit), where no watchdog sees a missing rank.
+class Deadline {
+ public:
+  Deadline(std::chrono::seconds timeout, std::string message)
+      : thread_([this, timeout, message = std::move(message)] {
+          std::unique_lock lock(mutex_);
+          if (wake_.wait_for(lock, timeout, [this] { return done_; })) return;
+          lock.unlock();
+          abort_job(message);
+        }) {}
+  ~Deadline() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Deadline(const Deadline&) = delete;
+  Deadline& operator=(const Deadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
   std::thread thread_;  // last: started once the members above exist
 };
 

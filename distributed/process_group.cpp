@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <exception>
+#include <string>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "distributed/launch.h"
@@ -9,13 +12,20 @@
 namespace octet::distributed {
 
 void synchronize_in_destructor(Work& work, const char* owner) noexcept {
+  std::string failure;
   try {
     work.synchronize();
+    return;
   } catch (const std::exception& e) {
     try {
-      logging::warn("{}: a collective in flight at its destruction failed: {}", owner, e.what());
-    } catch (...) {  // logging failed too: nothing more to do in a destructor
+      failure = fmt::format("{}: a collective in flight at its destruction failed: {}", owner, e.what());
+    } catch (...) {  // no memory for the message
     }
+  }
+  if (std::uncaught_exceptions() == 0) abort_job(failure);
+  try {
+    logging::warn("{}", failure);
+  } catch (...) {  // logging failed too: nothing more to do in a destructor
   }
 }
 

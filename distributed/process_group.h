@@ -83,8 +83,9 @@ class Work {
 using WorkHandle = std::shared_ptr<Work>;
 
 // work.synchronize() for a destructor, which must not throw (a throw there ends the process without
-// a message, std::terminate): what it reports (an error NCCL found, a collective a failed peer never
-// joined) is logged as a warning naming `owner` instead, and the destructor goes on.
+// a message, std::terminate). What it throws (an error NCCL found in the collective) ends the job
+// with that message, naming `owner` (abort_job); while an exception unwinds, which is on its way to
+// end the job with its own message, it is logged as a warning and the destructor goes on.
 void synchronize_in_destructor(Work& work, const char* owner) noexcept;
 
 struct ProcessGroupOptions {

@@ -3,6 +3,7 @@
 // mpirun. A plain cpu-label suite: no mpirun, no MPI at run time.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,27 +24,50 @@ using distributed::WorkHandle;
 
 // Destructors that wait for collectives still in flight (DDP's buckets, FSDP's gathers and
 // reduce-scatters) call synchronize_in_destructor: a Work whose synchronize throws (an error NCCL
-// found, a collective a failed peer never joined) must not escape a destructor, which would end the
-// process through std::terminate without a message; it is logged, naming the owner.
-TEST(LocalGroup, SynchronizeInADestructorLogsWhatTheWorkThrows) {
-  struct FailingWork : distributed::Work {
-    int synchronized = 0;
-    void wait() override {}
-    void synchronize() override {
-      ++synchronized;
-      OCTET_FAIL("planted: a peer never joined all_reduce(avg) of 4.00 MB");
-    }
-    bool is_completed() override { return false; }
-    std::string describe() const override { return "all_reduce(avg) of 4.00 MB"; }
-  };
+// found in the collective) must not escape a destructor, which would end the process through
+// std::terminate without a message. While an exception unwinds (on its way to end the job with its
+// own message) it is logged, naming the owner; otherwise it ends the job with that message.
+struct FailingWork : distributed::Work {
+  int synchronized = 0;
+  void wait() override {}
+  void synchronize() override {
+    ++synchronized;
+    OCTET_FAIL("planted: NCCL reported an error on rank 1");
+  }
+  bool is_completed() override { return false; }
+  std::string describe() const override { return "all_reduce(avg) of 4.00 MB"; }
+};
+
+struct SynchronizesWhenDestroyed {
+  FailingWork& work;
+  ~SynchronizesWhenDestroyed() { distributed::synchronize_in_destructor(work, "DistributedDataParallel"); }
+};
+
+TEST(LocalGroup, SynchronizeInADestructorLogsWhatTheWorkThrowsWhileAnExceptionUnwinds) {
   FailingWork work;
   CapturedLog log;
-  EXPECT_NO_THROW(distributed::synchronize_in_destructor(work, "DistributedDataParallel"));
+  try {
+    SynchronizesWhenDestroyed owner{work};
+    throw std::runtime_error("the backward that failed");
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "the backward that failed") << "the exception in flight is the one that arrives";
+  }
   EXPECT_EQ(work.synchronized, 1);
-  EXPECT_NE(log.text().find("DistributedDataParallel: a collective in flight at its destruction failed: planted: a "
-                            "peer never joined"),
+  EXPECT_NE(log.text().find("DistributedDataParallel: a collective in flight at its destruction failed: planted: "
+                            "NCCL reported an error"),
             std::string::npos)
       << log.text();
+}
+
+TEST(LocalGroupDeathTest, SynchronizeInADestructorEndsTheJobWithWhatTheWorkThrows) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        FailingWork work;
+        { SynchronizesWhenDestroyed owner{work}; }
+      },
+      ::testing::ExitedWithCode(1),
+      "DistributedDataParallel: a collective in flight at its destruction failed: planted: NCCL reported an error");
 }
 
 TEST(LocalGroup, IsRankZeroOfOne) {

@@ -16,6 +16,13 @@ trial_limit() {
   ((limit > bench_vit_limit)) && limit=$bench_vit_limit
   echo "$limit"
 }
+trial_cut_reason() {
+  if ((bench_trials_reserve > 0)); then
+    echo "$(time_left) s left of the check, $bench_trials_reserve of them kept for the stages after the benchmarks"
+  else
+    echo "$(time_left) s left of the check, too few for a run"
+  fi
+}
 stage_bench() {
   stage_begin bench
   compile_finish
@@ -50,7 +57,7 @@ stage_bench() {
     if [[ " $bench_trials " == *" $name "* ]]; then
       limit=$(trial_limit)
       if ((limit < 40)); then
-        note CUT "bench_vit_$name: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
+        note CUT "bench_vit_$name: not run: $(trial_cut_reason)"
         continue
       fi
     fi
@@ -140,7 +147,7 @@ stage_chosen() {
     if [[ -z $flags ]]; then
       note INFO "bench_vit_${p}_chosen: not run: no trial of $p beat the library's defaults, or none ran"
     elif (($(trial_limit) < 40)); then
-      note CUT "bench_vit_${p}_chosen: not run: $(time_left) s left of the check, kept for the stages after the benchmarks"
+      note CUT "bench_vit_${p}_chosen: not run: $(trial_cut_reason)"
     else
       # shellcheck disable=SC2086  # flags: words
       bench_vit_limit=$(trial_limit) bench_vit_run "${p}_chosen" "$run" --precision "$p" $flags

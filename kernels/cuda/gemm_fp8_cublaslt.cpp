@@ -111,6 +111,14 @@ void note_unfused_bias(const Tensor& a, const Tensor& b, const Tensor& out, cons
                 cublasLtGetStatusName(status));
 }
 
+// Said once per problem key, as the bias's (the refusal is cached): an addend cuBLASLt will not read
+// as C (an out-of-place C) is added after the GEMM.
+void note_unfused_addend(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& addend,
+                         bool fast_accumulate, cublasStatus_t status) {
+  logging::info("cuBLASLt offers no FP8 algorithm that reads the {} addend as C for {} ({}); adding it unfused",
+                addend.describe(), problem_text(a, b, out, false, fast_accumulate), cublasLtGetStatusName(status));
+}
+
 // One cuBLASLt FP8 matmul, with the BIAS epilogue when `bias` is defined. Returns false, having
 // written nothing, when cuBLASLt has no algorithm (or, with a bias or an addend read as C, refuses
 // in any way: fp8_gemm then adds what was refused itself); throws on any other failure.
@@ -199,13 +207,18 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
         choose_algo(ctx.handle, desc, lt_a, lt_b, lt_d, align_b, align_a, align_out, may_refuse, status, stream, trial,
                     [&] { return "FP8 " + problem_text(a, b, out, with_bias, fast_accumulate); });
     if (!found && with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+    if (!found && !with_bias && addend.defined()) note_unfused_addend(a, b, out, addend, fast_accumulate, status);
     return found;
   });
   if (!algo) return false;
 
   const cublasStatus_t status = run(*algo, c_read, out.data_ptr());
   if (may_refuse && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
-    if (with_bias) note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+    if (with_bias) {
+      note_unfused_bias(a, b, out, bias, fast_accumulate, status);
+    } else {
+      note_unfused_addend(a, b, out, addend, fast_accumulate, status);
+    }
     algo_cache().refuse(key);
     return false;
   }

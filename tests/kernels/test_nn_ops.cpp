@@ -247,19 +247,19 @@ TEST(LayerNorm, Bf16BackwardRowsAreTheF32KernelRounded) {
           const LayerNormGrads got = layernorm_backward(dy, x, wt, fwd.mean, fwd.rstd);
           const LayerNormGrads want = layernorm_backward(dy.to(DType::f32), x.to(DType::f32), w32, fwd.mean, fwd.rstd);
           ASSERT_EQ(got.dx.dtype(), DType::bf16) << where;
-          EXPECT_EQ(vals(got.dx), vals(want.dx.to(DType::bf16))) << where;
+          EXPECT_TRUE(octet::testing::same_bits(got.dx, want.dx.to(DType::bf16))) << where;
           const AddLayerNormGrads added = add_layernorm_backward(dy, dres, x, wt, fwd.mean, fwd.rstd);
           const AddLayerNormGrads added_want =
               add_layernorm_backward(dy.to(DType::f32), dres.to(DType::f32), x.to(DType::f32), w32, fwd.mean, fwd.rstd);
           ASSERT_EQ(added.dh.dtype(), DType::bf16) << where;
-          EXPECT_EQ(vals(added.dh), vals(added_want.dh.to(DType::bf16))) << where;
+          EXPECT_TRUE(octet::testing::same_bits(added.dh, added_want.dh.to(DType::bf16))) << where;
           ASSERT_EQ(got.dweight.defined(), wt.defined()) << where;
           if (!wt.defined()) continue;
           EXPECT_EQ(got.dweight.dtype(), wt.dtype()) << where;
-          EXPECT_EQ(vals(got.dweight), vals(want.dweight.to(wt.dtype()))) << where;
-          EXPECT_EQ(vals(got.dbias), vals(want.dbias.to(wt.dtype()))) << where;
-          EXPECT_EQ(vals(added.dweight), vals(got.dweight)) << where;
-          EXPECT_EQ(vals(added.dbias), vals(got.dbias)) << where;
+          EXPECT_TRUE(octet::testing::same_bits(got.dweight, want.dweight.to(wt.dtype()))) << where;
+          EXPECT_TRUE(octet::testing::same_bits(got.dbias, want.dbias.to(wt.dtype()))) << where;
+          EXPECT_TRUE(octet::testing::same_bits(added.dweight, got.dweight)) << where;
+          EXPECT_TRUE(octet::testing::same_bits(added.dbias, got.dbias)) << where;
         }
       }
     }

@@ -24,7 +24,6 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <future>
 #include <iterator>
 #include <mutex>
 #include <string>
@@ -37,6 +36,7 @@
 #include "core/log.h"
 #include "core/trace.h"
 #include "distributed/launch.h"
+#include "distributed/nccl_communicator.h"
 #include "distributed/nccl_reduction.h"
 #include "distributed/nccl_shared_device.h"
 #include "kernels/cuda/elementwise_cuda.h"
@@ -93,122 +93,6 @@ int world_size() {
 }
 
 std::string bytes_of(const Tensor& t) { return format_bytes(static_cast<double>(t.nbytes())); }
-
-// How long ncclCommAbort may take before Communicator::abort goes on without it.
-constexpr std::chrono::seconds kAbortGrace{15};
-
-// The communicator and its stream. The group and every Work it returned share it, and the last of
-// them destroys it: a Work synchronised after its group is gone still asks the communicator for
-// errors, and its collective may still be running on the stream.
-struct Communicator {
-  Communicator(int device_index, int rank, std::chrono::seconds timeout)
-      : device_index(device_index), rank(rank), timeout(timeout), uncaught_at_creation(std::uncaught_exceptions()) {}
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
-
-  // ncclCommDestroy is an intra-node collective: it returns only when every rank of the node that
-  // shares the communicator destroys it too, and after the collectives queued on it have finished.
-  // A rank whose exception unwinds past its group (a failing rank, on its way to run_rank_main's
-  // abort_job) must not make that call: its peers are blocked in a collective it will never join,
-  // so it would wait for them forever and never reach MPI_Abort (the 2026-11-28 GPU run: all three
-  // fault_test.sh cases over NCCL hung until the 120 s timeout, the failing rank silent). It aborts
-  // the communicator instead, which waits for nobody.
-  ~Communicator() {
-    if (std::uncaught_exceptions() > uncaught_at_creation) {
-      abort();
-      if (stream != nullptr) cudaStreamDestroy(stream);
-      return;
-    }
-    try {
-      cuda::DeviceGuard device(device_index);
-      if (comm != nullptr && !aborted) {
-        const ncclResult_t result = ncclCommDestroy(comm);
-        if (result != ncclSuccess) {
-          logging::warn("rank {}: ncclCommDestroy failed: {}", rank, ncclGetErrorString(result));
-        }
-      }
-      // Returns at once; CUDA releases the stream when the work queued on it has run.
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    } catch (const std::exception& e) {
-      logging::warn("rank {}: releasing the NCCL communicator failed: {}", rank, e.what());
-    }
-  }
-
-  // ncclCommAbort: NCCL's kernels stop waiting for peers and return, so nothing stays blocked in
-  // this communicator. Idempotent; never throws (abort_job calls it on its way out).
-  void abort() noexcept {
-    std::lock_guard lock(lifetime_mutex);
-    if (aborted || comm == nullptr) return;
-    aborted = true;
-    // ncclCommAbort can wait too: it joins NCCL's proxy thread, which waits for the peers to close
-    // their connections to it unless cuMem host memory is on (a driver of CUDA 12.6 or later, NUMA
-    // host allocations allowed, NCCL_CUMEM_HOST_ENABLE not 0). So it runs on a thread of its own,
-    // waited for at most kAbortGrace; past that it is left running and this returns, so that a
-    // failing rank still reaches abort_job and says why the job ends (its MPI_Abort ends the process,
-    // the stuck call with it).
-    auto finished = std::make_shared<std::promise<void>>();
-    std::future<void> done = finished->get_future();
-    auto call = [comm = comm, device_index = device_index, rank = rank, finished] {
-      try {
-        cuda::DeviceGuard device(device_index);
-        const ncclResult_t result = ncclCommAbort(comm);
-        if (result != ncclSuccess) {
-          logging::warn("rank {}: ncclCommAbort failed: {}", rank, ncclGetErrorString(result));
-        }
-      } catch (const std::exception& e) {
-        logging::warn("rank {}: ncclCommAbort failed: {}", rank, e.what());
-      }
-      finished->set_value();
-    };
-    try {
-      std::thread(call).detach();
-    } catch (const std::exception&) {  // no thread for it: the abort runs here, unguarded
-      call();
-    }
-    if (done.wait_for(kAbortGrace) == std::future_status::timeout) {
-      logging::error("rank {}: ncclCommAbort has not returned after {} s (NCCL waits there for its peers when its "
-                     "cuMem host memory is off); going on without it",
-                     rank, kAbortGrace.count());
-    }
-  }
-
-  bool is_aborted() {
-    std::lock_guard lock(lifetime_mutex);
-    return aborted;
-  }
-
-  // An error NCCL found while collectives ran (a peer died, the network failed), or "" if none.
-  // The communicator cannot be used after one, so it is aborted here.
-  std::string async_error() {
-    std::string message;
-    {
-      std::lock_guard lock(lifetime_mutex);
-      if (aborted || comm == nullptr) return "";
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
-      if (result != ncclSuccess) state = result;
-      if (state == ncclSuccess || state == ncclInProgress) return "";
-      const char* last = ncclGetLastError(comm);
-      message = fmt::format("NCCL reported an error on rank {}: {}{}", rank, ncclGetErrorString(state),
-                            last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : std::string());
-    }
-    abort();
-    return message;
-  }
-
-  const int device_index, rank;
-  const std::chrono::seconds timeout;
-  const int uncaught_at_creation;  // std::uncaught_exceptions() when made: more at destruction = unwinding
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-
- private:
-  // Guards `aborted` and the quick queries (ncclCommGetAsyncError, ncclGetLastError) against
-  // abort(), which frees the communicator. Collectives are not issued under it: abort() must be
-  // able to run while another thread is inside an NCCL call that waits for a peer.
-  std::mutex lifetime_mutex;
-  bool aborted = false;
-};
 
 std::string timeout_message(const std::string& what, const Communicator& comm, Clock::duration elapsed) {
   const double seconds = std::chrono::duration<double>(elapsed).count();

@@ -352,6 +352,7 @@ took=$((SECONDS - t0))
 summary=$check_out/summary.txt
 ((rc == 1)) || problems+=("it exited $rc, not 1 (NCCL cannot run here, and that must fail the check)")
 expect "$summary" '^INFO  nccl_ranks: the check sets NCCL_MULTI_RANK_GPU_ENABLE=1 .*gpu_info: ranks sharing a GPU over NCCL: ' "no note of the variables it sets and of gpu_info's verdict"
+expect "$summary" "^INFO  nccl_ranks: gpu_info's driver: .*NCCL_CUMEM_HOST_ENABLE=" "no note of the driver and NCCL_CUMEM_HOST_ENABLE, which decide whether ncclCommAbort waits"
 if ! grep -Eq '^FAIL  nccl_ranks: the NCCL loaded refuses several ranks on one GPU: .*NCCL_MULTI_RANK_GPU_ENABLE' "$summary" &&
    ! grep -Eq '^INFO  nccl2_ddp over NCCL at 2 ranks: refused; its log says:' "$summary"; then
   problems+=("neither gpu_info's refusal nor the first run's NCCL words are in the summary")

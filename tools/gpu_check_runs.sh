@@ -426,9 +426,14 @@ stage_nccl_ranks() {
     stage_end
     return
   fi
-  local old=${NCCL_MULTI_RANK_GPU_ENABLE-unset} verdict_line n spec name twin precision np4=2 ctas
+  local old=${NCCL_MULTI_RANK_GPU_ENABLE-unset} info verdict_line driver_line n spec name twin precision np4=2 ctas
   export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
-  verdict_line=$(timeout 60 "$bin/gpu_info" 2>&1 | grep '^ranks sharing a GPU over NCCL')
+  info=$(timeout 60 "$bin/gpu_info" 2>&1)
+  verdict_line=$(grep '^ranks sharing a GPU over NCCL' <<< "$info")
+  driver_line=$(grep -m1 '^driver:' <<< "$info")
+  # What decides whether ncclCommAbort waits for the peers (a failing rank then goes on without it
+  # after 15 s, distributed/nccl_communicator.h), so that a slow fault test can be told apart.
+  note INFO "nccl_ranks: gpu_info's ${driver_line:-driver: (no line)}; NCCL_CUMEM_HOST_ENABLE=${NCCL_CUMEM_HOST_ENABLE-unset} (NCCL's cuMem host memory, on by default with a driver of CUDA 12.6 or later: without it ncclCommAbort waits for the other ranks)"
   ctas="NCCL_MAX_CTAS=$nccl_max_ctas for runs of more than 2 ranks (NVIDIA's advice for several ranks on one GPU)"
   [[ -z $nccl_max_ctas ]] && ctas="NCCL's own NCCL_MAX_CTAS (OCTET_CHECK_NCCL_MAX_CTAS is empty)"
   note INFO "nccl_ranks: the check sets NCCL_MULTI_RANK_GPU_ENABLE=1 (it was $old) and NCCL_DEBUG=$NCCL_DEBUG for this stage, and $ctas; $nccl_steps steps a run over --dist-backend $nccl_backend; gpu_info: ${verdict_line:-no verdict (an older gpu_info)}"

@@ -112,6 +112,16 @@ bool reduces_below_f32(const cublasLtMatmulAlgo_t& algo) {
 
 }  // namespace
 
+void* TrialCopyOfOutput::get() {
+  if (!copy_.defined()) {
+    copy_ = empty({elements_}, out_.dtype(), out_.device());
+    octet::cuda::check(cudaMemcpyAsync(copy_.data_ptr(), out_.data_ptr(), copy_.nbytes(), cudaMemcpyDeviceToDevice,
+                                       stream_),
+                       "cublasLtMatmul: cudaMemcpyAsync (autotuning's copy of C)");
+  }
+  return copy_.data_ptr();
+}
+
 std::optional<cublasLtMatmulAlgo_t> choose_algo(cublasLtHandle_t handle, const MatmulDesc& desc, const Layout& a,
                                                 const Layout& b, const Layout& cd, uint32_t align_a, uint32_t align_b,
                                                 uint32_t align_cd, bool failure_is_refusal, cublasStatus_t& status,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace octet::kernels::cuda::cublaslt {
 
@@ -92,6 +93,22 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const
 // the problem runs on, writing only what the real run writes again afterwards (or scratch):
 // autotuning times candidates with it.
 using TrialRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+
+// Autotuning's trials of a GEMM that accumulates into its output (C and D one buffer, beta != 0) run
+// in place on a copy of that buffer, made on `stream` at the first trial (get()): C is added once, by
+// the real run, and each candidate is tried as it will run, reading C from the buffer it writes.
+class TrialCopyOfOutput {
+ public:
+  TrialCopyOfOutput(const Tensor& out, int64_t elements, cudaStream_t stream)
+      : out_(out), elements_(elements), stream_(stream) {}
+  void* get();
+
+ private:
+  const Tensor& out_;
+  int64_t elements_;
+  cudaStream_t stream_;
+  Tensor copy_;
+};
 
 // The algorithm for a problem not seen before (kernels/autotune.h): the heuristic's first with
 // autotuning off; with it on, the one autotune_pick keeps of the heuristic's first

@@ -173,18 +173,12 @@ bool run_lt(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
                           kWorkspaceBytes, stream);
   };
   // Autotuning's trials (kernels/autotune.h) write D, which the real run writes again after
-  // them, unless D is also the C they read: then they accumulate in place into a copy of C, so that
-  // C is added once and each candidate is tried as it will run, reading C from the buffer it writes.
-  Tensor scratch;
+  // them, unless D is also the C they read: then in place on a copy of C (TrialCopyOfOutput).
+  cublaslt::TrialCopyOfOutput copy(c, p.batch * p.m * p.n, stream);
   auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {
     if (beta_f != 0.f && c_read == c.data_ptr()) {
-      if (!scratch.defined()) {
-        scratch = empty({p.batch * p.m * p.n}, c.dtype(), c.device());
-        octet::cuda::check(cudaMemcpyAsync(scratch.data_ptr(), c.data_ptr(), scratch.nbytes(),
-                                           cudaMemcpyDeviceToDevice, stream),
-                           "gemm: cudaMemcpyAsync (autotuning's copy of C)");
-      }
-      return run(candidate, scratch.data_ptr(), scratch.data_ptr());
+      void* in_place = copy.get();
+      return run(candidate, in_place, in_place);
     }
     return run(candidate, c_read, c.data_ptr());
   };

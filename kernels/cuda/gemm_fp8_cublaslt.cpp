@@ -183,18 +183,13 @@ bool run_fp8_lt(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, con
                           c_in, lt_d.layout, d, lt_d.layout, &algo, ctx.workspace, cublaslt::kWorkspaceBytes, stream);
   };
   // Autotuning's trials (kernels/autotune.h) write out, which the real run writes again after
-  // them, unless out is also the C they read (accumulate): then they accumulate in place into a copy
-  // of out, so that C is added once and each candidate is tried as it will run, C and D one buffer.
-  Tensor scratch;
+  // them, unless out is also the C they read (accumulate): then in place on a copy of out
+  // (cublaslt::TrialCopyOfOutput).
+  cublaslt::TrialCopyOfOutput copy(out, m * n, stream);
   auto trial = [&](const cublasLtMatmulAlgo_t& candidate) {
     if (beta != 0.f && c_read == out.data_ptr()) {
-      if (!scratch.defined()) {
-        scratch = empty({m, n}, out.dtype(), out.device());
-        octet::cuda::check(cudaMemcpyAsync(scratch.data_ptr(), out.data_ptr(), scratch.nbytes(),
-                                           cudaMemcpyDeviceToDevice, stream),
-                           "fp8_gemm: cudaMemcpyAsync (autotuning's copy of C)");
-      }
-      return run(candidate, scratch.data_ptr(), scratch.data_ptr());
+      void* in_place = copy.get();
+      return run(candidate, in_place, in_place);
     }
     return run(candidate, c_read, out.data_ptr());
   };

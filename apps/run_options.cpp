@@ -43,8 +43,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--drop-path", o.drop_path, "stochastic-depth rate (default: the model config's)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--gelu", o.gelu,
-                 "the MLPs' GELU: erf (timm's ViTs) or tanh (the approximation; on the GPU in bf16 the fc1 and "
-                 "fc2 GEMMs then compute it and its gradient in their epilogues)")
+                 "the MLPs' GELU: erf (timm's ViTs) or tanh (the approximation; on the GPU in bf16 fc1's GEMM "
+                 "then computes it in its epilogue)")
       ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
   add_autotune_flag(app, o.autotune);
   app.add_option("--precision", o.precision,
@@ -110,7 +110,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "timm's names (gathered from the shards under FSDP), loadable by one process or timm");
   app.add_option("--lora-save", o.lora_save, "with --lora-rank: write the adapters and the head alone to this "
                  "safetensors file at the end");
-  app.add_option("--trace", o.trace, "write a Chrome trace (open it in ui.perfetto.dev) of --trace-steps steps to "
+  app.add_option("--trace", o.trace, "write a Chrome trace (Perfetto's viewer or chrome://tracing opens it) of --trace-steps steps to "
                  "this file; with several ranks, one file per rank: trace.json -> trace.rank0.json, ...");
   app.add_option("--trace-steps", o.trace_steps, "steps the trace records, after one untraced warm-up step")
       ->check(CLI::PositiveNumber)->capture_default_str();

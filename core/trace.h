@@ -1,6 +1,6 @@
 #pragma once
-// A timeline of what one process did, written as a Chrome trace-event JSON file that Perfetto
-// (ui.perfetto.dev) and chrome://tracing open. One file per rank: pid = rank, and one row (tid)
+// A timeline of what one process did, written as a Chrome trace-event JSON file that Perfetto's
+// trace viewer and chrome://tracing open. One file per rank: pid = rank, and one row (tid)
 // per track: "compute" for forward and backward per module, "comm" for each collective from start
 // to end, so overlap between them is visible.
 //

@@ -1,6 +1,6 @@
 #pragma once
-// Reading and writing safetensors files (https://github.com/huggingface/safetensors), the format
-// timm, PyTorch and JAX users exchange weights in:
+// Reading and writing safetensors files, the format timm, PyTorch and JAX users exchange weights
+// in:
 //
 //   8 bytes   N, the header length, little-endian u64
 //   N bytes   UTF-8 JSON: {"__metadata__": {"k": "v"}, "name": {"dtype": "F32", "shape": [2, 3],

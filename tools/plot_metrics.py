@@ -482,7 +482,9 @@ def draw(runs, labels, title, output):
     import matplotlib.pyplot as plt
 
     fig, panels = make_figure(runs, labels, title)
-    fig.savefig(output, dpi=110)
+    # Without matplotlib's own stamp (its version and address) in the file's metadata.
+    stamp_key = {".png": "Software", ".pdf": "Creator", ".svg": "Creator"}.get(os.path.splitext(str(output))[1].lower())
+    fig.savefig(output, dpi=110, metadata={stamp_key: None} if stamp_key else None)
     plt.close(fig)
     return list(panels)
 

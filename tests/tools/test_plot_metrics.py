@@ -172,6 +172,18 @@ class Pictures(unittest.TestCase):
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             self.assertIn("fp8_error", panels)
 
+    def test_the_files_carry_no_plotting_library_stamp(self):
+        # matplotlib writes its version and web address into a file's metadata unless told not to.
+        with tempfile.TemporaryDirectory() as work:
+            for name in ("runs.png", "runs.pdf", "runs.svg"):
+                out = os.path.join(work, name)
+                plot_metrics.draw([run_of("fp8")], ["fp8"], "a title", out)
+                with open(out, "rb") as f:
+                    data = f.read()
+                self.assertGreater(len(data), 1000, name)
+                at = data.lower().find(b"matplotlib.org")  # (an SVG names the W3C's schemas: those stay)
+                self.assertEqual(at, -1, f"{name}: {data[max(at - 40, 0):at + 40]!r}")
+
 
 if __name__ == "__main__":
     if not plot_metrics.has_matplotlib():

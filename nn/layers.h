@@ -94,8 +94,8 @@ class Dropout : public Module {
 
 // Stochastic depth (timm's DropPath): in training, each sample of the batch (dim 0) has its whole
 // residual branch zeroed with probability p, and kept samples are scaled by 1/(1-p). The B-element
-// mask is drawn on the host (the same Philox stream on every device) and copied to x's device in x's
-// dtype: one small synchronous copy per layer and step on a GPU, only when p > 0.
+// mask is drawn on x's device from the generator's Philox stream (kernels::keep_mask): the same
+// values on every device, and nothing read on the host.
 class DropPath : public Module {
  public:
   explicit DropPath(double p = 0.0, Generator* gen = nullptr);

@@ -113,9 +113,19 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
       return y.reshape(y_shape);
     }
   }
-  // Elsewhere the residual is added after the product: y rounded, then the sum rounded (and y read
-  // back and the sum written: the add's traffic, counted here since the calls inside are not).
   if (residual.defined()) {
+    // On the CPU with a bias and a bf16/f16 y, the GPU's one rounding (the CPU emulates the GPU's
+    // rounding points, kernels/gemm.h): the residual and the bias widened and summed in f32, the
+    // product accumulated onto them in f32, y rounded once. Not the tile kernels' path: they take no
+    // addend. (In f32 the sum is rounded to f32 either way, and the composition below keeps it bit
+    // for bit the modules' h + fc2(...).)
+    if (!x.is_cuda() && bias.defined() && (y_dtype == DType::bf16 || y_dtype == DType::f16)) {
+      Tensor c = add(to_compute(rows_of(residual)), broadcast_to(to_compute(bias.to(y_dtype)), {rows, out}));
+      gemm(x2, false, w, true, c, 1.0, 1.0);
+      return c.to(y_dtype).reshape(y_shape);
+    }
+    // Elsewhere the residual is added after the product: y rounded, then the sum rounded (and y read
+    // back and the sum written: the add's traffic, counted here since the calls inside are not).
     const int64_t y_bytes = rows * out * static_cast<int64_t>(dtype_size(y_dtype));
     ledger.read_bytes(y_bytes).write_bytes(y_bytes);
     return add(linear_forward(x, weight, bias), residual);

@@ -29,9 +29,10 @@ namespace octet::kernels {
 // needs no copy.
 //
 // With a residual (y's shape and dtype), returns residual + x·Wᵀ + b: a pre-norm block's last residual
-// add. On the GPU with a bias, cuBLASLt reads the residual in the GEMM's epilogue and rounds the sum
-// once; elsewhere add(linear_forward(x, weight, bias), residual), two roundings, bit for bit the two
-// calls.
+// add. With a bias the sum is rounded once: on the GPU cuBLASLt reads the residual in the GEMM's
+// epilogue, and the CPU, in bf16 and f16, accumulates the product onto residual + b in f32. Without a
+// bias, in f32 on the CPU, and where cuBLASLt offers no algorithm for the epilogue:
+// add(linear_forward(x, weight, bias), residual), two roundings, bit for bit the two calls.
 Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual = Tensor());
 
 // Where the GPU sums a Linear's bias gradient, dbias = Σ over dy's rows, when linear_backward runs the

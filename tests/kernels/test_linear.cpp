@@ -176,16 +176,25 @@ TEST(Linear, ShapeErrorsNameTheTensors) {
                                    {"linear_backward", "dy"}));
 }
 
-// With a residual, on the CPU: add(linear_forward(x, w, b), residual) bit for bit (f32, bf16; with and
-// without a bias; 3-D x), and a residual of the wrong shape or dtype named.
+// With a residual, on the CPU (3-D x): in f32, and without a bias, add(linear_forward(x, w, b),
+// residual) bit for bit; in bf16 and f16 with a bias, as the GPU's epilogue, the product accumulated
+// in f32 onto residual + b summed in f32, then rounded once. A residual of the wrong shape or dtype is
+// named.
 TEST(Linear, ForwardWithAResidualIsTheLinearThenTheAdd) {
-  for (DType d : {DType::f32, DType::bf16}) {
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
     for (bool with_bias : {true, false}) {
       SCOPED_TRACE(std::string(dtype_name(d)) + (with_bias ? " with bias" : " no bias"));
       const Tensor x = random_tensor({2, 3, 6}, d, 61), w = random_tensor({5, 6}, d, 62, 0.3);
       const Tensor b = with_bias ? random_tensor({5}, d, 63) : Tensor(), r = random_tensor({2, 3, 5}, d, 64, 2.0);
       const Tensor got = kernels::linear_forward(x, w, b, r);
-      EXPECT_TRUE(testing::same_bits(got, kernels::add(kernels::linear_forward(x, w, b), r)));
+      if (d == DType::f32 || !with_bias) {
+        EXPECT_TRUE(testing::same_bits(got, kernels::add(kernels::linear_forward(x, w, b), r)));
+      } else {
+        Tensor c = kernels::add(r.reshape({6, 5}).to(DType::f32),
+                                kernels::broadcast_to(b.to(DType::f32), {6, 5}));
+        kernels::gemm(x.reshape({6, 6}), false, w, true, c, 1.0, 1.0);
+        EXPECT_TRUE(testing::same_bits(got, c.to(d).reshape({2, 3, 5})));
+      }
     }
   }
   const Tensor x = random_tensor({4, 6}, DType::f32, 65), w = random_tensor({3, 6}, DType::f32, 66);
@@ -194,6 +203,32 @@ TEST(Linear, ForwardWithAResidualIsTheLinearThenTheAdd) {
   EXPECT_TRUE(testing::throws_with(
       [&] { kernels::linear_forward(x, w, Tensor(), random_tensor({4, 3}, DType::bf16)); },
       {"linear_forward", "residual", "f32"}));
+}
+
+// The same against float64, as tests/cuda/test_cuda_linear.cpp holds the GPU's epilogue: with
+// u = 2^-8 (bf16) or 2^-11 (f16) and A = Σ_k |x_k·w_k|, the f32 accumulation of K products in any
+// order is within e = K·2^-24·A of exact, and the sums of residual, bias and product add a few f32
+// roundings more, 3·2^-24·(|r| + |b| + A) at most; one rounding to y's dtype then adds u·(|exact| + e).
+// Two roundings (y, then the sum) break that bound where y and the residual nearly cancel: the
+// first rounding's error, up to u·|y|, is then large against u·|exact|.
+TEST(Linear, ResidualWithABiasIsRoundedOnceInLowPrecision) {
+  for (DType d : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const Tensor x = random_tensor({2, 197, 768}, d, 71), w = random_tensor({192, 768}, d, 72, 0.06);
+    const Tensor b = random_tensor({192}, d, 73), r = random_tensor({2, 197, 192}, d, 74, 2.0);
+    const std::vector<double> g = kernels::linear_forward(x, w, b, r).to_vector<double>();
+    const std::vector<double> y = reference_forward(x, w, b), rv = r.to_vector<double>(), bv = b.to_vector<double>();
+    const std::vector<double> mag = reference_forward(kernels::abs(x.to(DType::f64)), kernels::abs(w.to(DType::f64)),
+                                                      Tensor());
+    const double u = d == DType::bf16 ? 0x1p-8 : 0x1p-11, K = 768.0;
+    int64_t outside = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double exact = y[i] + rv[i];
+      const double e = K * 0x1p-24 * mag[i] + 3 * 0x1p-24 * (std::fabs(rv[i]) + std::fabs(bv[i % 192]) + mag[i]);
+      if (std::fabs(g[i] - exact) > e + u * (std::fabs(exact) + e)) ++outside;
+    }
+    EXPECT_EQ(outside, 0) << "of " << g.size();
+  }
 }
 
 // linear_gelu_forward: pre is the Linear's output (the f64 loop), act the GELU of it; on the CPU both

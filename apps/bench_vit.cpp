@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/flag_checks.h"
 #include "apps/fp8_flags.h"
 #include "apps/autotune_flag.h"
 #include "apps/kernel_design_flags.h"
@@ -280,18 +281,19 @@ int main(int argc, char** argv) {
                  "in FP8 under the --fp8-* recipe)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8"}))->capture_default_str();
   add_fp8_flags(app, fp8_options);
-  app.add_option("--batch-size", batch_size, "images per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--batch-size", batch_size, "images per step")->check(whole_at_least(1))->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->check(whole_at_least(1))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->check(whole_at_least(0))->capture_default_str();
   app.add_option("--optimizer", optimizer_name, "sgd (momentum 0.9, as the PyTorch reference) or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak for MFU (default: NVIDIA's datasheet figure for an H100/H200, dense bf16 989 "
-                 "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)");
-  app.add_option("--threads", threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
+                 "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)")
+      ->check(number_above(0));
+  app.add_option("--threads", threads, "CPU threads (default: every core)")->check(whole_at_least(0));
   std::string gelu = "erf";
   app.add_option("--gelu", gelu,
-                 "the MLPs' GELU: erf (timm's ViTs) or tanh (computed in the GEMM epilogues on the GPU in bf16)")
+                 "the MLPs' GELU: erf (timm's ViTs) or tanh (computed in fc1's GEMM epilogue on the GPU in bf16)")
       ->check(CLI::IsMember({"erf", "tanh"}))->capture_default_str();
   std::string autotune = "off";
   add_autotune_flag(app, autotune);
@@ -308,7 +310,7 @@ int main(int argc, char** argv) {
                  "GPU only: hold each step's work on the stream for this many milliseconds while the host queues "
                  "it, so the GPU starts with a queue already filled; against a run without it, the difference is "
                  "the time the GPU spent waiting on the host's launches")
-      ->check(CLI::Range(0.0, 1000.0))->capture_default_str();
+      ->check(number_between(0, 1000))->capture_default_str();
   bool profile_last_step = false;
   app.add_flag("--profile-last-step", profile_last_step,
                "bracket the last step with cudaProfilerStart/Stop, so that a profiler started with profiling off "
@@ -369,6 +371,9 @@ int main(int argc, char** argv) {
     Tensor loss;
     int64_t saved_activations = 0;  // the last step's
     const bool profile = profile_last_step && device.is_cuda();
+    if (profile_last_step && !profile) {
+      logging::warn("--profile-last-step brackets a GPU step for a GPU profiler; on {} it does nothing", device.str());
+    }
     for (int s = 0; s < warmup + steps; ++s) {
       const bool profiled = profile && s == warmup + steps - 1;
 #if OCTET_HAS_CUDA

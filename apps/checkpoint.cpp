@@ -58,7 +58,7 @@ TrainerState from_json(const json& j, const std::string& file) {
   const int version = field<int>(j, json::json_pointer("/format_version"), file);
   OCTET_CHECK(version == kFormatVersion || version == kUncheckedFormatVersion, "checkpoint ", file,
               " has format version ", version, "; this build reads versions ", kUncheckedFormatVersion, " and ",
-              kFormatVersion);
+              kFormatVersion, ": resume it with the Octet build that wrote it, or start afresh");
   TrainerState s;
   s.step = field<int64_t>(j, json::json_pointer("/step"), file);
   s.loader.epoch = field<int64_t>(j, json::json_pointer("/loader/epoch"), file);
@@ -113,6 +113,8 @@ std::string resolve_checkpoint(const std::string& path) {
   const fs::path p(path);
   OCTET_CHECK(fs::exists(p), "no checkpoint at ", path, ": the path does not exist; pass a directory written by "
               "--checkpoint-dir (or one of its step-* folders) to --resume");
+  OCTET_CHECK(fs::is_directory(p), "--resume ", path, " is a file; pass the checkpoint folder that holds it (",
+              p.parent_path().empty() ? std::string(".") : p.parent_path().string(), ") or its --checkpoint-dir");
   if (fs::exists(p / "trainer.json")) return p.string();
   const fs::path latest = p / "latest";
   OCTET_CHECK(fs::exists(latest), "no checkpoint in ", path, ": it has neither trainer.json nor a `latest` file; "
@@ -122,6 +124,8 @@ std::string resolve_checkpoint(const std::string& path) {
   OCTET_CHECK(!name.empty() && name.find('/') == std::string::npos, latest.string(), " holds \"", name,
               "\", not a checkpoint name; the file is corrupt, pass a step-* folder to --resume instead");
   const fs::path dir = p / name;
+  OCTET_CHECK(fs::exists(dir), latest.string(), " points at ", dir.string(), ", which does not exist (deleted or "
+              "moved?); pass one of the step-* folders beside it to --resume");
   OCTET_CHECK(fs::exists(dir / "trainer.json"), latest.string(), " points at ", dir.string(),
               ", which holds no trainer.json; pass another step-* folder to --resume");
   return dir.string();
@@ -182,6 +186,14 @@ void load_fp8_state(const std::optional<nn::SafetensorsFile>& fp8_state, const s
 }
 
 }  // namespace
+
+std::map<std::string, std::string> checkpoint_run_flags(const std::string& path) {
+  const std::string trainer_file = (fs::path(resolve_checkpoint(path)) / "trainer.json").string();
+  const json trainer = parse_trainer_json(read_file(trainer_file), trainer_file);
+  const json::json_pointer run("/run");
+  if (!trainer.contains(run)) return {};
+  return field<std::map<std::string, std::string>>(trainer, run, trainer_file);
+}
 
 TrainerState load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {
   const fs::path dir = resolve_checkpoint(path);

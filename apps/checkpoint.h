@@ -58,4 +58,9 @@ TrainerState load_sharded_checkpoint(const std::string& path, distributed::Fully
 // The checkpoint directory `path` refers to (see load_checkpoint).
 std::string resolve_checkpoint(const std::string& path);
 
+// The flags the checkpoint at `path` (as load_checkpoint takes it) was trained with: trainer.json's
+// "run", read before anything is loaded so that a run with other flags can be told which (empty when
+// trainer.json records none). Its checksum is checked when the checkpoint loads.
+std::map<std::string, std::string> checkpoint_run_flags(const std::string& path);
+
 }  // namespace octet::apps

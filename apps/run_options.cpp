@@ -1,6 +1,9 @@
 #include "apps/run_options.h"
 
+#include <algorithm>
 #include <thread>
+
+#include "apps/flag_checks.h"
 
 #include "core/cuda_memory.h"
 #include "core/device.h"
@@ -12,36 +15,39 @@
 namespace octet {
 
 void add_run_flags(CLI::App& app, RunOptions& o) {
+  // Records the flags that check_run_options refuses where they would do nothing.
+  auto given = [&o](const char* flag) { return [&o, flag](const std::string&) { o.given.insert(flag); }; };
   const auto names = models::vit_config_names();
   app.add_option("--model", o.model, "model config")->check(CLI::IsMember(names))->capture_default_str();
   app.add_option("--dataset", o.dataset, "fashion-mnist, or synthetic (noise images for throughput runs)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}))->capture_default_str();
-  app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST files (default: the Debian package's)");
+  app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST files (default: the Debian package's)")
+      ->each(given("--data-dir"));
   app.add_option("--synthetic-size", o.synthetic_size, "images in the synthetic training set")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps (overrides --epochs)")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", o.batch_size, "images per step")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(whole_at_least(1))->each(given("--synthetic-size"))->capture_default_str();
+  app.add_option("--epochs", o.epochs, "passes over the training set")->check(whole_at_least(1))->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps (overrides --epochs)")->check(whole_at_least(1));
+  app.add_option("--batch-size", o.batch_size, "images per step")->check(whole_at_least(1))->capture_default_str();
   app.add_option("--grad-accum", o.grad_accum, "micro-batches of --batch-size accumulated per optimizer step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(whole_at_least(1))->capture_default_str();
   app.add_option("--eval-batch-size", o.eval_batch_size, "images per evaluation batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(whole_at_least(1))->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw or sgd (nesterov momentum)")
       ->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate")->check(number_above(0))->capture_default_str();
   app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(number_at_least(0))->each(given("--min-lr"))->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "decoupled weight decay (not on norms, biases, pos_embed, cls_token)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+      ->check(number_at_least(0))->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(number_between(0, 1))->each(given("--momentum"))->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(whole_at_least(0))->capture_default_str();
   app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")
-      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+      ->check(number_between(0, 1))->capture_default_str();
   app.add_option("--clip-grad", o.clip_grad, "global gradient-norm clip (0 = off)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(number_at_least(0))->capture_default_str();
   app.add_option("--drop-path", o.drop_path, "stochastic-depth rate (default: the model config's)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_between(0, 1));
   app.add_option("--gelu", o.gelu,
                  "the MLPs' GELU: erf (timm's ViTs) or tanh (the approximation; on the GPU in bf16 fc1's GEMM "
                  "then computes it in its epilogue)")
@@ -62,14 +68,14 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "rank's GPU), cpu, cuda or cuda:N (under mpirun: every rank on GPU N)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for weights, shuffling and dropout")->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads (default: every core)")->check(CLI::NonNegativeNumber);
-  app.add_option("--log-every", o.log_every, "steps between log lines")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads (default: every core)")->check(whole_at_least(0));
+  app.add_option("--log-every", o.log_every, "steps between log lines")->check(whole_at_least(1))->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between test evaluations (default: every epoch)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_at_least(0));
   app.add_option("--metrics", o.metrics, "write step and eval events to this JSON Lines file");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "write checkpoints under this folder");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (default: at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_at_least(0));
   app.add_option("--resume", o.resume, "continue from a checkpoint folder (or a --checkpoint-dir: its latest)");
   app.add_option("--recompute", o.recompute,
                  "none, or blocks: each transformer block keeps only its input in forward and runs again in "
@@ -83,29 +89,29 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2), none (DDP), "
                  "hybrid (full sharding within each group of --shard-group-size ranks, replicas across groups: "
                  "for jobs over several nodes) or hybrid-grad-op (the same with grad-op within each group)")
-      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-grad-op"}))->capture_default_str();
+      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-grad-op"}))->each(given("--sharding"))->capture_default_str();
   app.add_option("--shard-group-size", o.shard_group_size, "with --sharding hybrid or hybrid-grad-op: the consecutive "
                  "ranks that shard "
                  "the model among themselves (default: the ranks of one node); the world size must be a multiple")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_at_least(1));
   app.add_option("--fsdp-prefetch", o.fsdp_prefetch, "with --parallel fsdp: gather the next unit of backward "
                  "when a unit's backward starts (pre) or after its gradients are reduced (post)")
-      ->check(CLI::IsMember({"pre", "post"}))->capture_default_str();
+      ->check(CLI::IsMember({"pre", "post"}))->each(given("--fsdp-prefetch"))->capture_default_str();
   app.add_flag("--fp8-all-gather", o.fp8_all_gather, "with --parallel fsdp and --precision fp8: all-gather the "
                "weights of the FP8 Linears as E4M3 bytes, half of bf16's traffic for them (training is bit for bit "
                "the same)");
   app.add_option("--dist-backend", o.dist_backend, "auto (nccl on GPUs, mpi on the CPU), nccl or mpi (several "
                  "ranks may share a GPU over mpi)")
-      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))->each(given("--dist-backend"))->capture_default_str();
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size (the first bucket is 1 MB)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(number_above(0))->each(given("--bucket-cap-mb"))->capture_default_str();
   app.add_option("--reduce-dtype", o.reduce_dtype, "dtype DDP all-reduces gradients in: f32 or bf16")
-      ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+      ->check(CLI::IsMember({"f32", "bf16"}))->each(given("--reduce-dtype"))->capture_default_str();
   app.add_option("--lora-rank", o.lora_rank, "LoRA: adapters of this rank on every block's qkv, proj, fc1 and fc2; "
                  "only they and the head train (0 = off)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(whole_at_least(0))->capture_default_str();
   app.add_option("--lora-alpha", o.lora_alpha, "LoRA scale numerator: the update is (alpha / rank)·B·A")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(number_above(0))->each(given("--lora-alpha"))->capture_default_str();
   app.add_option("--save-model", o.save_model, "write the trained weights to this safetensors file at the end, under "
                  "timm's names (gathered from the shards under FSDP), loadable by one process or timm");
   app.add_option("--lora-save", o.lora_save, "with --lora-rank: write the adapters and the head alone to this "
@@ -113,7 +119,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--trace", o.trace, "write a Chrome trace (Perfetto's viewer or chrome://tracing opens it) of --trace-steps steps to "
                  "this file; with several ranks, one file per rank: trace.json -> trace.rank0.json, ...");
   app.add_option("--trace-steps", o.trace_steps, "steps the trace records, after one untraced warm-up step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(whole_at_least(1))->capture_default_str();
 }
 
 namespace {
@@ -138,12 +144,39 @@ void check_hybrid_sharding(RunOptions& o, const distributed::LaunchInfo& launch)
               o.shard_group_size, " ranks");
 }
 
+// A flag given where it does nothing is refused rather than ignored: a run that silently trains
+// without what its command line asks for is worse than one that does not start.
+void check_flags_apply(const RunOptions& o) {
+  auto given = [&o](const char* flag) { return o.given.count(flag) > 0; };
+  for (const char* flag : {"--sharding", "--fsdp-prefetch"}) {
+    OCTET_CHECK(!given(flag) || o.parallel == "fsdp", flag, " applies with --parallel fsdp, but --parallel is ",
+                o.parallel, "; pass --parallel fsdp, or drop ", flag);
+  }
+  OCTET_CHECK(!given("--bucket-cap-mb") || o.parallel == "ddp", "--bucket-cap-mb sizes DDP's gradient buckets, but "
+              "--parallel is ", o.parallel, "; pass --parallel ddp, or drop --bucket-cap-mb");
+  for (const char* flag : {"--reduce-dtype", "--dist-backend"}) {
+    OCTET_CHECK(!given(flag) || o.parallel != "none", flag, " applies with --parallel ddp or fsdp, but --parallel "
+                "is none; pass --parallel ddp or fsdp (under mpirun), or drop ", flag);
+  }
+  OCTET_CHECK(!given("--lora-alpha") || o.lora_rank > 0, "--lora-alpha scales LoRA's adapters, but --lora-rank is "
+              "0 (no adapters); pass --lora-rank R, or drop --lora-alpha");
+  OCTET_CHECK(!given("--momentum") || o.optimizer == "sgd", "--momentum is SGD's, but --optimizer is ", o.optimizer,
+              " (AdamW's moments have fixed betas here); pass --optimizer sgd, or drop --momentum");
+  OCTET_CHECK(!given("--data-dir") || o.dataset == "fashion-mnist", "--data-dir is where Fashion-MNIST is read "
+              "from, but --dataset is ", o.dataset, "; pass --dataset fashion-mnist, or drop --data-dir");
+  OCTET_CHECK(!given("--synthetic-size") || o.dataset == "synthetic", "--synthetic-size sizes --dataset synthetic, "
+              "but --dataset is ", o.dataset, "; pass --dataset synthetic, or drop --synthetic-size");
+  OCTET_CHECK(o.min_lr <= o.lr, "--min-lr ", o.min_lr, given("--min-lr") ? "" : " (its default)", " is above --lr ",
+              o.lr, ": the cosine would end above its peak; pass --min-lr ", o.lr, " or less");
+}
+
 }  // namespace
 
 void check_run_options(RunOptions& o) {
   OCTET_CHECK(o.precision == "fp32" || o.precision == "bf16" || o.precision == "fp8", "--precision ", o.precision,
               ": not a precision Octet trains in; pass fp32, bf16 or fp8");
   check_fp8_options(o.precision, o.fp8);
+  check_flags_apply(o);
   const distributed::LaunchInfo launch = distributed::launch_info();
   o.world_size = launch.world_size, o.rank = launch.rank, o.local_rank = launch.local_rank;
   OCTET_CHECK(o.world_size == 1 || o.parallel != "none", "mpirun started ", o.world_size, " ranks but --parallel is "
@@ -180,11 +213,24 @@ void check_run_options(RunOptions& o) {
               "to save without it");
   OCTET_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
               "--checkpoint-every needs --checkpoint-dir DIR to say where checkpoints go");
+  OCTET_CHECK(o.dist_backend != "nccl" || device.is_cuda(), "--dist-backend nccl runs collectives on GPUs, but "
+              "--device is ", o.device, "; pass --dist-backend mpi (or auto) on the CPU");
   // The ranks on a node share its cores: more threads than cores makes OpenMP teams spin against
-  // each other.
-  if (o.threads == 0) {
-    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch.local_world_size);
+  // each other (at 4096 threads on 2 cores a step takes minutes).
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  OCTET_CHECK(cores == 0 || o.threads <= cores, "--threads ", o.threads, " is more than this machine's ", cores,
+              " cores; pass at most ", cores, " (the ranks on one node share them), or leave it out for all of them");
+  if (o.threads == 0) o.threads = std::max(1, cores / launch.local_world_size);
+
+  // Where the run will write, checked now rather than when it gets there (after training).
+  if (o.rank == 0) {
+    check_output_file("--metrics", o.metrics);
+    check_output_file("--save-model", o.save_model);
+    check_output_file("--lora-save", o.lora_save);
   }
+  check_output_file("--trace", o.trace);  // every rank writes its own, beside it
+  // Under FSDP every rank writes its shard; otherwise rank 0 alone.
+  if (o.rank == 0 || o.parallel == "fsdp") check_output_folder("--checkpoint-dir", o.checkpoint_dir);
 }
 
 std::map<std::string, std::string> run_flags(const RunOptions& o) {
@@ -228,13 +274,41 @@ std::map<std::string, std::string> run_flags(const RunOptions& o) {
   return flags;
 }
 
+namespace {
+
+// run_flags' key as the command line spells it: batch_size -> --batch-size.
+std::string flag_of(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return "--" + key;
+}
+
+}  // namespace
+
+void check_resume_flags(const std::string& path, const std::map<std::string, std::string>& saved,
+                        const std::map<std::string, std::string>& now) {
+  auto both = [&](const std::string& key) { return saved.count(key) > 0 && now.count(key) > 0; };
+  // What decides the shapes of the weights and the optimizer state.
+  for (const std::string key : {"model", "lora_rank"}) {
+    OCTET_CHECK(!both(key) || saved.at(key) == now.at(key), "--resume ", path, ": the checkpoint was trained with ",
+                flag_of(key), " ", saved.at(key), " and this run has ", flag_of(key), " ", now.at(key),
+                "; its weights fit only that model: pass ", flag_of(key), " ", saved.at(key));
+  }
+  // f32 weights or bf16 ones (with f32 masters): fp8 and bf16 share theirs, so either resumes the other.
+  auto low = [](const std::string& precision) { return precision != "fp32"; };
+  OCTET_CHECK(!both("precision") || low(saved.at("precision")) == low(now.at("precision")), "--resume ", path,
+              ": the checkpoint was trained with --precision ", saved.at("precision"), " (",
+              low(saved.at("precision")) ? "bf16 weights with f32 masters" : "f32 weights", ") and this run has "
+              "--precision ", now.at("precision"), "; pass --precision ", saved.at("precision"),
+              low(saved.at("precision")) ? " (or the other of bf16 and fp8)" : "");
+}
+
 void warn_about_changed_flags(const std::map<std::string, std::string>& saved,
                               const std::map<std::string, std::string>& now) {
   for (const auto& [key, value] : now) {
     const auto it = saved.find(key);
     if (it != saved.end() && it->second != value)
-      logging::warn("resuming with --{} {} where the checkpoint ran with {}: the run will not match an "
-                    "uninterrupted one bit for bit", key, value, it->second);
+      logging::warn("resuming with {} {} where the checkpoint ran with {}: the run will not match an "
+                    "uninterrupted one bit for bit", flag_of(key), value, it->second);
   }
 }
 
@@ -286,6 +360,14 @@ Datasets load_datasets(const RunOptions& o, const models::ViTConfig& config) {
               " images in ", config.num_classes, " classes, but Fashion-MNIST has ", image.str(), " images in ",
               d.train->num_classes(), " classes; use --model vit_fashion_mnist, or --dataset synthetic");
   return d;
+}
+
+void check_batch_fits(const RunOptions& o, const Datasets& d) {
+  const int64_t step_images = o.batch_size * o.world_size;
+  OCTET_CHECK(step_images <= d.train->size(), "--batch-size ", o.batch_size, " on each of ", o.world_size,
+              " rank(s) takes ", step_images, " images a micro-batch, more than the training set's ", d.train->size(),
+              "; lower --batch-size", o.world_size > 1 ? " or start fewer ranks" : "",
+              o.dataset == "synthetic" ? ", or raise --synthetic-size" : "");
 }
 
 }  // namespace octet

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ struct RunOptions {
   std::string lora_save;             // write the adapters and head alone to this safetensors file at the end
   std::string trace;                 // Chrome trace file; ".rank<r>" goes before the extension
   int64_t trace_steps = 3;           // steps recorded, after a first untraced one
+  // The flags on the command line that apply only with others (--sharding with --parallel fsdp, ...):
+  // check_run_options refuses one that would do nothing.
+  std::set<std::string> given;
   // Filled by check_run_options from mpirun's environment (1/0 without it).
   int world_size = 1, rank = 0, local_rank = 0;
 };
@@ -71,7 +75,12 @@ void check_run_options(RunOptions& options);
 
 // The flags that shape a run, as strings: stored in checkpoints and in the metrics' start event.
 std::map<std::string, std::string> run_flags(const RunOptions& options);
-// Resuming with different flags is allowed (say, more --steps) but breaks bitwise equality: log it.
+// Before a checkpoint loads: a flag that changes the weights' shapes or dtypes (--model, --lora-rank,
+// fp32 against bf16/fp8) differing from the checkpoint's (`saved`, apps::checkpoint_run_flags) is an
+// error naming it and its value there.
+void check_resume_flags(const std::string& path, const std::map<std::string, std::string>& saved,
+                        const std::map<std::string, std::string>& now);
+// Resuming with other flags is allowed (say, more --steps) but breaks bitwise equality: log it.
 void warn_about_changed_flags(const std::map<std::string, std::string>& saved,
                               const std::map<std::string, std::string>& now);
 
@@ -86,5 +95,7 @@ struct Datasets {
 };
 // Loads --dataset and checks that its images fit the model.
 Datasets load_datasets(const RunOptions& options, const models::ViTConfig& config);
+// A micro-batch (--batch-size on every rank) must fit in the training set; the error names the flags.
+void check_batch_fits(const RunOptions& options, const Datasets& datasets);
 
 }  // namespace octet

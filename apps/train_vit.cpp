@@ -195,6 +195,7 @@ int train(const RunOptions& o) {
   if (!lead) logging::set_level("warn");
 
   const Datasets datasets = load_datasets(o, config);
+  check_batch_fits(o, datasets);
   Generator init_generator(o.seed);
   auto model_ptr = std::make_shared<models::VisionTransformer>(config, /*initialize=*/true, &init_generator);
   models::VisionTransformer& model = *model_ptr;
@@ -228,6 +229,7 @@ int train(const RunOptions& o) {
 
   int64_t step = 0;
   if (!o.resume.empty()) {
+    check_resume_flags(o.resume, apps::checkpoint_run_flags(o.resume), run_flags(o));
     const apps::TrainerState state =
         parallel.fsdp() ? apps::load_sharded_checkpoint(o.resume, *parallel.fsdp(), *optimizer, model)
                         : apps::load_checkpoint(o.resume, model, *optimizer);

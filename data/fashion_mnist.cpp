@@ -16,7 +16,8 @@ constexpr const char* kHowToGetIt =
 std::string find_file(const std::string& dir, const std::string& stem) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  OCTET_CHECK(fs::is_directory(dir, ec), "Fashion-MNIST: folder ", dir, " not found; ", kHowToGetIt);
+  OCTET_CHECK(fs::is_directory(dir, ec), "Fashion-MNIST: ", dir, fs::exists(dir, ec) ? " is a file, not a folder; " :
+              " not found; ", kHowToGetIt);
   for (const std::string& name : {stem + ".gz", stem}) {
     const fs::path path = fs::path(dir) / name;
     if (fs::exists(path, ec)) return path.string();

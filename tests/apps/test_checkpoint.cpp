@@ -347,7 +347,12 @@ TEST_F(CheckpointTest, BadResumePathsSayWhatToPass) {
   fs::create_directories(root);
   EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint(root.string()); }, {"neither trainer.json nor a `latest`"}));
   std::ofstream(root / "latest") << "step-00000042\n";
+  EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint(root.string()); },
+                          {"step-00000042, which does not exist", "the step-* folders beside it"}));
+  fs::create_directories(root / "step-00000042");
   EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint(root.string()); }, {"holds no trainer.json"}));
+  EXPECT_TRUE(throws_with([&] { apps::resolve_checkpoint((root / "latest").string()); },
+                          {"is a file", "pass the checkpoint folder that holds it"}));
 }
 
 }  // namespace

@@ -136,9 +136,15 @@ TEST(Linear, HalfPrecisionBackwardOnTheCpuIsTheSeparateCallsBitForBit) {
       EXPECT_EQ(g.dx.defined(), need_dx);
       EXPECT_EQ(g.dweight.defined(), need_dw);
       EXPECT_EQ(g.dbias.defined(), need_db);
-      if (need_dx) EXPECT_TRUE(testing::same_bits(g.dx, dx.reshape(x.shape())));
-      if (need_dw) EXPECT_TRUE(testing::same_bits(g.dweight, dw));
-      if (need_db) EXPECT_TRUE(testing::same_bits(g.dbias, db));
+      if (need_dx) {
+        EXPECT_TRUE(testing::same_bits(g.dx, dx.reshape(x.shape())));
+      }
+      if (need_dw) {
+        EXPECT_TRUE(testing::same_bits(g.dweight, dw));
+      }
+      if (need_db) {
+        EXPECT_TRUE(testing::same_bits(g.dbias, db));
+      }
     }
   }
 }

@@ -1,0 +1,125 @@
+#include "apps/flag_checks.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <system_error>
+
+#include "core/error.h"
+
+namespace octet {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The whole of `text` as a number, or nothing (strtod takes "inf" and "nan": they are numbers, not
+// finite ones, and are turned away below with their own words).
+std::optional<double> number_of(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
+
+// What is wrong with `text` as a finite number, or "" when nothing is; `wanted` ends the message.
+std::string not_a_finite_number(const std::string& text, const std::string& wanted) {
+  const std::optional<double> v = number_of(text);
+  if (!v) return fmt::format("'{}' is not a number; pass {}", text, wanted);
+  if (!std::isfinite(*v)) return fmt::format("{} is not a finite number; pass {}", text, wanted);
+  return "";
+}
+
+std::string trimmed(double v) { return fmt::format("{:g}", v); }
+
+}  // namespace
+
+CLI::Validator whole_at_least(long long min) {
+  const std::string wanted = fmt::format("a whole number of at least {}", min);
+  return CLI::Validator(
+      [min, wanted](std::string& text) -> std::string {
+        long long v = 0;
+        const char* const first = text.data();
+        const char* const last = first + text.size();
+        const auto [end, error] = std::from_chars(first, last, v);
+        if (error == std::errc::result_out_of_range) return fmt::format("{} is too large; pass {}", text, wanted);
+        if (error != std::errc() || end != last) return fmt::format("'{}' is not a whole number; pass {}", text, wanted);
+        if (v < min) return fmt::format("{} is less than {}; pass {}", text, min, wanted);
+        return "";
+      },
+      min == 0 ? "NONNEGATIVE" : min == 1 ? "POSITIVE" : fmt::format(">= {}", min));
+}
+
+CLI::Validator number_above(double low) {
+  const std::string wanted = fmt::format("a number greater than {}", trimmed(low));
+  return CLI::Validator(
+      [low, wanted](std::string& text) -> std::string {
+        const std::string wrong = not_a_finite_number(text, wanted);
+        if (!wrong.empty()) return wrong;
+        if (!(*number_of(text) > low)) return fmt::format("{} is not greater than {}; pass {}", text, trimmed(low), wanted);
+        return "";
+      },
+      low == 0 ? "POSITIVE" : fmt::format("> {}", trimmed(low)));
+}
+
+CLI::Validator number_at_least(double low) {
+  const std::string wanted = fmt::format("a number of at least {}", trimmed(low));
+  return CLI::Validator(
+      [low, wanted](std::string& text) -> std::string {
+        const std::string wrong = not_a_finite_number(text, wanted);
+        if (!wrong.empty()) return wrong;
+        if (*number_of(text) < low) return fmt::format("{} is less than {}; pass {}", text, trimmed(low), wanted);
+        return "";
+      },
+      low == 0 ? "NONNEGATIVE" : fmt::format(">= {}", trimmed(low)));
+}
+
+CLI::Validator number_between(double low, double high) {
+  const std::string wanted = fmt::format("a number from {} to {}", trimmed(low), trimmed(high));
+  return CLI::Validator(
+      [low, high, wanted](std::string& text) -> std::string {
+        const std::string wrong = not_a_finite_number(text, wanted);
+        if (!wrong.empty()) return wrong;
+        const double v = *number_of(text);
+        if (v < low || v > high) return fmt::format("{} is outside {} to {}; pass {}", text, trimmed(low), trimmed(high), wanted);
+        return "";
+      },
+      fmt::format("in [{} - {}]", trimmed(low), trimmed(high)));
+}
+
+void check_output_file(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  OCTET_CHECK(!fs::is_directory(path, ec), flag, " ", path, " is a folder; pass the path of a file to write (such as ",
+              (fs::path(path) / "out").string(), ")");
+  const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  OCTET_CHECK(fs::exists(folder, ec), flag, " ", path, ": the folder ", folder.string(),
+              " does not exist; create it first, or pass a path in an existing folder");
+  OCTET_CHECK(fs::is_directory(folder, ec), flag, " ", path, ": ", folder.string(),
+              " is a file, not a folder; pass a path in a folder");
+  OCTET_CHECK(::access(folder.c_str(), W_OK) == 0, flag, " ", path, ": the folder ", folder.string(),
+              " is not writable (", std::strerror(errno), "); pass a path in a folder you can write");
+}
+
+void check_output_folder(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code made, probe;
+  if (!fs::exists(path, probe)) fs::create_directories(path, made);  // a rank that lost the race sees it made
+  if (!fs::is_directory(path, probe)) {
+    OCTET_FAIL(flag, " ", path, ": ",
+               fs::exists(path, probe) ? "a file of that name is in the way" : "cannot create it (" + made.message() + ")",
+               "; pass a folder you can write");
+  }
+  OCTET_CHECK(::access(path.c_str(), W_OK) == 0, flag, " ", path, " is not writable (", std::strerror(errno),
+              "); pass a folder you can write");
+}
+
+}  // namespace octet

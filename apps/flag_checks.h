@@ -1,0 +1,33 @@
+#pragma once
+// Checks for command-line flags that say what was wanted and how to get it right.
+//
+// CLI11's own range checks (CLI::PositiveNumber, ...) print the whole range of the type, 1.8e308
+// written out in full, take "abc" or "nan" for a number out of range, and call 0 "not in range 0 to
+// ..."; these name the value and the fix. A CLI::ValidationError they raise reads "--flag: message".
+//
+// Output paths are checked when the flags are, before a run trains: a --save-model into a folder
+// that does not exist would otherwise fail after the whole run.
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace octet {
+
+// A whole number, at least `min`.
+CLI::Validator whole_at_least(long long min);
+// A finite number above `low` (strictly).
+CLI::Validator number_above(double low);
+// A finite number, at least `low`.
+CLI::Validator number_at_least(double low);
+// A finite number in [low, high].
+CLI::Validator number_between(double low, double high);
+
+// `path`, the value of `flag`, names a file the run will write: it must not be a folder, and its
+// folder must exist and be writable. Nothing is created. An empty path passes.
+void check_output_file(const std::string& flag, const std::string& path);
+
+// `path`, the value of `flag`, names a folder the run will write into: it is created (with its
+// parents) if missing, and must then be a writable folder. An empty path passes.
+void check_output_folder(const std::string& flag, const std::string& path);
+
+}  // namespace octet

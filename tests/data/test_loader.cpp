@@ -4,8 +4,9 @@
 // the caller, and destruction never waits on the queue.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -252,7 +253,7 @@ TEST(DataLoader, EvaluationReadsEveryItemOnceWithAShortLastBatch) {
 }
 
 // Fails on one index, and sleeps 20 ms in get() from another on, to exercise the worker's error
-// and stop paths.
+// and stop paths; counts the items it has been asked for.
 class TroubledDataset : public Dataset {
  public:
   TroubledDataset(int64_t bad_index, int64_t slow_from) : bad_index_(bad_index), slow_from_(slow_from) {}
@@ -260,14 +261,17 @@ class TroubledDataset : public Dataset {
   Shape image_shape() const override { return {1, 2, 2}; }
   int64_t num_classes() const override { return 2; }
   void get(int64_t index, float* image, int64_t* label) const override {
+    reads_.fetch_add(1);
     if (index >= slow_from_) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     OCTET_CHECK(index != bad_index_, "TroubledDataset: cannot read item ", index);
     for (int k = 0; k < 4; ++k) image[k] = static_cast<float>(index);
     *label = index % 2;
   }
+  int64_t reads() const { return reads_.load(); }
 
  private:
   int64_t bad_index_, slow_from_;
+  mutable std::atomic<int64_t> reads_{0};
 };
 
 TEST(DataLoader, WorkerErrorsReachTheCallerInOrder) {
@@ -283,23 +287,30 @@ TEST(DataLoader, WorkerErrorsReachTheCallerInOrder) {
   }
 }
 
+// What is measured is what the worker does, not how long it takes: destruction must not drain a
+// full queue or finish the batch under way, whatever the machine's speed.
 TEST(DataLoader, DestructionDoesNotWaitForTheQueue) {
-  {  // a full prefetch queue
+  {  // a full prefetch queue: the worker, blocked on it, must see the stop (a deadlock here hangs,
+     // and the 10 s bound, for what takes microseconds, only turns a hang into a failure)
     auto loader = std::make_unique<DataLoader>(small_dataset(), LoaderOptions{.batch_size = 2, .prefetch = 4});
     loader->next();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto start = Clock::now();
     loader.reset();
-    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
   }
-  {  // in the middle of a slow batch: items 32..63 take 20 ms each, 0.64 s for the batch
-    auto loader = std::make_unique<DataLoader>(std::make_shared<TroubledDataset>(-1, 32),
-                                               LoaderOptions{.batch_size = 32, .shuffle = false, .prefetch = 2});
+  {  // in the middle of a slow batch: items 32..63 take 20 ms each. The worker may finish the item
+     // it is reading and one it had begun as the stop came, never the other 30 of the batch.
+    const auto dataset = std::make_shared<TroubledDataset>(-1, 32);
+    auto loader = std::make_unique<DataLoader>(dataset, LoaderOptions{.batch_size = 32, .shuffle = false, .prefetch = 2});
     loader->next();  // the fast first batch; the worker is now inside the slow second one
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
-    const auto start = Clock::now();
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (dataset->reads() <= 32 && Clock::now() < deadline) std::this_thread::yield();
+    ASSERT_GT(dataset->reads(), 32) << "the worker never started the second batch";
+    const int64_t before = dataset->reads();
     loader.reset();
-    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(300));
+    EXPECT_LE(dataset->reads() - before, 2) << "items read while the loader was being destroyed";
+    EXPECT_LT(dataset->reads(), 64) << "the slow batch was read to its end";
   }
   {  // never started
     DataLoader loader(small_dataset(), {.batch_size = 2});

@@ -4,6 +4,7 @@
 // f64 on the host (the absolute norm ||got - want||_2 where want is all zeros).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -39,6 +40,28 @@ inline const Device kGpu = gpu_tests_on_cpu() ? Device::cpu() : Device::cuda(0);
 // Not for FP8 GEMMs: Hopper's FP8 tensor cores do not accumulate in f32, whatever the output dtype;
 // their element-wise bound is in tests/cuda/fp8_bound.h.
 inline double tolerance(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
+
+// The largest norm-wise relative error over runs of `row` consecutive elements (the last run may be
+// shorter): a whole-tensor error lets one wrong row of 12,608 pass (its share of the norm is under
+// 1%), this does not. Held to the same bound as the whole tensor: a run's error is at most its
+// largest element's relative error, one ulp for a kernel that rounds once, where the element's own
+// terms do not cancel. Elements where either side is NaN are left out (relative_error_matching_nans
+// checks those).
+inline double max_row_relative_error(const Tensor& got, const Tensor& want, int64_t row) {
+  EXPECT_EQ(got.numel(), want.numel());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double worst = 0;
+  for (size_t start = 0; start < w.size() && start < g.size(); start += static_cast<size_t>(row)) {
+    double num = 0, den = 0;
+    for (size_t i = start; i < std::min(start + static_cast<size_t>(row), w.size()); ++i) {
+      if (std::isnan(g[i]) || std::isnan(w[i])) continue;
+      num += (g[i] - w[i]) * (g[i] - w[i]);
+      den += w[i] * w[i];
+    }
+    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  }
+  return worst;
+}
 
 // Row counts and widths for the row kernels' tests: one row, a few, a block's worth; widths off every
 // pack size, a warp's, ViT-H's, and past a warp's registers.

@@ -15,6 +15,7 @@ namespace octet {
 namespace {
 
 using testing::kGpu;
+using testing::max_row_relative_error;
 using testing::random_tensor;
 using testing::relative_error_matching_nans;
 using testing::same_bits;
@@ -37,6 +38,8 @@ void check_binary(const char* name, BinaryFn fn, double lo, double hi, DType dty
     const Tensor got = fn(a.to(kGpu), b.to(kGpu));
     EXPECT_TRUE(got.is_cuda());
     EXPECT_LE(relative_error_matching_nans(got, want), tolerance(dtype)) << name << " " << a.describe() << " " << b.describe();
+    EXPECT_LE(max_row_relative_error(got, want, 1024), tolerance(dtype))
+        << name << " " << a.describe() << " " << b.describe() << ", a run of 1024 elements";
   }
 }
 

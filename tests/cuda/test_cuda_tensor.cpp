@@ -9,6 +9,7 @@
 #include "core/cuda_memory.h"
 #include "core/cuda_stream.h"
 #include "core/storage.h"
+#include "autograd/ops.h"
 #include "core/tensor.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
@@ -50,6 +51,26 @@ TEST(Cuda, TensorsRoundTripThroughTheDevice) {
   EXPECT_TRUE(dev.is_cuda());
   EXPECT_EQ(dev.to(Device::cpu()).to_vector<float>(), host.to_vector<float>());
   EXPECT_EQ(dev.to(DType::bf16).to_vector<float>(), host.to(DType::bf16).to_vector<float>());
+}
+
+// autograd's to_device moves the gradient back to the input's device: y = sum(to_device(x, other) * w)
+// gives x.grad = w on x's device, from the CPU to the GPU and back (the CPU-only gradcheck of
+// to_device moves nothing).
+TEST(Cuda, ToDeviceCarriesTheGradientBackToTheInputsDevice) {
+  SKIP_WITHOUT_GPU();
+  const Tensor w_values = testing::random_tensor({4, 5}, DType::f32, 70);
+  for (const bool from_cpu : {true, false}) {
+    SCOPED_TRACE(from_cpu ? "cpu -> gpu" : "gpu -> cpu");
+    const Device home = from_cpu ? Device::cpu() : kGpu, other = from_cpu ? kGpu : Device::cpu();
+    Tensor x = testing::random_tensor({4, 5}, DType::f32, 71).to(home);
+    x.requires_grad_();
+    const Tensor moved = to_device(x, other);
+    EXPECT_EQ(moved.device(), other);
+    sum(mul(moved, w_values.to(other))).backward();
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().device(), home);
+    EXPECT_TRUE(same_bits(x.grad(), w_values));  // d/dx of Σ x·w is w, exactly
+  }
 }
 
 // The saved-activation figure reads this around a forward (core/storage.h, memory_in_use).

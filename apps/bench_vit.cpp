@@ -267,6 +267,7 @@ int print_ledger(const RunSpec& spec, const nn::Fp8Recipe& fp8_recipe) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_vit: ViT training throughput (images/s, TFLOP/s, MFU, peak memory)"};
+  app.failure_message(explain_parse_error);
   std::string model_name = "vit_fashion_mnist", device_flag = "auto", precision = "fp32", optimizer_name = "sgd";
   int64_t batch_size = 128;
   int steps = 20, warmup = 3, threads = 0;

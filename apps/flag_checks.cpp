@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <system_error>
+#include <vector>
 
 #include "core/error.h"
 
@@ -40,7 +42,61 @@ std::string not_a_finite_number(const std::string& text, const std::string& want
 
 std::string trimmed(double v) { return fmt::format("{:g}", v); }
 
+// Edits (insertions, deletions, substitutions) between a and b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The app's long flag nearest to `word` (without its dashes), if within two edits or a third of its
+// length (a swapped pair of letters is two).
+std::string nearest_flag(const CLI::App* app, const std::string& word) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const CLI::Option* option : app->get_options()) {
+    for (const std::string& name : option->get_lnames()) {
+      const size_t d = edit_distance(word, name);
+      if (d < best_distance) best_distance = d, best = "--" + name;
+    }
+  }
+  return best;
+}
+
 }  // namespace
+
+std::string explain_parse_error(const CLI::App* app, const CLI::Error& error) {
+  const std::string help = "Run with --help for the flags and their values.\n";
+  if (dynamic_cast<const CLI::ExtrasError*>(&error) != nullptr) {
+    std::string out;
+    for (const std::string& arg : app->remaining()) {
+      if (arg.starts_with("-")) {
+        const std::string word = arg.substr(arg.find_first_not_of('-'));
+        const std::string near = nearest_flag(app, word.substr(0, word.find('=')));
+        out += fmt::format("{}: no such flag{}\n", arg, near.empty() ? "" : "; did you mean " + near + "?");
+      } else {
+        out += fmt::format("'{}' is a value no flag takes (the flag before it takes none, or is misspelled)\n", arg);
+      }
+    }
+    return (out.empty() ? std::string(error.what()) + "\n" : out) + help;
+  }
+  const std::string what = error.what();
+  const std::string at_most = ": At Most 1 required but received ";
+  if (const size_t at = what.find(at_most); at != std::string::npos) {
+    return fmt::format("{} is given {} times; pass it once\n", what.substr(0, at), what.substr(at + at_most.size())) +
+           help;
+  }
+  return what + "\n" + help;
+}
 
 CLI::Validator whole_at_least(long long min) {
   const std::string wanted = fmt::format("a whole number of at least {}", min);

@@ -22,6 +22,12 @@ CLI::Validator number_at_least(double low);
 // A finite number in [low, high].
 CLI::Validator number_between(double low, double high);
 
+// CLI::App::failure_message for train_vit and bench_vit: an unknown flag is named, with the closest
+// known one when it is near ("--batchsize: no such flag; did you mean --batch-size?"), a stray value
+// is called one, and a flag given twice says so; any other error is CLI11's own line. Each message
+// ends by pointing at --help.
+std::string explain_parse_error(const CLI::App* app, const CLI::Error& error);
+
 // `path`, the value of `flag`, names a file the run will write: it must not be a folder, and its
 // folder must exist and be writable. Nothing is created. An empty path passes.
 void check_output_file(const std::string& flag, const std::string& path);

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "apps/checkpoint.h"
+#include "apps/flag_checks.h"
 #include "apps/parallel.h"
 #include "apps/run_options.h"
 #include "apps/train_report.h"
@@ -297,6 +298,7 @@ int train(const RunOptions& o) {
 
 int main(int argc, char** argv) {
   CLI::App app{"train_vit: train a Vision Transformer with Octet (Fashion-MNIST by default)"};
+  app.failure_message(explain_parse_error);
   RunOptions options;
   add_run_flags(app, options);
   try {

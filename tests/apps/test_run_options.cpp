@@ -68,6 +68,33 @@ TEST(RunOptions, NumbersOutOfRangeNameTheValueAndWhatToPass) {
   EXPECT_DOUBLE_EQ(o.momentum, 1.0);
 }
 
+// What train_vit prints for a command line CLI11 cannot parse (explain_parse_error).
+std::string parse_failure(const std::vector<std::string>& args) {
+  CLI::App app;
+  RunOptions o;
+  add_run_flags(app, o);
+  std::vector<const char*> argv{"train_vit"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    return explain_parse_error(&app, e);
+  }
+  return "";
+}
+
+TEST(RunOptions, UnknownRepeatedAndStrayArgumentsAreNamed) {
+  EXPECT_EQ(parse_failure({"--batchsize", "8"}),
+            "--batchsize: no such flag; did you mean --batch-size?\n"
+            "'8' is a value no flag takes (the flag before it takes none, or is misspelled)\n"
+            "Run with --help for the flags and their values.\n");
+  EXPECT_EQ(parse_failure({"--stesp", "3"}).substr(0, 46), "--stesp: no such flag; did you mean --steps?\n'");
+  EXPECT_EQ(parse_failure({"--zzzz"}), "--zzzz: no such flag\nRun with --help for the flags and their values.\n");
+  EXPECT_EQ(parse_failure({"--batch-size", "8", "--batch-size", "16"}),
+            "--batch-size is given 2 times; pass it once\nRun with --help for the flags and their values.\n");
+  EXPECT_NE(parse_failure({"--steps", "0"}).find("--steps: 0 is less than 1"), std::string::npos);
+}
+
 TEST(RunOptions, AFlagThatWouldDoNothingIsRefused) {
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
       {{"--sharding", "grad-op"}, {"--sharding", "--parallel fsdp", "--parallel is none"}},

@@ -107,7 +107,9 @@ CLI::Validator whole_at_least(long long min) {
         const char* const last = first + text.size();
         const auto [end, error] = std::from_chars(first, last, v);
         if (error == std::errc::result_out_of_range) return fmt::format("{} is too large; pass {}", text, wanted);
-        if (error != std::errc() || end != last) return fmt::format("'{}' is not a whole number; pass {}", text, wanted);
+        if (error != std::errc() || end != last) {
+          return fmt::format("'{}' is not a whole number; pass {}", text, wanted);
+        }
         if (v < min) return fmt::format("{} is less than {}; pass {}", text, min, wanted);
         return "";
       },
@@ -120,7 +122,9 @@ CLI::Validator number_above(double low) {
       [low, wanted](std::string& text) -> std::string {
         const std::string wrong = not_a_finite_number(text, wanted);
         if (!wrong.empty()) return wrong;
-        if (!(*number_of(text) > low)) return fmt::format("{} is not greater than {}; pass {}", text, trimmed(low), wanted);
+        if (!(*number_of(text) > low)) {
+          return fmt::format("{} is not greater than {}; pass {}", text, trimmed(low), wanted);
+        }
         return "";
       },
       low == 0 ? "POSITIVE" : fmt::format("> {}", trimmed(low)));
@@ -145,7 +149,9 @@ CLI::Validator number_between(double low, double high) {
         const std::string wrong = not_a_finite_number(text, wanted);
         if (!wrong.empty()) return wrong;
         const double v = *number_of(text);
-        if (v < low || v > high) return fmt::format("{} is outside {} to {}; pass {}", text, trimmed(low), trimmed(high), wanted);
+        if (v < low || v > high) {
+          return fmt::format("{} is outside {} to {}; pass {}", text, trimmed(low), trimmed(high), wanted);
+        }
         return "";
       },
       fmt::format("in [{} - {}]", trimmed(low), trimmed(high)));
@@ -170,9 +176,9 @@ void check_output_folder(const std::string& flag, const std::string& path) {
   std::error_code made, probe;
   if (!fs::exists(path, probe)) fs::create_directories(path, made);  // a rank that lost the race sees it made
   if (!fs::is_directory(path, probe)) {
-    OCTET_FAIL(flag, " ", path, ": ",
-               fs::exists(path, probe) ? "a file of that name is in the way" : "cannot create it (" + made.message() + ")",
-               "; pass a folder you can write");
+    const std::string why =
+        fs::exists(path, probe) ? "a file of that name is in the way" : "cannot create it (" + made.message() + ")";
+    OCTET_FAIL(flag, " ", path, ": ", why, "; pass a folder you can write");
   }
   OCTET_CHECK(::access(path.c_str(), W_OK) == 0, flag, " ", path, " is not writable (", std::strerror(errno),
               "); pass a folder you can write");

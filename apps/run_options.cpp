@@ -39,7 +39,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(number_at_least(0))->each(given("--min-lr"))->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "decoupled weight decay (not on norms, biases, pos_embed, cls_token)")
       ->check(number_at_least(0))->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(number_between(0, 1))->each(given("--momentum"))->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(number_between(0, 1))->each(given("--momentum"))->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup")
       ->check(whole_at_least(0))->capture_default_str();
   app.add_option("--label-smoothing", o.label_smoothing, "cross-entropy label smoothing")
@@ -89,7 +90,8 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--sharding", o.sharding, "with --parallel fsdp: full (ZeRO-3), grad-op (ZeRO-2), none (DDP), "
                  "hybrid (full sharding within each group of --shard-group-size ranks, replicas across groups: "
                  "for jobs over several nodes) or hybrid-grad-op (the same with grad-op within each group)")
-      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-grad-op"}))->each(given("--sharding"))->capture_default_str();
+      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-grad-op"}))
+      ->each(given("--sharding"))->capture_default_str();
   app.add_option("--shard-group-size", o.shard_group_size, "with --sharding hybrid or hybrid-grad-op: the consecutive "
                  "ranks that shard "
                  "the model among themselves (default: the ranks of one node); the world size must be a multiple")
@@ -116,8 +118,9 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
                  "timm's names (gathered from the shards under FSDP), loadable by one process or timm");
   app.add_option("--lora-save", o.lora_save, "with --lora-rank: write the adapters and the head alone to this "
                  "safetensors file at the end");
-  app.add_option("--trace", o.trace, "write a Chrome trace (Perfetto's viewer or chrome://tracing opens it) of --trace-steps steps to "
-                 "this file; with several ranks, one file per rank: trace.json -> trace.rank0.json, ...");
+  app.add_option("--trace", o.trace, "write a Chrome trace (Perfetto's viewer or chrome://tracing opens it) of "
+                 "--trace-steps steps to this file; with several ranks, one file per rank: trace.json -> "
+                 "trace.rank0.json, ...");
   app.add_option("--trace-steps", o.trace_steps, "steps the trace records, after one untraced warm-up step")
       ->check(whole_at_least(1))->capture_default_str();
 }

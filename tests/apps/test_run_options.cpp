@@ -51,7 +51,8 @@ fs::path scratch(const std::string& name) {
 
 TEST(RunOptions, NumbersOutOfRangeNameTheValueAndWhatToPass) {
   EXPECT_EQ(parse_error({"--steps", "0"}), "--steps: 0 is less than 1; pass a whole number of at least 1");
-  EXPECT_EQ(parse_error({"--grad-accum", "1.5"}), "--grad-accum: '1.5' is not a whole number; pass a whole number of at least 1");
+  EXPECT_EQ(parse_error({"--grad-accum", "1.5"}),
+            "--grad-accum: '1.5' is not a whole number; pass a whole number of at least 1");
   EXPECT_EQ(parse_error({"--threads", "-1"}), "--threads: -1 is less than 0; pass a whole number of at least 0");
   EXPECT_EQ(parse_error({"--lr", "abc"}), "--lr: 'abc' is not a number; pass a number greater than 0");
   EXPECT_EQ(parse_error({"--lr", "0"}), "--lr: 0 is not greater than 0; pass a number greater than 0");
@@ -108,7 +109,8 @@ TEST(RunOptions, AFlagThatWouldDoNothingIsRefused) {
       {{"--synthetic-size", "10"}, {"--synthetic-size", "--dataset is fashion-mnist"}},
       {{"--min-lr", "0.01", "--lr", "0.001"}, {"--min-lr 0.01", "--lr 0.001", "pass --min-lr 0.001 or less"}},
       {{"--lr", "1e-06"}, {"--min-lr 1e-05 (its default)", "--lr 1e-06"}},
-      {{"--device", "cpu", "--parallel", "ddp", "--dist-backend", "nccl"}, {"--dist-backend nccl", "--dist-backend mpi"}},
+      {{"--device", "cpu", "--parallel", "ddp", "--dist-backend", "nccl"},
+       {"--dist-backend nccl", "--dist-backend mpi"}},
   };
   for (const auto& [args, words] : cases) {
     SCOPED_TRACE(args.front());

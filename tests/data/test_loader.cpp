@@ -302,7 +302,8 @@ TEST(DataLoader, DestructionDoesNotWaitForTheQueue) {
   {  // in the middle of a slow batch: items 32..63 take 20 ms each. The worker may finish the item
      // it is reading and one it had begun as the stop came, never the other 30 of the batch.
     const auto dataset = std::make_shared<TroubledDataset>(-1, 32);
-    auto loader = std::make_unique<DataLoader>(dataset, LoaderOptions{.batch_size = 32, .shuffle = false, .prefetch = 2});
+    auto loader =
+        std::make_unique<DataLoader>(dataset, LoaderOptions{.batch_size = 32, .shuffle = false, .prefetch = 2});
     loader->next();  // the fast first batch; the worker is now inside the slow second one
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     while (dataset->reads() <= 32 && Clock::now() < deadline) std::this_thread::yield();

@@ -17,10 +17,17 @@
 // cast aside: kernels/cuda/fp8_cast_tiles.cuh). The values, their order and the bits are the same
 // either way; only when the loads are issued differs. Process-wide, kRefill unless set;
 // bench_kernels times both until a GPU run decides. The CPU kernels have no such choice.
+#include <cstdint>
+
 namespace octet::kernels {
 
 enum class RowPrefetch { kAfter, kRefill };
 void set_row_prefetch(RowPrefetch prefetch);
 RowPrefetch row_prefetch();
+
+// How many launches in this process took a refilling kernel (tests read it to prove the switch
+// reaches the kernels: none under kAfter), and the launch sites' count.
+int64_t row_refill_launches();
+void count_row_refill_launch();
 
 }  // namespace octet::kernels

@@ -374,6 +374,7 @@ void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input:
       kernel<<<cast_blocks(a, device_index, cast_blocks_per_sm(kernel)), kCastThreads, 0, stream>>>(x, x2, a);
     };
     if (vector && row_prefetch() == RowPrefetch::kRefill) {
+      count_row_refill_launch();
       run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true, true>);
     } else if (vector) {
       run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true, false>);

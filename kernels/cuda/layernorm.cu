@@ -606,6 +606,7 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
         // 131.9 MB, 30.7 µs.
         const bool refill =
             row_prefetch() == RowPrefetch::kRefill && layernorm_row_in_registers<T>(C, kRefillRowUnits);
+        if (refill) count_row_refill_launch();
         if (residual) {
           launch_rows(refill ? layernorm_backward_rows_kernel<T, W, true, true, kRefillRowUnits>
                              : layernorm_backward_rows_kernel<T, W, true, false, kBackwardRowUnits>);

@@ -442,6 +442,7 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tenso
       // H200, set the pace rather than the bytes: see the top of the file.
       auto launch_format = [&]<bool kE5M2>() {
         const bool refill = row_prefetch() == RowPrefetch::kRefill;
+        if (refill && in_registers) count_row_refill_launch();
         if (in_registers && residual) {
           launch(refill ? layernorm_fp8_rows_kernel<T, W, true, kE5M2, true>
                         : layernorm_fp8_rows_kernel<T, W, true, kE5M2, false>);

@@ -24,7 +24,12 @@ using testing::misaligned_on_gpu;
 using testing::random_tensor;
 using testing::same_bits;
 
-// f() once with each setting, the switch restored after (also when f throws).
+// Refilling launches seen under kRefill by with_and_without_refill: each test below wants some, or
+// the switch never reached its kernels and "the same bits either way" compared a kernel with itself.
+int64_t refill_launches_seen = 0;
+
+// f() once with each setting, the switch restored after (also when f throws). Under kAfter no
+// refilling kernel may run.
 template <class F>
 auto with_and_without_refill(F f) {
   struct Restore {
@@ -32,11 +37,21 @@ auto with_and_without_refill(F f) {
     ~Restore() { kernels::set_row_prefetch(before); }
   } restore;
   kernels::set_row_prefetch(RowPrefetch::kRefill);
+  const int64_t at_refill = kernels::row_refill_launches();
   auto refill = f();
+  refill_launches_seen += kernels::row_refill_launches() - at_refill;
   kernels::set_row_prefetch(RowPrefetch::kAfter);
+  const int64_t at_after = kernels::row_refill_launches();
   auto after = f();
+  EXPECT_EQ(kernels::row_refill_launches(), at_after) << "a refilling kernel ran with the switch at kAfter";
   return std::make_pair(refill, after);
 }
+
+// First in each test: by its end, some launch under kRefill must have refilled.
+struct ExpectSomeRefill {
+  ExpectSomeRefill() { refill_launches_seen = 0; }
+  ~ExpectSomeRefill() { EXPECT_GT(refill_launches_seen, 0) << "no launch took a refilling kernel under kRefill"; }
+};
 
 struct Rows {
   int64_t rows, C;
@@ -53,6 +68,7 @@ struct Rows {
 // one element off 16 bytes (element loads throughout).
 TEST(CudaRowPrefetch, LayerNormBackwardSameBitsEitherWay) {
   SKIP_WITHOUT_GPU();
+  const ExpectSomeRefill expect_some_refill;
   struct Case {
     int64_t rows, C;
     bool misaligned;
@@ -114,6 +130,7 @@ struct CastRun {
 // 100 x 64 (two tiles: a block with none to prefetch) and 3 x 8; bf16 and f32 inputs.
 TEST(CudaRowPrefetch, TiledFp8CastsSameBytesEitherWay) {
   SKIP_WITHOUT_GPU();
+  const ExpectSomeRefill expect_some_refill;
   for (DType d : {DType::bf16, DType::f32}) {
     for (Rows s : {Rows{12608, 5120}, Rows{4097, 1000}, Rows{100, 64}, Rows{3, 8}}) {
       if (s.rows == 12608 && d != DType::bf16) continue;
@@ -171,6 +188,7 @@ struct LayerNormFp8Run {
 // 1280 and 5 of 96, 1000 f32 rows of 512.
 TEST(CudaRowPrefetch, LayerNormFp8SameBytesEitherWay) {
   SKIP_WITHOUT_GPU();
+  const ExpectSomeRefill expect_some_refill;
   struct Case {
     DType d;
     Rows s;

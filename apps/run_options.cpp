@@ -151,9 +151,11 @@ void check_hybrid_sharding(RunOptions& o, const distributed::LaunchInfo& launch)
 // without what its command line asks for is worse than one that does not start.
 void check_flags_apply(const RunOptions& o) {
   auto given = [&o](const char* flag) { return o.given.count(flag) > 0; };
+  // (--sharding hybrid has a message of its own, check_hybrid_sharding's.)
   for (const char* flag : {"--sharding", "--fsdp-prefetch"}) {
-    OCTET_CHECK(!given(flag) || o.parallel == "fsdp", flag, " applies with --parallel fsdp, but --parallel is ",
-                o.parallel, "; pass --parallel fsdp, or drop ", flag);
+    OCTET_CHECK(!given(flag) || o.parallel == "fsdp" || o.sharding.starts_with("hybrid"), flag,
+                " applies with --parallel fsdp, but --parallel is ", o.parallel, "; pass --parallel fsdp, or drop ",
+                flag);
   }
   OCTET_CHECK(!given("--bucket-cap-mb") || o.parallel == "ddp", "--bucket-cap-mb sizes DDP's gradient buckets, but "
               "--parallel is ", o.parallel, "; pass --parallel ddp, or drop --bucket-cap-mb");

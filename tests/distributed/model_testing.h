@@ -83,4 +83,24 @@ inline double max_relative_difference(const nn::Module& model, const nn::Module&
   return max_relative_difference(model.named_parameters(), reference);
 }
 
+// The largest ||grad - grad_ref||₂ / ||grad_ref||₂ over the parameters, by name: what a parameter
+// comparison after an Adam step cannot see (Adam's update hardly changes when every gradient is
+// scaled by one constant), such as an average taken over the wrong number of ranks.
+inline double max_gradient_relative_difference(const nn::Module& model, const nn::Module& reference) {
+  const auto got = model.named_parameters(), expected = reference.named_parameters();
+  EXPECT_EQ(got.size(), expected.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
+    EXPECT_EQ(got[i].first, expected[i].first);
+    const Tensor ga = got[i].second.grad(), gb = expected[i].second.grad();
+    EXPECT_TRUE(ga.defined() && gb.defined()) << got[i].first << ": no gradient";
+    if (!ga.defined() || !gb.defined()) return INFINITY;
+    const auto a = ga.to_vector<double>(), b = gb.to_vector<double>();
+    double num = 0, den = 0;
+    for (size_t k = 0; k < a.size(); ++k) num += (a[k] - b[k]) * (a[k] - b[k]), den += b[k] * b[k];
+    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  }
+  return worst;
+}
+
 }  // namespace octet::testing

@@ -53,11 +53,14 @@ TEST(Ddp, FiveAdamWStepsMatchOneProcessOnTheWholeBatch) {
     const Batch all = kBatches.global_batch(global, step), mine = all.shard(rank, per_rank);
     const Tensor ref_loss = cross_entropy((*reference)(all.images), all.labels);
     ref_loss.backward();
-    ref_opt.step();
-    ref_opt.zero_grad();
 
     const Tensor loss = cross_entropy(ddp(mine.images), mine.labels);
     loss.backward();
+    // The averaged gradients are the whole batch's, to f32 summation order (the ranks' partial sums
+    // over 3 images against one sum over 3N, then the average: a few ulps of the larger terms).
+    EXPECT_LE(testing::max_gradient_relative_difference(*model, *reference), 1e-5) << "step " << step + 1;
+    ref_opt.step();
+    ref_opt.zero_grad();
     opt.step();
     opt.zero_grad();
     // The mean of the ranks' losses is the whole batch's loss.
@@ -106,9 +109,10 @@ TEST(Ddp, HooksFiringOutOfRegistrationOrderGiveTheSameResult) {
     const Tensor x = testing::random_tensor({global, 5}, DType::f32, 50 + step);
     const Tensor target = testing::random_tensor({global, 3}, DType::f32, 80 + step);
     mse_loss((*reference)(x), target).backward();
+    mse_loss(ddp(x.narrow(rank * per_rank, per_rank)), target.narrow(rank * per_rank, per_rank)).backward();
+    EXPECT_LE(testing::max_gradient_relative_difference(*model, *reference), 1e-5) << "step " << step + 1;
     ref_opt.step();
     ref_opt.zero_grad();
-    mse_loss(ddp(x.narrow(rank * per_rank, per_rank)), target.narrow(rank * per_rank, per_rank)).backward();
     opt.step();
     opt.zero_grad();
   }

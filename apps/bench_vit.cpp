@@ -282,16 +282,16 @@ int main(int argc, char** argv) {
                  "in FP8 under the --fp8-* recipe)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8"}))->capture_default_str();
   add_fp8_flags(app, fp8_options);
-  app.add_option("--batch-size", batch_size, "images per step")->check(whole_at_least(1))->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->check(whole_at_least(1))->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps first")->check(whole_at_least(0))->capture_default_str();
+  app.add_option("--batch-size", batch_size, "images per step")->transform(whole_at_least(1))->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->transform(whole_at_least(1, INT_MAX))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->transform(whole_at_least(0, INT_MAX))->capture_default_str();
   app.add_option("--optimizer", optimizer_name, "sgd (momentum 0.9, as the PyTorch reference) or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--peak-tflops", peak_tflops,
                  "the device's peak for MFU (default: NVIDIA's datasheet figure for an H100/H200, dense bf16 989 "
                  "TFLOP/s or fp32 67 on SXM, 756/51 on PCIe; none for other devices)")
       ->check(number_above(0));
-  app.add_option("--threads", threads, "CPU threads (default: every core)")->check(whole_at_least(0));
+  app.add_option("--threads", threads, "CPU threads (default: every core)")->transform(whole_at_least(0, INT_MAX));
   std::string gelu = "erf";
   app.add_option("--gelu", gelu,
                  "the MLPs' GELU: erf (timm's ViTs) or tanh (computed in fc1's GEMM epilogue on the GPU in bf16)")

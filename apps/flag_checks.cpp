@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cctype>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -79,8 +81,10 @@ std::string explain_parse_error(const CLI::App* app, const CLI::Error& error) {
   if (dynamic_cast<const CLI::ExtrasError*>(&error) != nullptr) {
     std::string out;
     for (const std::string& arg : app->remaining()) {
-      if (arg.starts_with("-")) {
-        const std::string word = arg.substr(arg.find_first_not_of('-'));
+      // A flag starts with a dash and a letter; "-", "--" and "-5" are stray values.
+      const size_t name_at = arg.find_first_not_of('-');
+      if (arg.starts_with("-") && name_at != std::string::npos && std::isalpha(static_cast<unsigned char>(arg[name_at]))) {
+        const std::string word = arg.substr(name_at);
         const std::string near = nearest_flag(app, word.substr(0, word.find('=')));
         out += fmt::format("{}: no such flag{}\n", arg, near.empty() ? "" : "; did you mean " + near + "?");
       } else {
@@ -98,19 +102,25 @@ std::string explain_parse_error(const CLI::App* app, const CLI::Error& error) {
   return what + "\n" + help;
 }
 
-CLI::Validator whole_at_least(long long min) {
+CLI::Validator whole_at_least(long long min, long long max) {
   const std::string wanted = fmt::format("a whole number of at least {}", min);
   return CLI::Validator(
-      [min, wanted](std::string& text) -> std::string {
+      [min, max, wanted](std::string& text) -> std::string {
         long long v = 0;
-        const char* const first = text.data();
+        const char* first = text.data();
         const char* const last = first + text.size();
+        if (first != last && *first == '+') ++first;
         const auto [end, error] = std::from_chars(first, last, v);
-        if (error == std::errc::result_out_of_range) return fmt::format("{} is too large; pass {}", text, wanted);
+        if (error == std::errc::result_out_of_range || (error == std::errc() && end == last && v > max)) {
+          return max == LLONG_MAX ? fmt::format("{} is too large; pass {}", text, wanted)
+                                  : fmt::format("{} is too large; pass {} and at most {}", text, wanted, max);
+        }
         if (error != std::errc() || end != last) {
           return fmt::format("'{}' is not a whole number; pass {}", text, wanted);
         }
         if (v < min) return fmt::format("{} is less than {}; pass {}", text, min, wanted);
+        // CLI11 converts with strtoll's base 0, which reads "010" as octal 8: hand it the decimal.
+        text = std::to_string(v);
         return "";
       },
       min == 0 ? "NONNEGATIVE" : min == 1 ? "POSITIVE" : fmt::format(">= {}", min));
@@ -157,18 +167,34 @@ CLI::Validator number_between(double low, double high) {
       fmt::format("in [{} - {}]", trimmed(low), trimmed(high)));
 }
 
+// Why `path` cannot be written into (a folder: W_OK | X_OK) or over (a file: W_OK); "" if it can.
+static std::string cannot_write(const fs::path& path, int mode) {
+  if (::access(path.c_str(), mode) == 0) return "";
+  const int error = errno;  // before anything else can set it
+  return std::strerror(error);
+}
+
 void check_output_file(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
   std::error_code ec;
   OCTET_CHECK(!fs::is_directory(path, ec), flag, " ", path, " is a folder; pass the path of a file to write (such as ",
               (fs::path(path) / "out").string(), ")");
   const fs::path folder = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
-  OCTET_CHECK(fs::exists(folder, ec), flag, " ", path, ": the folder ", folder.string(),
+  const bool exists = fs::exists(folder, ec);
+  OCTET_CHECK(exists || ec, flag, " ", path, ": the folder ", folder.string(),
               " does not exist; create it first, or pass a path in an existing folder");
+  OCTET_CHECK(!ec, flag, " ", path, ": cannot look at the folder ", folder.string(), " (", ec.message(),
+              "); pass a path in a folder you can write");
   OCTET_CHECK(fs::is_directory(folder, ec), flag, " ", path, ": ", folder.string(),
               " is a file, not a folder; pass a path in a folder");
-  OCTET_CHECK(::access(folder.c_str(), W_OK) == 0, flag, " ", path, ": the folder ", folder.string(),
-              " is not writable (", std::strerror(errno), "); pass a path in a folder you can write");
+  const std::string folder_error = cannot_write(folder, W_OK | X_OK);
+  OCTET_CHECK(folder_error.empty(), flag, " ", path, ": the folder ", folder.string(), " is not writable (",
+              folder_error, "); pass a path in a folder you can write");
+  if (fs::exists(path, ec)) {
+    const std::string file_error = cannot_write(path, W_OK);
+    OCTET_CHECK(file_error.empty(), flag, " ", path, " exists and cannot be written (", file_error,
+                "); pass another path, or make it writable");
+  }
 }
 
 void check_output_folder(const std::string& flag, const std::string& path) {
@@ -180,8 +206,8 @@ void check_output_folder(const std::string& flag, const std::string& path) {
         fs::exists(path, probe) ? "a file of that name is in the way" : "cannot create it (" + made.message() + ")";
     OCTET_FAIL(flag, " ", path, ": ", why, "; pass a folder you can write");
   }
-  OCTET_CHECK(::access(path.c_str(), W_OK) == 0, flag, " ", path, " is not writable (", std::strerror(errno),
-              "); pass a folder you can write");
+  const std::string error = cannot_write(path, W_OK | X_OK);
+  OCTET_CHECK(error.empty(), flag, " ", path, " is not writable (", error, "); pass a folder you can write");
 }
 
 }  // namespace octet

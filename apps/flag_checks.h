@@ -9,12 +9,15 @@
 // that does not exist would otherwise fail after the whole run.
 #include <CLI/CLI.hpp>
 
+#include <climits>
 #include <string>
 
 namespace octet {
 
-// A whole number, at least `min`.
-CLI::Validator whole_at_least(long long min);
+// A whole number, at least `min` and at most `max` (pass the option's type's limit, INT_MAX for an
+// int: past it CLI11 says only "Could not convert"). A transform, not a check: it hands CLI11 the
+// number in decimal, where CLI11 would read "010" as octal 8.
+CLI::Validator whole_at_least(long long min, long long max = LLONG_MAX);
 // A finite number above `low` (strictly).
 CLI::Validator number_above(double low);
 // A finite number, at least `low`.

@@ -13,7 +13,7 @@ void add_fp8_flags(CLI::App& app, Fp8Options& o) {
                  "(each tensor's own amax, one more pass)")
       ->check(CLI::IsMember({"delayed", "current"}))->each(given("--fp8-recipe"))->capture_default_str();
   app.add_option("--fp8-amax-history", o.amax_history, "delayed recipe: steps of amax history")
-      ->check(whole_at_least(1))->each(given("--fp8-amax-history"))->capture_default_str();
+      ->transform(whole_at_least(1, INT_MAX))->each(given("--fp8-amax-history"))->capture_default_str();
   app.add_option("--fp8-margin", o.margin, "scale = fp8_max / amax / 2^margin: headroom, in powers of two")
       ->check(CLI::Range(0, 64))->each(given("--fp8-margin"))->capture_default_str();
   app.add_option("--fp8-amax-algo", o.amax_algo, "delayed recipe: the amax a scale comes from, max of the "

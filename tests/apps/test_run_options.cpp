@@ -62,7 +62,13 @@ TEST(RunOptions, NumbersOutOfRangeNameTheValueAndWhatToPass) {
   EXPECT_EQ(parse_error({"--momentum", "2"}), "--momentum: 2 is outside 0 to 1; pass a number from 0 to 1");
   EXPECT_EQ(parse_error({"--batch-size", "99999999999999999999"}),
             "--batch-size: 99999999999999999999 is too large; pass a whole number of at least 1");
-  // What passes still parses to its value.
+  // An int option's limit, where CLI11 alone would say only "Could not convert".
+  EXPECT_EQ(parse_error({"--threads", "3000000000"}),
+            "--threads: 3000000000 is too large; pass a whole number of at least 0 and at most 2147483647");
+  // What passes still parses to its value: in decimal (CLI11 alone reads "010" as octal 8), a sign
+  // allowed.
+  EXPECT_EQ(parse({"--batch-size", "010"}).batch_size, 10);
+  EXPECT_EQ(parse({"--steps", "+5"}).steps, 5);
   const RunOptions o = parse({"--steps", "3", "--lr", "1e-3", "--momentum", "1", "--weight-decay", "0"});
   EXPECT_EQ(o.steps, 3);
   EXPECT_DOUBLE_EQ(o.lr, 1e-3);
@@ -94,6 +100,12 @@ TEST(RunOptions, UnknownRepeatedAndStrayArgumentsAreNamed) {
   EXPECT_EQ(parse_failure({"--batch-size", "8", "--batch-size", "16"}),
             "--batch-size is given 2 times; pass it once\nRun with --help for the flags and their values.\n");
   EXPECT_NE(parse_failure({"--steps", "0"}).find("--steps: 0 is less than 1"), std::string::npos);
+  // A lone dash, a second "--" and a negative number left over are stray values, not flags.
+  for (const std::string stray : {"-", "-5"}) {
+    EXPECT_EQ(parse_failure({"--steps", "3", stray}),
+              "'" + stray + "' is a value no flag takes (the flag before it takes none, or is misspelled)\n"
+              "Run with --help for the flags and their values.\n");
+  }
 }
 
 TEST(RunOptions, AFlagThatWouldDoNothingIsRefused) {
@@ -108,7 +120,7 @@ TEST(RunOptions, AFlagThatWouldDoNothingIsRefused) {
       {{"--data-dir", "/nowhere", "--dataset", "synthetic"}, {"--data-dir", "--dataset is synthetic"}},
       {{"--synthetic-size", "10"}, {"--synthetic-size", "--dataset is fashion-mnist"}},
       {{"--min-lr", "0.01", "--lr", "0.001"}, {"--min-lr 0.01", "--lr 0.001", "pass --min-lr 0.001 or less"}},
-      {{"--lr", "1e-06"}, {"--min-lr 1e-05 (its default)", "--lr 1e-06"}},
+      {{"--trace-steps", "5"}, {"--trace-steps", "no --trace file", "pass --trace FILE"}},
       {{"--device", "cpu", "--parallel", "ddp", "--dist-backend", "nccl"},
        {"--dist-backend nccl", "--dist-backend mpi"}},
   };
@@ -129,6 +141,9 @@ TEST(RunOptions, AFlagThatWouldDoNothingIsRefused) {
   checked({"--bucket-cap-mb", "5", "--parallel", "ddp", "--device", "cpu"});
   checked({"--lora-rank", "4", "--lora-alpha", "8", "--optimizer", "sgd", "--momentum", "0.5", "--device", "cpu",
            "--dataset", "synthetic", "--synthetic-size", "10", "--lr", "1e-06", "--min-lr", "0"});
+  // --min-lr's default above a --lr given alone is lowered to it, not refused (the user asked nothing
+  // of --min-lr).
+  checked({"--lr", "1e-06", "--device", "cpu"});
 }
 
 TEST(RunOptions, MoreThreadsThanCoresAreRefused) {
@@ -180,6 +195,12 @@ TEST(RunOptions, ResumingWithOtherShapesOrDtypesNamesTheFlag) {
   check_resume_flags("ck", saved, now("precision", "fp8"));
   check_resume_flags("ck", saved, now("batch_size", "16"));
   check_resume_flags("ck", {}, now("model", "vit_tiny_patch16_224"));  // a checkpoint recording no flags
+  // FSDP's shards are f32 whatever the precision: its checkpoints resume in any.
+  std::map<std::string, std::string> sharded = saved;
+  sharded["parallel"] = "fsdp";
+  std::map<std::string, std::string> sharded_fp32 = sharded;
+  sharded_fp32["precision"] = "fp32";
+  check_resume_flags("ck", sharded, sharded_fp32);
 }
 
 TEST(RunOptions, AMicroBatchLargerThanTheTrainingSetNamesTheFlags) {

@@ -8,7 +8,9 @@
 #   minimal_train.sh MINIMAL_TRAIN STEPS MIN_ACCURACY
 set -euo pipefail
 program=$1 steps=$2 min_accuracy=$3
-out=$("$program" "$steps") || { echo "$out"; echo "FAIL: minimal_train exited with $?"; exit 1; }
+status=0
+out=$("$program" "$steps") || status=$?
+if ((status != 0)); then echo "$out"; echo "FAIL: minimal_train exited with $status"; exit 1; fi
 echo "$out"
 loss=$(sed -n "s/^step *$steps  loss \([0-9.]*\)$/\1/p" <<< "$out")
 accuracy=$(sed -n 's/^test accuracy \([0-9.]*\)%$/\1/p' <<< "$out")

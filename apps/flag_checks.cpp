@@ -28,8 +28,7 @@ namespace {
 std::optional<double> number_of(const std::string& text) {
   if (text.empty()) return std::nullopt;
   char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
+  const double v = std::strtod(text.c_str(), &end);  // out of range: ±inf, which the callers refuse
   if (end != text.c_str() + text.size()) return std::nullopt;
   return v;
 }
@@ -83,7 +82,9 @@ std::string explain_parse_error(const CLI::App* app, const CLI::Error& error) {
     for (const std::string& arg : app->remaining()) {
       // A flag starts with a dash and a letter; "-", "--" and "-5" are stray values.
       const size_t name_at = arg.find_first_not_of('-');
-      if (arg.starts_with("-") && name_at != std::string::npos && std::isalpha(static_cast<unsigned char>(arg[name_at]))) {
+      const bool flag = arg.starts_with("-") && name_at != std::string::npos &&
+                        std::isalpha(static_cast<unsigned char>(arg[name_at]));
+      if (flag) {
         const std::string word = arg.substr(name_at);
         const std::string near = nearest_flag(app, word.substr(0, word.find('=')));
         out += fmt::format("{}: no such flag{}\n", arg, near.empty() ? "" : "; did you mean " + near + "?");

@@ -69,8 +69,11 @@ Tensor clone(const Tensor& a);
 
 // ---- linear algebra -------------------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-// y = x·Wᵀ + b with x [..., in], weight [out, in], bias [out] or undefined.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// y = x·Wᵀ + b with x [..., in], weight [out, in], bias [out] or undefined. With a residual (y's
+// shape and dtype), residual + x·Wᵀ + b: a residual add after a Linear (a pre-norm block's attention
+// projection), which on the GPU the GEMM reads in its epilogue (kernels::linear_forward, one rounding
+// where the add after it rounds twice); the residual's gradient is the output's.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Tensor& residual = Tensor());
 
 // ---- neural-network functions --------------------------------------------------------------------
 // LayerNorm over the last dim; weight and bias [C] or undefined.

@@ -81,16 +81,17 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 // y = x·Wᵀ + b over x's rows: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy. On the GPU the bias add rides
 // in the forward GEMM's epilogue and db in the wgrad GEMM's (kernels/linear.h).
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual) {
   OCTET_CHECK(x.dim() >= 1 && weight.dim() == 2, "linear: x must be [..., in] and weight [out, in], got ",
               x.describe(), " and ", weight.describe());
   const Tensor xd = x.detach(), wd = weight.detach(), bd = detached(bias);
-  Tensor y = k::linear_forward(xd, wd, bd);
-  const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad();
+  Tensor y = k::linear_forward(xd, wd, bd, detached(residual));
+  const bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.requires_grad(),
+             nr = residual.requires_grad();
   const DType b_dtype = bd.defined() ? bd.dtype() : x.dtype();
-  return record("linear", y, {x, weight, bias}, [=](const Grads& g) -> Grads {
+  return record("linear", y, {x, weight, bias, residual}, [=](const Grads& g) -> Grads {
     k::LinearGrads d = k::linear_backward(g[0], xd, wd, nx, nw, nb);
-    return {d.dx, d.dweight, nb ? d.dbias.to(b_dtype) : Tensor()};
+    return {d.dx, d.dweight, nb ? d.dbias.to(b_dtype) : Tensor(), nr ? g[0] : Tensor()};
   });
 }
 

@@ -32,11 +32,15 @@ Tensor MultiheadAttention::forward(const Tensor& x) {
   return after_qkv((*qkv)(x));
 }
 
-Tensor MultiheadAttention::after_qkv(const Tensor& qkv_out) {
+Tensor MultiheadAttention::after_qkv(const Tensor& qkv_out, const Tensor& residual) {
   OCTET_CHECK(qkv_out.dim() == 3 && qkv_out.size(2) == 3 * dim, "MultiheadAttention(dim ", dim, "): qkv output ",
               qkv_out.describe(), " must be [B, N, ", 3 * dim, "]");
   const Tensor heads = packed_qkv_attention(qkv_out, num_heads);  // [B, N, dim]
-  return (*proj_drop)((*proj)(heads));
+  if (!residual.defined()) return (*proj_drop)((*proj)(heads));
+  OCTET_CHECK(residual.shape() == heads.shape(), "MultiheadAttention(dim ", dim, "): the residual ",
+              residual.describe(), " must have the output's shape ", heads.shape());
+  if (passes_through(*proj_drop)) return proj->residual_forward(heads, residual);
+  return residual + (*proj_drop)((*proj)(heads));
 }
 
 }  // namespace octet::nn

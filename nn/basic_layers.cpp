@@ -29,13 +29,21 @@ std::shared_ptr<const Fp8Config> Linear::fp8_config_for(DType x_dtype) const {
   return config;
 }
 
-Tensor Linear::forward(const Tensor& x) {
+Tensor Linear::forward(const Tensor& x) { return run(x, Tensor()); }
+
+Tensor Linear::residual_forward(const Tensor& x, const Tensor& residual) {
+  if (!residual.defined()) return (*this)(x);
+  if (has_forward_hooks()) return (*this)(x) + residual;
+  return run(x, residual);
+}
+
+Tensor Linear::run(const Tensor& x, const Tensor& residual) {
   OCTET_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "Linear(", in_features, " -> ", out_features,
               "): input ", x.describe(), " must end in ", in_features, " features");
   if (fp8_allowed) {
     if (std::shared_ptr<const Fp8Config> config = fp8_config()) {
       const std::string reason = fp8_linear_unsupported_reason(in_features, out_features, x.dtype(), weight.dtype());
-      if (reason.empty()) return fp8_linear(x, weight, bias, fp8_state, config);
+      if (reason.empty()) return fp8_linear(x, weight, bias, fp8_state, config, residual);
       OCTET_CHECK(fp8_state == nullptr || !fp8_state->weight_cache.supplied(), "Linear(", in_features, " -> ",
                   out_features, "): FSDP's FP8 all-gather supplies this layer's weight in FP8 only, but the layer "
                   "cannot run in FP8: ", reason, "; turn fp8_all_gather off, or set fp8_allowed = false on the "
@@ -47,7 +55,7 @@ Tensor Linear::forward(const Tensor& x) {
       }
     }
   }
-  return linear(x, weight, bias);
+  return linear(x, weight, bias, residual);
 }
 
 void Linear::reset_parameters(Generator& gen) { pytorch_default_init_(weight, bias, gen); }
@@ -62,6 +70,10 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : Module("LayerNorm"), dim(dim), e
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
 
 std::pair<Tensor, Tensor> LayerNorm::add_forward(const Tensor& x, const Tensor& y) {
+  if (!y.defined()) {
+    if (has_forward_hooks()) return {x, (*this)(x)};
+    return residual_layer_norm(x, weight, bias, eps);
+  }
   if (has_forward_hooks()) {
     const Tensor h = x + y;
     return {h, (*this)(h)};
@@ -104,6 +116,7 @@ std::pair<Tensor, Tensor> LayerNorm::residual_linear_forward(Linear& next, const
 }
 
 std::pair<Tensor, Tensor> LayerNorm::add_linear_forward(Linear& next, const Tensor& x, const Tensor& y) {
+  if (!y.defined()) return residual_linear_forward(next, x);
   if (std::shared_ptr<const Fp8Config> config = fused_config(*this, next, x)) {
     return fp8_add_layernorm_linear(x, y, weight, bias, eps, next.weight, next.bias, next.fp8_state, config);
   }

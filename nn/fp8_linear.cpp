@@ -328,6 +328,7 @@ std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor
                                                    const Tensor& ln_bias, double eps, const Tensor& weight,
                                                    const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
                                                    const std::shared_ptr<const Fp8Config>& config) {
+  if (!residual.defined()) return fp8_residual_layernorm_linear(x, ln_weight, ln_bias, eps, weight, bias, state, config);
   if (!producer_fuses(config)) {
     const auto [h, normed] = add_layer_norm(x, residual, ln_weight, ln_bias, eps);
     return {h, fp8_linear(normed, weight, bias, state, config)};
@@ -391,7 +392,8 @@ Tensor fp8_gelu_linear(const Tensor& hidden, kernels::GeluApproximation approxim
 namespace {
 
 // fp8_add_layernorm_mlp's node: {h, y}, or with add_h {h + y} (fc2's GEMM adding h before its one
-// rounding: fp8_add_layernorm_mlp_residual), whose gradient is then both y's and h's other one.
+// rounding: fp8_add_layernorm_mlp_residual), whose gradient is then both y's and h's other one. With
+// no residual, h is x itself (the LayerNorm without the add), and its gradients are summed the same way.
 std::vector<Tensor> add_layernorm_mlp_node(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
                                            const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
                                            kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,
@@ -419,14 +421,19 @@ std::vector<Tensor> add_layernorm_mlp_node(const Tensor& x, const Tensor& residu
              nlw = grad_on && ln_weight.defined() && ln_weight.requires_grad(),
              nlb = grad_on && ln_bias.defined() && ln_bias.requires_grad();
   const Fp8LinearPlan p1 = plan_for(x, fc1.weight, fc1.bias, nx || nr || nlw || nlb);
-  const Tensor x2 = x.detach().reshape({-1, p1.in}), r2 = residual.detach().reshape({-1, p1.in});
+  const Tensor x2 = x.detach().reshape({-1, p1.in});
   const Tensor lnw = ln_weight.defined() ? ln_weight.detach() : Tensor(), lnb = ln_bias.defined() ? ln_bias.detach() : Tensor();
 
-  // fc1: the LayerNorm (after the residual add) writes its E4M3 input.
+  // fc1: the LayerNorm (after the residual add, when there is one) writes its E4M3 input.
   const Fp8LinearState::Entry e1 = Fp8LinearState::entry(fc1.state->forward, Fp8FwdTensors::kInput);
-  const kernels::LayerNormFp8 ln = kernels::add_layernorm_fp8_forward(x2, r2, lnw, lnb, eps, e1.scale, e1.amax,
-                                                                      fc1.state->forward.fp8_dtype, /*rowwise=*/true,
-                                                                      /*transposed=*/p1.need_dw);
+  const kernels::LayerNormFp8 ln =
+      residual.defined()
+          ? kernels::add_layernorm_fp8_forward(x2, residual.detach().reshape({-1, p1.in}), lnw, lnb, eps, e1.scale,
+                                               e1.amax, fc1.state->forward.fp8_dtype, /*rowwise=*/true,
+                                               /*transposed=*/p1.need_dw)
+          : kernels::layernorm_fp8_forward(x2, lnw, lnb, eps, e1.scale, e1.amax, fc1.state->forward.fp8_dtype,
+                                           /*rowwise=*/true, /*transposed=*/p1.need_dw);
+  const Tensor hd = residual.defined() ? ln.h : x2;  // h's data, [rows, in]
   const kernels::Fp8Cast wq1 = weight_cast(*fc1.state, fc1.weight.detach(), config->recipe, p1.need_dx);
   fp8_forward_ran(fc1.state);
   const Tensor hidden = forward_gemm(ln.cast, wq1, fc1.bias, p1);  // [rows, hidden], kept for GELU's backward
@@ -443,7 +450,7 @@ std::vector<Tensor> add_layernorm_mlp_node(const Tensor& x, const Tensor& residu
   fp8_forward_ran(fc2.state);
   Shape y_shape = x.shape();
   y_shape.back() = p2.out;
-  const Tensor h = ln.h.reshape(x.shape());
+  const Tensor h = hd.reshape(x.shape());
   const Tensor y = forward_gemm(act, wq2, fc2.bias, p2, add_h ? h : Tensor()).reshape(y_shape);
   if (!upstream && !p2.need_dw && !p2.need_db) return add_h ? std::vector<Tensor>{y} : std::vector<Tensor>{h, y};
 
@@ -456,7 +463,7 @@ std::vector<Tensor> add_layernorm_mlp_node(const Tensor& x, const Tensor& residu
       add_h ? "fp8_add_layernorm_mlp_residual" : "fp8_add_layernorm_mlp",
       add_h ? std::vector<Tensor>{y} : std::vector<Tensor>{h, y},
       {x, residual, ln_weight, ln_bias, fc1.weight, fc1.bias, fc2.weight, fc2.bias},
-      [=, hd = ln.h.detach(), mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
+      [=, hd = hd.detach(), mean = ln.mean, rstd = ln.rstd, shape = x.shape()](const autograd::Grads& g) -> autograd::Grads {
         // The output's gradient, and h's from elsewhere: with add_h both are the one output's.
         const Tensor& gy = add_h ? g[0] : g[1];
         const Tensor& gh = g[0];

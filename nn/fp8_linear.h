@@ -66,6 +66,7 @@ std::pair<Tensor, Tensor> fp8_residual_layernorm_linear(const Tensor& x, const T
 // The residual add before the LayerNorm too (autograd's add_layer_norm): returns {h, y} with
 // h = x + residual and y = fp8_linear(layer_norm(h)), the LayerNorm writing y's FP8 input as above.
 // Backward sums h's gradient from its other consumers with the LayerNorm's input gradient in one pass.
+// An undefined residual means no add (h is x): fp8_residual_layernorm_linear.
 std::pair<Tensor, Tensor> fp8_add_layernorm_linear(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
                                                    const Tensor& ln_bias, double eps, const Tensor& weight,
                                                    const Tensor& bias, std::shared_ptr<Fp8LinearState>& state,
@@ -92,7 +93,9 @@ struct Fp8MlpLinear {
 // fc2's, and in backward GELU's backward writes fc1's output gradient in FP8 with fc1's bias gradient
 // (kernels::dgelu_fp8_cast_dbias): neither the GELU's output nor its input gradient is ever stored in
 // x's dtype. Under current scaling, or with set_fp8_fused_bias_grad(false), it runs as
-// fp8_add_layernorm_linear then fp8_gelu_linear. Bit for bit the unfused modules on the CPU.
+// fp8_add_layernorm_linear then fp8_gelu_linear. Bit for bit the unfused modules on the CPU. An
+// undefined residual means no add: h is x itself, returned as this node's output (as
+// fp8_residual_layernorm_linear's r), and the LayerNorm writes fc1's input from x.
 std::pair<Tensor, Tensor> fp8_add_layernorm_mlp(const Tensor& x, const Tensor& residual, const Tensor& ln_weight,
                                                 const Tensor& ln_bias, double eps, const Fp8MlpLinear& fc1,
                                                 kernels::GeluApproximation approximation, const Fp8MlpLinear& fc2,

@@ -28,6 +28,11 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  // residual + forward(x), the residual (the output's shape and dtype) added in the GEMM before its one
+  // rounding (autograd's linear and nn::fp8_linear with a residual; cuBLASLt reads it as C on the GPU),
+  // its gradient the output's. With forward hooks, (*this)(x) + residual: a hook sees the output
+  // before the add, as it would without the fusion.
+  Tensor residual_forward(const Tensor& x, const Tensor& residual);
   void reset_parameters(Generator& gen);  // PyTorch's default: uniform in ±1/sqrt(in_features)
 
   const int64_t in_features, out_features;
@@ -44,6 +49,7 @@ class Linear : public Module {
   std::shared_ptr<Fp8LinearState> fp8_state;
 
  private:
+  Tensor run(const Tensor& x, const Tensor& residual);  // forward, with the residual when defined
   bool fp8_fallback_logged_ = false;
 };
 
@@ -58,6 +64,11 @@ class LayerNorm : public Module {
   // forward hooks it runs exactly that, unfused: a hook must see h as the input before the
   // LayerNorm runs (a pre-hook may gather parameters or replace the input), and h only exists once
   // the fused kernel has run.
+  //
+  // Here and in add_linear_forward and Mlp's add_norm_* functions, y may be undefined: the residual
+  // add already ran (TransformerBlock has attention's projection add it in its GEMM), so h is x itself,
+  // kept as the LayerNorm node's output (autograd's residual_layer_norm) so that backward still sums
+  // h's two gradients in the LayerNorm's pass.
   std::pair<Tensor, Tensor> add_forward(const Tensor& x, const Tensor& y);
   // This LayerNorm, then `next`: next(forward(x)). When `next` runs in FP8, the LayerNorm writes its
   // FP8 input itself and its output is never stored in x's dtype (nn::fp8_layernorm_linear, under
@@ -107,6 +118,14 @@ class DropPath : public Module {
   Generator* gen_;
 };
 
+// Whether a Dropout or DropPath passes its input through untouched: p = 0 or evaluation, and no hook
+// that could see or change what passes. The fused paths (a residual add in a GEMM, an MLP as one
+// node) run only where the modules between them do.
+template <class M>
+bool passes_through(const M& m) {
+  return (m.p == 0.0 || !m.is_training()) && !m.has_forward_hooks();
+}
+
 class GELU : public Module {
  public:
   explicit GELU(kernels::GeluApproximation approximation = kernels::GeluApproximation::None);
@@ -138,7 +157,8 @@ class Mlp : public Module {
   // half of a pre-norm block. Where drop2 is the identity with no hooks and add_norm_forward's MLP is
   // one node, fc2's GEMM adds h before its one rounding (cuBLASLt reads it as C on the GPU): under FP8
   // nn::fp8_add_layernorm_mlp_residual, without it linear_gelu_linear with h as its residual.
-  // Otherwise add_norm_forward and the add.
+  // Otherwise add_norm_forward and the add. In both, y may be undefined: h is then x itself, its
+  // residual add already done (LayerNorm::add_forward).
   Tensor add_norm_residual_forward(LayerNorm& norm, const Tensor& x, const Tensor& y);
 
   std::shared_ptr<Linear> fc1;
@@ -162,8 +182,10 @@ class MultiheadAttention : public Module {
                      double proj_drop = 0.0, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   // The layers after qkv, given qkv's output [B, N, 3·dim]: forward(x) is after_qkv((*qkv)(x)). For a
-  // caller that runs qkv itself (TransformerBlock, with norm1 writing qkv's FP8 input).
-  Tensor after_qkv(const Tensor& qkv_out);
+  // caller that runs qkv itself (TransformerBlock, with norm1 writing qkv's FP8 input). With a residual
+  // ([B, N, dim], the output's dtype), residual + after_qkv(qkv_out): where proj_drop passes its input
+  // through, proj's GEMM adds it (Linear::residual_forward), else an add after proj_drop.
+  Tensor after_qkv(const Tensor& qkv_out, const Tensor& residual = Tensor());
 
   const int64_t dim, num_heads, head_dim;
   std::shared_ptr<Linear> qkv;

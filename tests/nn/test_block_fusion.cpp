@@ -1,8 +1,9 @@
-// TransformerBlock fuses its first residual add into norm2 (LayerNorm::add_forward), and norm1 passes
-// its input on to that add (LayerNorm::residual_linear_forward, so its backward sums the input's two
-// gradients). Against the block's unfused formulation written out here with the same submodules: the
-// output and every parameter's and the input's gradient bit for bit in f32, and LayerNorm's hooks
-// still see and change what they did before the fusion.
+// TransformerBlock's fusions: its first residual add rides in attn.proj's GEMM (or, with drop path
+// or proj's dropout on, in norm2: LayerNorm::add_forward), the last in fc2's, and each LayerNorm passes
+// its input on to the add that uses it (autograd's residual_layer_norm, so its backward sums the
+// input's two gradients). Against the block's unfused formulation written out here with the same
+// submodules: the output and every parameter's and the input's gradient bit for bit in f32, and the
+// hooks on norm1, norm2 and proj still see and change what they did before the fusions.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -81,12 +82,26 @@ std::string producer_of_h(const Tensor& out) {
   return node ? node->name() : "?";
 }
 
-// The node that produced the first residual add's x operand (h = x + branch, fused into norm2): the
-// block's input itself (a leaf) or norm1's node passing it on.
-std::string producer_of_residual(const Tensor& out) {
+// The node that computed h = x + branch: norm2's fused add (add_layer_norm), attn.proj's GEMM (linear,
+// with x as its residual; norm2's residual_layer_norm passes its h on), or an add.
+std::shared_ptr<autograd::Node> first_add_node(const Tensor& out) {
   const auto node = h_node(out);
-  if (!node || node->next_edges.empty()) return "?";
-  return node->next_edges[0].node ? node->next_edges[0].node->name() : "?";
+  if (node && node->name() == "residual_layer_norm" && !node->next_edges.empty()) return node->next_edges[0].node;
+  return node;
+}
+std::string first_add(const Tensor& out) {
+  const auto node = first_add_node(out);
+  return node ? node->name() : "?";
+}
+
+// The node that produced that add's x operand: the block's input itself (a leaf) or norm1's node
+// passing it on. x is the first operand of an add or add_layer_norm, and the residual (the fourth
+// input) of proj's linear.
+std::string producer_of_residual(const Tensor& out) {
+  const auto node = first_add_node(out);
+  const size_t operand = node && node->name() == "linear" ? 3 : 0;
+  if (!node || node->next_edges.size() <= operand) return "?";
+  return node->next_edges[operand].node ? node->next_edges[operand].node->name() : "?";
 }
 
 TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
@@ -101,8 +116,11 @@ TEST(BlockFusion, OutputAndGradientsEqualTheUnfusedBlockBitForBit) {
       const Result fused = run(block, gen, [&](const Tensor& x) { return block(x); });
       const Result unfused = run(block, gen, [&](const Tensor& x) { return unfused_forward(block, x); });
       expect_same(fused, unfused);
-      EXPECT_EQ(producer_of_h(fused.out), "add_layer_norm");  // the fused path did run
-      EXPECT_EQ(producer_of_h(unfused.out), "add");
+      // The fused paths did run. Without drop path and dropout the first residual add rides in proj's
+      // GEMM and norm2 passes h on; with them it is fused into norm2.
+      EXPECT_EQ(first_add(fused.out), training ? "add_layer_norm" : "linear");
+      EXPECT_EQ(producer_of_h(fused.out), training ? "add_layer_norm" : "residual_layer_norm");
+      EXPECT_EQ(first_add(unfused.out), "add");
       // Without drop path the last residual add rides in the MLP's node (fc2's GEMM on the GPU).
       EXPECT_EQ(fused.out.grad_fn()->name(), training ? "add" : "linear_gelu_linear");
       Tensor leaf = random_tensor({B, N, D}, DType::f32, 5, 2.0);
@@ -191,9 +209,8 @@ TEST(BlockFusion, MlpGeluLinearEqualsTheModulesBitForBit) {
   EXPECT_EQ(out.grad_fn()->next_edges[0].node->name(), "linear");
 }
 
-// A hook on norm2 runs the block unfused (h = x + branch, then norm2 as a module), so hooks see the
-// input h and the output as before; a pre-hook's replacement input and a forward hook's replacement
-// output take effect.
+// A hook on norm2 runs norm2 as a module (proj's GEMM still makes h), so hooks see the input h and the
+// output as before; a pre-hook's replacement input and a forward hook's replacement output take effect.
 TEST(BlockFusion, HooksOnNorm2StillSeeAndChangeItsInputAndOutput) {
   Generator gen;
   TransformerBlock block(D, 4);
@@ -213,7 +230,7 @@ TEST(BlockFusion, HooksOnNorm2StillSeeAndChangeItsInputAndOutput) {
   const Result observed = run(block, gen, [&](const Tensor& x) { return block(x); });
   EXPECT_EQ(calls, 1);
   expect_same(observed, plain);
-  EXPECT_EQ(producer_of_h(observed.out), "add");
+  EXPECT_EQ(producer_of_h(observed.out), "linear");  // h straight from proj's GEMM: no norm2 node passes it on
   ASSERT_TRUE(seen_input.defined() && seen_output.defined());
   {
     NoGradGuard no_grad;
@@ -270,6 +287,87 @@ TEST(BlockFusion, HooksOnNorm1StillSeeAndChangeItsInput) {
   EXPECT_FALSE(same_bits(changed.out, plain.out));
 }
 
+// A hook on attn.proj must see proj's output before the residual add, so the add then runs in norm2
+// (add_layer_norm), as with drop path on; an observing hook leaves the results alone, and a hook that
+// changes proj's output takes effect.
+TEST(BlockFusion, HooksOnProjStillSeeAndChangeItsOutput) {
+  Generator gen;
+  TransformerBlock block(D, 4);
+  randomise(block, 57);
+  block.eval();
+  const Result plain = run(block, gen, [&](const Tensor& x) { return block(x); });
+  EXPECT_EQ(first_add(plain.out), "linear");
+
+  int calls = 0;
+  Tensor seen_input, seen_output;
+  const size_t observer = block.attn->proj->register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
+    ++calls;
+    seen_input = in.detach();
+    seen_output = out.detach();
+    return Tensor();
+  });
+  const Result observed = run(block, gen, [&](const Tensor& x) { return block(x); });
+  EXPECT_EQ(calls, 1);
+  expect_same(observed, plain);
+  EXPECT_EQ(first_add(observed.out), "add_layer_norm");
+  {
+    NoGradGuard no_grad;
+    EXPECT_TRUE(same_bits(seen_output, linear(seen_input, block.attn->proj->weight, block.attn->proj->bias)));
+  }
+  block.attn->proj->remove_hook(observer);
+
+  block.attn->proj->register_forward_hook([](Module&, const Tensor&, const Tensor& out) { return out + 1.0; });
+  const Result changed = run(block, gen, [&](const Tensor& x) { return block(x); });
+  const Result by_hand = run(block, gen, [&](const Tensor& x) { return unfused_forward(block, x); });
+  expect_same(changed, by_hand);
+  EXPECT_FALSE(same_bits(changed.out, plain.out));
+}
+
+// Linear::residual_forward: the module's output plus the residual, whose gradient is the output's; bit
+// for bit the two calls in f32, one rounding of the sum in bf16; with a hook, the hook sees the output
+// before the add.
+TEST(BlockFusion, LinearResidualForwardEqualsTheModuleThenTheAdd) {
+  Linear fc(D, 2 * D);
+  randomise(fc, 66);
+  Tensor x = random_tensor({B, N, D}, DType::f32, 67).requires_grad_();
+  Tensor r = random_tensor({B, N, 2 * D}, DType::f32, 68, 2.0).requires_grad_();
+  const Tensor upstream = random_tensor({B, N, 2 * D}, DType::f32, 69);
+  const Tensor y = fc.residual_forward(x, r);
+  EXPECT_EQ(y.grad_fn()->name(), "linear");
+  y.backward(upstream);
+  const Tensor dx = x.grad(), dr = r.grad(), dw = fc.weight.grad();
+  EXPECT_TRUE(same_bits(dr, upstream));
+  x.set_grad(Tensor());
+  r.set_grad(Tensor());
+  fc.zero_grad();
+  const Tensor y2 = fc(x) + r;
+  y2.backward(upstream);
+  EXPECT_TRUE(same_bits(y, y2));
+  EXPECT_TRUE(same_bits(dx, x.grad()));
+  EXPECT_TRUE(same_bits(dw, fc.weight.grad()));
+  EXPECT_TRUE(octet::testing::throws_with([&] { fc.residual_forward(x, random_tensor({B, N, D})); },
+                                          {"linear_forward", "residual must have y's shape"}));
+
+  Tensor seen;
+  fc.register_forward_hook([&](Module&, const Tensor&, const Tensor& out) {
+    seen = out.detach();
+    return Tensor();
+  });
+  {
+    NoGradGuard no_grad;
+    EXPECT_TRUE(same_bits(fc.residual_forward(x, r), y));
+    EXPECT_TRUE(same_bits(seen, linear(x, fc.weight, fc.bias)));
+  }
+}
+
+// after_qkv's residual must have the output's shape, named in the error.
+TEST(BlockFusion, AttentionResidualOfAnotherShapeIsRefused) {
+  MultiheadAttention attn(D, 4);
+  const Tensor qkv = random_tensor({B, N, 3 * D});
+  EXPECT_TRUE(octet::testing::throws_with([&] { attn.after_qkv(qkv, random_tensor({B, N + 1, D})); },
+                                          {"MultiheadAttention", "residual", "must have the output's shape"}));
+}
+
 TEST(BlockFusion, ResidualLinearForwardEqualsTheInputAndTheModules) {
   LayerNorm norm(D);
   Linear next(D, 3 * D);
@@ -292,6 +390,12 @@ TEST(BlockFusion, AddForwardEqualsAddThenTheModule) {
   EXPECT_TRUE(same_bits(normed, norm(x + y)));
   EXPECT_TRUE(octet::testing::throws_with([&] { norm.add_forward(x, random_tensor({N, D})); },
                                           {"add_layernorm_forward", "one shape"}));
+  // Without y, h is x itself, passed on by the LayerNorm's node (residual_layer_norm).
+  const Tensor leaf = random_tensor({B, N, D}, DType::f32, 63, 2.0).requires_grad_();
+  const auto [h0, normed0] = norm.add_forward(leaf, Tensor());
+  EXPECT_EQ(h0.data_ptr(), leaf.data_ptr());
+  EXPECT_EQ(h0.grad_fn()->name(), "residual_layer_norm");
+  EXPECT_TRUE(same_bits(normed0, norm(leaf)));
 }
 
 }  // namespace

@@ -202,13 +202,20 @@ TEST(Fp8Producers, AHookedLinearRunsUnfused) {
 // Two steps of a bf16 TransformerBlock: norm1 writes qkv's FP8 input, norm2 (with the residual add)
 // fc1's, the GELU fc2's, and GELU's backward fc1's E5M2 output gradient (fp8_add_layernorm_mlp);
 // the same bits as the unfused block, including every FP8 history and scale, in both formats.
+//
+// The first residual add rides in proj's FP8 GEMM, so norm2 adds nothing. With an observing hook on
+// drop_path2 the last add runs after the MLP, whose node then returns h as well (fp8_add_layernorm_mlp
+// without a residual); the same bits again.
 TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
+  for (const bool hooked : {false, true}) {
   for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
-    SCOPED_TRACE(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3");
+    SCOPED_TRACE(std::string(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3") +
+                 (hooked ? ", a hook on drop_path2" : ""));
     auto run = [&](bool fused) {
       const FusedProducers mode(fused);
       OpLedger ledger;
       TransformerBlock block(32, 2);
+      if (hooked) block.drop_path2->register_forward_hook([](Module&, const Tensor&, const Tensor&) { return Tensor(); });
       uint64_t seed = 800;
       for (const Tensor& p : block.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
       block.to(DType::bf16);
@@ -220,8 +227,10 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
         const std::string at = "step" + std::to_string(s) + ".";
         out.tensors[at + "y"] = step(block, x, random_tensor({2, 17, 32}, DType::bf16, 830 + s),
                                      DelayedScaling{.amax_history_len = 3, .fp8_format = format});
-        // The block's last node: fc2's GEMM, adding h (the whole MLP's node when fused).
-        EXPECT_EQ(out.tensors[at + "y"].grad_fn()->name(), fused ? "fp8_add_layernorm_mlp_residual" : "fp8_linear");
+        // The block's last node: fc2's GEMM, adding h (the whole MLP's node when fused); with the hook
+        // on drop_path2, the add after it.
+        const std::string last = hooked ? "add" : fused ? "fp8_add_layernorm_mlp_residual" : "fp8_linear";
+        EXPECT_EQ(out.tensors[at + "y"].grad_fn()->name(), last);
         out.tensors[at + "x.grad"] = x.grad();
         keep_grads(out, block, at);
         keep_fp8_state(out, block, at);
@@ -233,14 +242,17 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
                 fused ? 0 : 8)
           << "the fused block stores no LayerNorm or GELU output, nor GELU's input gradient";
       EXPECT_EQ(ledger.op("dgelu_fp8_cast_dbias").calls, fused ? 2 : 0);
-      // Both residual adds ride in kernels either way (norm2's, and fc2's FP8 GEMM reading h), and the
-      // block input's two gradients are summed in norm1's backward pass: no add kernel runs.
-      EXPECT_EQ(ledger.op("add").calls, 0);
+      // Both residual adds ride in GEMMs either way (proj's and fc2's FP8 GEMMs reading x and h), and
+      // the two gradients of x and of h are summed in norm1's and norm2's backward passes: no add kernel
+      // runs, nor a LayerNorm that adds.
+      EXPECT_EQ(ledger.op("add").calls, hooked ? 2 : 0);
+      EXPECT_EQ(ledger.op("add_layernorm_forward").calls + ledger.op("add_layernorm_fp8_forward").calls, 0);
       return out;
     };
     const Fp8Steps fused = run(true), unfused = run(false);
     expect_same_steps(fused, unfused);
     EXPECT_EQ(fused.fused_casts, 2 * 3) << "norm1, norm2 and the GELU, twice";
+  }
   }
 }
 

@@ -44,10 +44,11 @@ std::map<std::string, Expected> hand_counts() {
     return Expected{1, T * out * kF32 + out * in * kF32 + T * in * kF32, T * in * kF32 + out * in * kF32 + out * kF32,
                     4.0 * T * in * out};
   };
-  // fc2 also adds the block's last residual to its output (no drop path here); on the CPU after the
-  // product: the residual and y read, the sum written.
-  const Expected qkv_f = linear_fwd(D, 3 * D), proj_f = linear_fwd(D, D), fc1_f = linear_fwd(D, F),
-                 fc2_f{1, linear_fwd(F, D).read + 2 * act, linear_fwd(F, D).written + act, linear_fwd(F, D).flops};
+  // proj and fc2 also add the block's residuals to their outputs (no drop path here); on the CPU after
+  // the product: the residual and y read, the sum written.
+  const auto with_residual = [&](const Expected& e) { return Expected{1, e.read + 2 * act, e.written + act, e.flops}; };
+  const Expected qkv_f = linear_fwd(D, 3 * D), proj_f = with_residual(linear_fwd(D, D)), fc1_f = linear_fwd(D, F),
+                 fc2_f = with_residual(linear_fwd(F, D));
   const Expected qkv_b = linear_bwd(D, 3 * D), proj_b = linear_bwd(D, D);
   // fc1 -> act -> fc2 is autograd's linear_gelu_linear, which keeps only the GELU's input: its backward
   // runs fc2's dgrad (dy, W in; the GELU's output gradient out), makes the GELU's output again, then
@@ -63,23 +64,22 @@ std::map<std::string, Expected> hand_counts() {
   };
   const double attention_matmul = 2.0 * B * H * N * N * hd;  // one S×S×hd product per head
   return {
-      // norm1: x, weight, bias in; y, mean, rstd out.
-      {"layernorm_forward", {1, act + ln_params, act + stats, 0}},
+      // norm1 and norm2 (h made by proj's GEMM): x (h), weight, bias in; y, mean, rstd out.
+      {"layernorm_forward", {2, 2 * (act + ln_params), 2 * (act + stats), 0}},
       {"linear_forward", sum({qkv_f, proj_f, fc1_f, fc2_f})},
       // q·kᵀ and P·v; reads qkv, writes the heads side by side and lse.
       {"packed_attention_forward", {1, qkv, act + lse, 2 * attention_matmul}},
-      // h = x + attn, norm2(h): x, y, weight, bias in; h, norm2(h), mean, rstd out.
-      {"add_layernorm_forward", {1, 2 * act + ln_params, 2 * act + stats, 0}},
       // Forward, and again in backward for fc2's weight gradient (gelu_linear).
       {"gelu_forward", {2, 2 * hidden, 2 * hidden, 0}},
-      // No "add": the block's last residual add is fc2's (above), and x's two gradients, from norm1 and
-      // from the fused add + norm2, are summed in norm1's backward pass (norm1's node passes x on).
+      // No "add": the block's residual adds are proj's and fc2's (above), and the two gradients of x
+      // and of h are summed in norm1's and norm2's backward passes (each LayerNorm's node passes its
+      // input on).
       {"linear_backward", sum({qkv_b, proj_b, fc1_b, fc2_dgrad, fc2_wgrad})},
       {"gelu_backward", {1, 2 * hidden, hidden, 0}},
       // fc1's bias gradient: the GELU's input gradient in, db out.
       {"sum", {1, hidden, F * kF32, 0}},
-      // norm2 and norm1: dy of the LayerNorm's output, the residual gradient (h's, and x's from the add
-      // after norm1), h (x), weight, mean, rstd in; dh (dx), dweight, dbias out.
+      // norm2 and norm1: dy of the LayerNorm's output, the residual gradient (h's from fc2's add, x's
+      // from proj's), h (x), weight, mean, rstd in; dh (dx), dweight, dbias out.
       {"add_layernorm_backward", {2, 2 * (3 * act + D * kF32 + stats), 2 * (act + ln_params), 0}},
       // dout, qkv, out, lse in; dqkv out. Five products: q·kᵀ again, dv, dP, dq, dk.
       {"packed_attention_backward", {1, act + qkv + act + lse, qkv, 5 * attention_matmul}},

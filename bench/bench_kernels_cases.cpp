@@ -487,6 +487,43 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                    },
                    3, false, true});
 
+  // ---- the block's first residual add, h = x + proj(heads), and norm2 on h ----
+  // In norm2 (what the block runs where drop path is on): proj's GEMM reads heads, the weight and the
+  // bias and writes y; add_layernorm_forward reads x and y and writes h and LN(h). In proj's GEMM (the
+  // block's path since the third GPU run): the GEMM also reads x as C and writes h; layernorm_forward
+  // reads h and writes LN(h). 32.3 MB less; the rows say what the C read costs the GEMM.
+  const int64_t proj_gemm = kBf16 * (2 * kNC + kWidth * kWidth + kWidth);
+  const std::string proj_shape = nc + " -> " + std::to_string(kWidth);
+  cases.push_back({"linear+add_layernorm_forward", "bf16, the add in norm2", proj_shape,
+                   proj_gemm + 4 * kBf16 * kNC + affine + stats,
+                   [=](int64_t sets) -> Run {
+                     Random& r = ws->random();
+                     const std::vector<Tensor> heads = r.normals(sets, {kRows, kWidth}),
+                                               x = r.normals(sets, {kRows, kWidth});
+                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kWidth}, DType::bf16), 0.03),
+                                  b = r.normal({kWidth}, DType::bf16), lw = r.ln_weight(), lb = r.ln_bias();
+                     return keeping<kernels::AddLayerNormOutput>(sets, [=](int64_t s) {
+                       return kernels::add_layernorm_forward(x[s], kernels::linear_forward(heads[s], w, b), lw, lb,
+                                                             kEps);
+                     });
+                   },
+                   2, false, true});
+  cases.push_back({"linear+layernorm_forward", "bf16, the add in proj's GEMM", proj_shape,
+                   proj_gemm + kBf16 * kNC + 2 * kBf16 * kNC + affine + stats,
+                   [=](int64_t sets) -> Run {
+                     Random& r = ws->random();
+                     const std::vector<Tensor> heads = r.normals(sets, {kRows, kWidth}),
+                                               x = r.normals(sets, {kRows, kWidth});
+                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kWidth}, DType::bf16), 0.03),
+                                  b = r.normal({kWidth}, DType::bf16), lw = r.ln_weight(), lb = r.ln_bias();
+                     return keeping<std::pair<Tensor, kernels::LayerNormOutput>>(sets, [=](int64_t s) {
+                       Tensor h = kernels::linear_forward(heads[s], w, b, x[s]);
+                       kernels::LayerNormOutput normed = kernels::layernorm_forward(h, lw, lb, kEps);
+                       return std::pair<Tensor, kernels::LayerNormOutput>{std::move(h), std::move(normed)};
+                     });
+                   },
+                   2, false, true});
+
   // ---- FP8 casts (bytes: cast_case) ----
   // Forward activations, E4M3: a Linear's input (proj's, or qkv's and fc1's with the producers off) and
   // the GELU's output (fc2's input, producers off); row-only is a forward without gradients.

@@ -90,6 +90,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const T
              nr = residual.requires_grad();
   const DType b_dtype = bd.defined() ? bd.dtype() : x.dtype();
   return record("linear", y, {x, weight, bias, residual}, [=](const Grads& g) -> Grads {
+    if (!nx && !nw && !nb) return {Tensor(), Tensor(), Tensor(), g[0]};  // only the residual needs one
     k::LinearGrads d = k::linear_backward(g[0], xd, wd, nx, nw, nb);
     return {d.dx, d.dweight, nb ? d.dbias.to(b_dtype) : Tensor(), nr ? g[0] : Tensor()};
   });

@@ -10,8 +10,9 @@
 // --qkv picks how attention gets q, k and v: `packed` (what nn::MultiheadAttention runs: attention
 // reads them in place from the qkv projection's output), or the permute-based formulations it
 // replaced, `select` (three selects, the old nn path) and `split`. --residual-ln unfused runs the
-// block's first residual add and norm2 as two ops instead of nn's one fused pass. Both are kept so
-// that before and after can be measured in one binary.
+// block's first residual add and norm2 as two ops instead of one fused pass (what nn::TransformerBlock
+// runs where drop path is on; without it, nn adds the residual in proj's GEMM). Both are kept so that
+// before and after can be measured in one binary.
 //
 // --ledger counts instead of timing: it runs one step under the op ledger (core/op_ledger.h) at
 // depth 1 and at depth 2 and prints the ledger per image, and per block (depth 2 minus depth 1).
@@ -264,7 +265,7 @@ struct Model {
         a = prof.op("reshape/permute/split", [&] { return reshape(a, {b, t, d}); });
       }
       a = prof.op("gemm proj", [&] { return linear(a, blk.proj_w, blk.proj_b); });
-      if (c.fuse_residual) {  // h = x + a and norm2(h) in one pass, as nn::TransformerBlock runs it
+      if (c.fuse_residual) {  // h = x + a and norm2(h) in one pass, as nn's block with drop path runs it
         auto [sum, normed] = prof.op2("residual add + layer_norm", [&] {
           return add_layer_norm(x, a, blk.ln2_w, blk.ln2_b);
         });
@@ -377,7 +378,7 @@ int main(int argc, char** argv) {
   app.add_option("--qkv", c.qkv, "how attention takes q, k, v: packed (nn's), select or split (the permute paths)")
       ->check(CLI::IsMember({"packed", "select", "split"}));
   std::string residual = "fused";
-  app.add_option("--residual-ln", residual, "norm2 and the residual add before it: fused (nn's) or unfused")
+  app.add_option("--residual-ln", residual, "norm2 and the residual add before it: fused (as nn's block with drop path) or unfused")
       ->check(CLI::IsMember({"fused", "unfused"}));
   app.add_flag("--ledger", ledger, "count what one step moves (op ledger) instead of timing it");
   CLI11_PARSE(app, argc, argv);

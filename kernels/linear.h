@@ -28,8 +28,8 @@ namespace octet::kernels {
 // multiplies operands of one dtype; this is what autocast does); the CPU widens both exactly and
 // needs no copy.
 //
-// With a residual (y's shape and dtype), returns residual + x·Wᵀ + b: a pre-norm block's last residual
-// add. With a bias the sum is rounded once: on the GPU cuBLASLt reads the residual in the GEMM's
+// With a residual (y's shape and dtype), returns residual + x·Wᵀ + b: a pre-norm block's residual
+// adds (after attention's projection and after fc2). With a bias the sum is rounded once: on the GPU cuBLASLt reads the residual in the GEMM's
 // epilogue, and the CPU, in bf16 and f16, accumulates the product onto residual + b in f32. Without a
 // bias, in f32 on the CPU, and where cuBLASLt offers no algorithm for the epilogue:
 // add(linear_forward(x, weight, bias), residual), two roundings, bit for bit the two calls.

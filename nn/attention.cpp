@@ -37,8 +37,9 @@ Tensor MultiheadAttention::after_qkv(const Tensor& qkv_out, const Tensor& residu
               qkv_out.describe(), " must be [B, N, ", 3 * dim, "]");
   const Tensor heads = packed_qkv_attention(qkv_out, num_heads);  // [B, N, dim]
   if (!residual.defined()) return (*proj_drop)((*proj)(heads));
-  OCTET_CHECK(residual.shape() == heads.shape(), "MultiheadAttention(dim ", dim, "): the residual ",
-              residual.describe(), " must have the output's shape ", heads.shape());
+  OCTET_CHECK(residual.shape() == heads.shape() && residual.dtype() == heads.dtype(), "MultiheadAttention(dim ", dim,
+              "): the residual ", residual.describe(), " must have the output's shape ", heads.shape(), " and dtype ",
+              dtype_name(heads.dtype()));
   if (passes_through(*proj_drop)) return proj->residual_forward(heads, residual);
   return residual + (*proj_drop)((*proj)(heads));
 }

@@ -139,10 +139,10 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, double mlp_ra
 // and proj's output and wrote h and the output (129.2 MB); proj's epilogue reads x (32.3 MB) more.
 // 32.3 MB a block less in forward; backward moves the same bytes either way.
 //
-// Where drop path or proj's dropout is on (or proj has a hook), the first add is fused into norm2
-// instead (LayerNorm::add_forward, one pass writing h and normalising it). norm1 is not fused with the
-// previous block's last residual add, although the same kernel could do it: that add belongs to the
-// previous block, and the fusion would cross the block boundary. FSDP wraps each block as a unit (it
+// Where drop path or proj's dropout is on (or attn, proj or drop_path1 has a hook), the first add is
+// fused into norm2 instead (LayerNorm::add_forward, one pass writing h and normalising it). norm1 is
+// not fused with the previous block's last residual add, although the same kernel could do it: that
+// add belongs to the previous block, and the fusion would cross the block boundary. FSDP wraps each block as a unit (it
 // gathers the block's parameters in the block's pre-hook, so norm1's weights do not exist yet when the
 // previous block runs), and a per-block activation recompute would need each block's graph to start
 // at its own input.

@@ -32,10 +32,12 @@ using testing::relative_error;
 using testing::same_bits;
 
 // norm1 -> qkv, and the residual add + norm2 -> fc1 -> GELU -> fc2, as a TransformerBlock wires them
-// (without the attention between).
+// (without the attention between). With add_in_norm2 off, as the block runs without drop path: the
+// add done before norm2 (in the block, proj's GEMM does it), norm2 passing h on, and the MLP with
+// fc2's GEMM adding h as one node (nn::fp8_add_layernorm_mlp_residual without a residual operand).
 class PreNormLayers : public nn::Module {
  public:
-  explicit PreNormLayers(int64_t dim) : Module("PreNormLayers") {
+  PreNormLayers(int64_t dim, bool add_in_norm2) : Module("PreNormLayers"), add_in_norm2(add_in_norm2) {
     norm1 = register_module("norm1", std::make_shared<nn::LayerNorm>(dim));
     qkv = register_module("qkv", std::make_shared<nn::Linear>(dim, 3 * dim));
     norm2 = register_module("norm2", std::make_shared<nn::LayerNorm>(dim));
@@ -44,9 +46,11 @@ class PreNormLayers : public nn::Module {
   Tensor forward(const Tensor& x) override {
     const Tensor q = norm1->linear_forward(*qkv, x);
     const Tensor branch = mul(slice(q, 2, 0, x.size(2)), 0.5);
+    if (!add_in_norm2) return mlp->add_norm_residual_forward(*norm2, x + branch, Tensor());
     const auto [h, hidden] = norm2->add_linear_forward(*mlp->fc1, x, branch);
     return h + mlp->after_fc1(hidden);
   }
+  const bool add_in_norm2;
   std::shared_ptr<nn::LayerNorm> norm1, norm2;
   std::shared_ptr<nn::Linear> qkv;
   std::shared_ptr<nn::Mlp> mlp;
@@ -58,10 +62,10 @@ struct StepsRun {
 };
 
 // perturb_seed > 0 flips the Linears' outputs (tests/cuda/fp8_sensitivity.h), which runs them unfused.
-StepsRun run(Device device, bool fused, uint64_t perturb_seed = 0) {
+StepsRun run(Device device, bool fused, uint64_t perturb_seed = 0, bool add_in_norm2 = true) {
   nn::set_fp8_fused_producers(fused);
   OpLedger ledger;
-  PreNormLayers m(64);
+  PreNormLayers m(64, add_in_norm2);
   uint64_t seed = 40;
   for (const Tensor& p : m.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
   m.to(DType::bf16);
@@ -94,11 +98,14 @@ StepsRun run(Device device, bool fused, uint64_t perturb_seed = 0) {
 
 TEST(CudaFp8Producers, FusedStepsEqualTheUnfusedOnesBitForBit) {
   SKIP_WITHOUT_GPU();
-  const StepsRun fused = run(kGpu, true), unfused = run(kGpu, false);
-  EXPECT_EQ(fused.producers, 2 * 3);
-  EXPECT_EQ(unfused.producers, 0);
-  ASSERT_EQ(fused.tensors.size(), unfused.tensors.size());
-  for (const auto& [name, t] : unfused.tensors) EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
+  for (const bool add_in_norm2 : {true, false}) {
+    SCOPED_TRACE(add_in_norm2 ? "the residual add in norm2" : "the add before norm2, the MLP as one node");
+    const StepsRun fused = run(kGpu, true, 0, add_in_norm2), unfused = run(kGpu, false, 0, add_in_norm2);
+    EXPECT_EQ(fused.producers, 2 * 3);
+    EXPECT_EQ(unfused.producers, 0);
+    ASSERT_EQ(fused.tensors.size(), unfused.tensors.size());
+    for (const auto& [name, t] : unfused.tensors) EXPECT_TRUE(same_bits(fused.tensors.at(name), t)) << name;
+  }
 }
 
 // The fused GPU run against the fused CPU run. The second step runs on weights the first step's

@@ -16,7 +16,9 @@
 //      first order the deviations of successive roundings add, through maps (Linears with random
 //      weights, LayerNorm, GELU, softmax at these scales) that preserve relative size. N counts the
 //      roundings a tensor depends on: forward LN1, qkv GEMM and its bias, attention, proj GEMM and
-//      bias, residual add, LN2, fc1 GEMM and bias, GELU, fc2 GEMM and bias, residual add: 14 for y;
+//      bias, residual add, LN2, fc1 GEMM and bias, GELU, fc2 GEMM and bias, residual add: 14 for y,
+//      counted as the unfused ops would round (proj's and fc2's residual adds now ride in their GEMMs
+//      and round once with them, so the block rounds fewer times than N counts: an upper bound);
 //      backward adds at most fc2 dgrad, GELU backward, fc1 dgrad, LN2 backward, the gradient sum at
 //      h, proj dgrad, attention backward, qkv dgrad, LN1 backward and the sum at x (10), and a
 //      parameter's gradient its own GEMM or row sum (1): 25.

@@ -199,23 +199,28 @@ TEST(Fp8Producers, AHookedLinearRunsUnfused) {
   EXPECT_EQ(producer_calls(ledger), 0);
 }
 
-// Two steps of a bf16 TransformerBlock: norm1 writes qkv's FP8 input, norm2 (with the residual add)
-// fc1's, the GELU fc2's, and GELU's backward fc1's E5M2 output gradient (fp8_add_layernorm_mlp);
-// the same bits as the unfused block, including every FP8 history and scale, in both formats.
+// Two steps of a bf16 TransformerBlock: norm1 writes qkv's FP8 input, norm2 fc1's, the GELU fc2's,
+// and GELU's backward fc1's E5M2 output gradient (the MLP's node, fp8_add_layernorm_mlp_residual); the
+// same bits as the unfused block, including every FP8 history and scale, in both formats.
 //
-// The first residual add rides in proj's FP8 GEMM, so norm2 adds nothing. With an observing hook on
-// drop_path2 the last add runs after the MLP, whose node then returns h as well (fp8_add_layernorm_mlp
-// without a residual); the same bits again.
+// The first residual add rides in proj's FP8 GEMM, so norm2 adds nothing. Observing hooks move the
+// adds, and the bits stay the same: on drop_path2 the last add runs after the MLP, whose node then
+// returns h as well (fp8_add_layernorm_mlp without a residual); on drop_path1 the first add is
+// norm2's again (add_layernorm_fp8_forward in the MLP's node), as where drop path is on.
+enum class Hook { None, DropPath2, DropPath1 };
 TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
-  for (const bool hooked : {false, true}) {
+  for (const Hook hook : {Hook::None, Hook::DropPath2, Hook::DropPath1}) {
   for (Fp8Format format : {Fp8Format::HYBRID, Fp8Format::E4M3}) {
     SCOPED_TRACE(std::string(format == Fp8Format::HYBRID ? "HYBRID" : "E4M3") +
-                 (hooked ? ", a hook on drop_path2" : ""));
+                 (hook == Hook::DropPath2 ? ", a hook on drop_path2" : hook == Hook::DropPath1 ? ", a hook on drop_path1" : ""));
+    const bool hooked = hook == Hook::DropPath2;
     auto run = [&](bool fused) {
       const FusedProducers mode(fused);
       OpLedger ledger;
       TransformerBlock block(32, 2);
-      if (hooked) block.drop_path2->register_forward_hook([](Module&, const Tensor&, const Tensor&) { return Tensor(); });
+      const auto observe = [](Module&, const Tensor&, const Tensor&) { return Tensor(); };
+      if (hook == Hook::DropPath2) block.drop_path2->register_forward_hook(observe);
+      if (hook == Hook::DropPath1) block.drop_path1->register_forward_hook(observe);
       uint64_t seed = 800;
       for (const Tensor& p : block.parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
       block.to(DType::bf16);
@@ -244,9 +249,10 @@ TEST(Fp8Producers, ABlockTrainsTheSameBitsWithTheLayerNormsWritingFp8) {
       EXPECT_EQ(ledger.op("dgelu_fp8_cast_dbias").calls, fused ? 2 : 0);
       // Both residual adds ride in GEMMs either way (proj's and fc2's FP8 GEMMs reading x and h), and
       // the two gradients of x and of h are summed in norm1's and norm2's backward passes: no add kernel
-      // runs, nor a LayerNorm that adds.
+      // runs, nor a LayerNorm that adds. With the hook on drop_path1, norm2 adds (fused: its FP8 pass).
       EXPECT_EQ(ledger.op("add").calls, hooked ? 2 : 0);
-      EXPECT_EQ(ledger.op("add_layernorm_forward").calls + ledger.op("add_layernorm_fp8_forward").calls, 0);
+      EXPECT_EQ(ledger.op("add_layernorm_forward").calls, hook == Hook::DropPath1 && !fused ? 2 : 0);
+      EXPECT_EQ(ledger.op("add_layernorm_fp8_forward").calls, hook == Hook::DropPath1 && fused ? 2 : 0);
       return out;
     };
     const Fp8Steps fused = run(true), unfused = run(false);

@@ -31,8 +31,10 @@ struct Result {
   uint64_t gen_offset = 0, default_offset = 0;
 };
 
-// Two blocks with every kind of randomness on, one forward and backward of Σ y·r.
-Result run_blocks(bool recompute, DType dtype) {
+// Two blocks with every kind of randomness on, one forward and backward of Σ y·r. With `random` off
+// (no dropout, no drop path), the blocks take their fused paths: both residual adds in GEMMs (proj's
+// and fc2's) and the MLP as one node.
+Result run_blocks(bool recompute, DType dtype, bool random = true) {
   manual_seed(5);
   Generator gen(11);
   std::vector<std::shared_ptr<TransformerBlock>> blocks;
@@ -40,7 +42,8 @@ Result run_blocks(bool recompute, DType dtype) {
   for (int b = 0; b < 2; ++b) {
     // proj_drop 0.1, drop_path 0.2 on the block's generator; the default generator is touched too
     // (the second block draws from it), to show both streams are rewound.
-    auto block = std::make_shared<TransformerBlock>(32, 2, 2.0, true, 0.1, 0.0, 0.2, b == 0 ? &gen : nullptr);
+    auto block = std::make_shared<TransformerBlock>(32, 2, 2.0, true, random ? 0.1 : 0.0, 0.0, random ? 0.2 : 0.0,
+                                                    b == 0 ? &gen : nullptr);
     for (const Tensor& p : block->parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
     block->to(dtype);
     block->recompute = recompute;
@@ -64,9 +67,10 @@ Result run_blocks(bool recompute, DType dtype) {
 }
 
 TEST(Recompute, GradientsAreBitForBitThoseWithoutIt) {
+  for (const bool random : {true, false}) {
   for (DType dtype : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    const Result plain = run_blocks(false, dtype), recomputed = run_blocks(true, dtype);
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + (random ? ", dropout and drop path" : ", the fused paths"));
+    const Result plain = run_blocks(false, dtype, random), recomputed = run_blocks(true, dtype, random);
     ASSERT_EQ(plain.tensors.size(), recomputed.tensors.size());
     for (const auto& [name, t] : plain.tensors) {
       ASSERT_TRUE(t.defined()) << name;
@@ -74,7 +78,10 @@ TEST(Recompute, GradientsAreBitForBitThoseWithoutIt) {
     }
     EXPECT_EQ(recomputed.gen_offset, plain.gen_offset) << "the block's stream ends where it would";
     EXPECT_EQ(recomputed.default_offset, plain.default_offset) << "the default stream too";
-    EXPECT_GT(plain.gen_offset, 0u) << "dropout and drop-path drew from the block's generator";
+    if (random) {
+      EXPECT_GT(plain.gen_offset, 0u) << "dropout and drop-path drew from the block's generator";
+    }
+  }
   }
 }
 
@@ -104,15 +111,18 @@ TEST(Recompute, CallbacksQueuedInTheRerunRunAtTheEndOfTheWholePass) {
   EXPECT_TRUE(same_bits(x.grad(), mul(mul(w.detach(), w.detach()), 2.0)));
 }
 
-// Two FP8 training steps of two blocks with dropout and drop-path on: everything the steps leave (the
-// outputs, the gradients, and every Linear's scales and amax histories after each step) by name.
-std::map<std::string, Tensor> fp8_steps(bool recompute, const Fp8Recipe& recipe) {
+// Two FP8 training steps of two blocks with dropout and drop-path on (or, with `random` off, neither:
+// the fused FP8 paths, the first residual add in proj's FP8 GEMM and the MLP as one node): everything
+// the steps leave (the outputs, the gradients, and every Linear's scales and amax histories after each
+// step) by name.
+std::map<std::string, Tensor> fp8_steps(bool recompute, const Fp8Recipe& recipe, bool random = true) {
   manual_seed(7);
   Generator gen(13);
   std::vector<std::shared_ptr<TransformerBlock>> blocks;
   uint64_t seed = 300;
   for (int b = 0; b < 2; ++b) {
-    auto block = std::make_shared<TransformerBlock>(32, 2, 2.0, true, 0.1, 0.0, 0.2, &gen);
+    auto block =
+        std::make_shared<TransformerBlock>(32, 2, 2.0, true, random ? 0.1 : 0.0, 0.0, random ? 0.2 : 0.0, &gen);
     for (const Tensor& p : block->parameters()) p.detach().copy_(random_tensor(p.shape(), DType::f32, seed++, 0.2));
     block->to(DType::bf16);
     block->recompute = recompute;
@@ -156,16 +166,22 @@ void expect_same(const std::map<std::string, Tensor>& recomputed, const std::map
 // and queues no update: gradients, outputs and the FP8 state are those without recompute.
 TEST(Recompute, FP8DelayedScalingIsBitForBit) {
   const Fp8Recipe recipe = DelayedScaling{.amax_history_len = 3};
-  const auto plain = fp8_steps(false, recipe);
-  expect_same(fp8_steps(true, recipe), plain);
-  // The scales moved between the steps, so a rerun using the updated ones would have differed.
-  EXPECT_FALSE(same_bits(plain.at("step1.blocks.0.mlp.fc1.fp8.forward.scale"),
-                         plain.at("step0.blocks.0.mlp.fc1.fp8.forward.scale")));
+  for (const bool random : {true, false}) {
+    SCOPED_TRACE(random ? "dropout and drop path" : "the fused paths");
+    const auto plain = fp8_steps(false, recipe, random);
+    expect_same(fp8_steps(true, recipe, random), plain);
+    // The scales moved between the steps, so a rerun using the updated ones would have differed.
+    EXPECT_FALSE(same_bits(plain.at("step1.blocks.0.mlp.fc1.fp8.forward.scale"),
+                           plain.at("step0.blocks.0.mlp.fc1.fp8.forward.scale")));
+  }
 }
 
 TEST(Recompute, FP8CurrentScalingIsBitForBit) {
   const Fp8Recipe recipe = CurrentScaling{};
-  expect_same(fp8_steps(true, recipe), fp8_steps(false, recipe));
+  for (const bool random : {true, false}) {
+    SCOPED_TRACE(random ? "dropout and drop path" : "the fused paths");
+    expect_same(fp8_steps(true, recipe, random), fp8_steps(false, recipe, random));
+  }
 }
 
 // A replay that meets an FP8 layer the first run did not run says so.

@@ -17,6 +17,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/device.h"
+#include "core/error.h"
 #include "data/fashion_mnist.h"
 #include "data/loader.h"
 #include "distributed/ddp.h"
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
   return distributed::run_rank_main([&] {
     const distributed::LaunchInfo launch = distributed::launch_info();
     const Device device = cuda::is_available() ? Device::cuda(launch.local_rank) : Device::cpu();
+    OCTET_CHECK(device.is_cpu() || launch.local_rank < cuda::device_count(), "local rank ", launch.local_rank,
+                " needs GPU cuda:", launch.local_rank, " but this node has ", cuda::device_count(),
+                "; start at most that many ranks per node");
     // On the CPU the ranks of a node share its cores.
     kernels::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch.local_world_size));
     const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group(device);

@@ -110,14 +110,15 @@ TEST(CudaFp8Gemm, MatchesTheExactResultWithBiasAndAccumulate) {
 
 // An addend (a block's residual, read as cuBLASLt's C apart from D): the exact result with the addend
 // where accumulate has the old out, within the same bound, and the addend unchanged. Small and odd, and
-// ViT-B's fc2 fprop (1576 tokens, 3072 -> 768, E4M3·E4M3, bf16 out, bias, fast accumulation).
+// ViT-B's fc2 and proj fprops (1576 tokens, 3072 -> 768 and 768 -> 768, E4M3·E4M3, bf16 out, bias,
+// fast accumulation): a block adds both of its residuals so.
 TEST(CudaFp8Gemm, MatchesTheExactResultWithAnAddend) {
   SKIP_WITHOUT_GPU();
   struct Shape3 {
     int64_t m, k, n;
   };
   uint64_t seed = 700;
-  for (const Shape3 s : {Shape3{37, 48, 32}, Shape3{1576, 3072, 768}}) {
+  for (const Shape3 s : {Shape3{37, 48, 32}, Shape3{1576, 3072, 768}, Shape3{1576, 768, 768}}) {
     for (DType out : {DType::f32, DType::bf16}) {
       for (bool bias : {false, true}) {
         const Tensor a = random_fp8({s.m, s.k}, DType::e4m3, seed), b = random_fp8({s.n, s.k}, DType::e4m3, seed + 1);

@@ -58,14 +58,15 @@ TEST(CudaLinear, ForwardMatchesTheCpu) {
   }
 }
 
-// linear_forward with a residual (a block's last residual add): residual + x·Wᵀ + b against float64.
+// linear_forward with a residual (a block's residual adds, after proj and after fc2): residual + x·Wᵀ + b
+// against float64.
 // The bound, element by element, with u = 2^-24 (f32) or 2^-8 (bf16) and A = Σ_k |x_k·w_k|: the
 // f32 accumulation of K products, in any order, is within K·2^-24·A of exact; where cuBLASLt adds the
 // residual in its epilogue (a bias, and it offers an algorithm) the sum is rounded once, so
 //   |got - exact| <= e + u·(|exact| + e),  e = K·2^-24·A;
 // elsewhere y is rounded, then the sum: e' = e + u·(|y| + e), |got - exact| <= e' + u·(|exact| + e').
-// The small cases may take either path and are held to the second bound; ViT-Base's fc2 (bf16, a bias,
-// every row 16-byte aligned) must take the epilogue, and is held to the first.
+// The small cases may take either path and are held to the second bound; ViT-Base's fc2 and proj
+// (bf16, a bias, every row 16-byte aligned) must take the epilogue, and are held to the first.
 TEST(CudaLinear, ResidualAddedInTheEpilogueRoundsOnce) {
   SKIP_WITHOUT_GPU();
   auto check = [](const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& r, bool one_rounding,
@@ -102,6 +103,9 @@ TEST(CudaLinear, ResidualAddedInTheEpilogueRoundsOnce) {
   const Tensor w = random_tensor({768, 3072}, DType::bf16, 331, 0.03);
   check(x, w, random_tensor({768}, DType::bf16, 332), random_tensor({2, 197, 768}, DType::bf16, 333, 2.0), true,
         "ViT-Base fc2");
+  check(random_tensor({2, 197, 768}, DType::bf16, 334), random_tensor({768, 768}, DType::bf16, 335, 0.03),
+        random_tensor({768}, DType::bf16, 336), random_tensor({2, 197, 768}, DType::bf16, 337, 2.0), true,
+        "ViT-Base proj");
   // The residual checked like any input.
   EXPECT_TRUE(testing::throws_with(
       [&] { kernels::linear_forward(x.to(kGpu), w.to(kGpu), Tensor(), random_tensor({2, 197, 767}).to(kGpu)); },

@@ -32,9 +32,10 @@ Tensor rdiv_scalar(const Tensor& a, double s) {
   const Tensor ad = a.detach();
   Tensor out = k::rdiv_scalar(ad, s);
   // d(s/a)/da = -s/a² = -out/a
-  return record("rdiv_scalar", out, {a}, [ad, out = out.detach()](const Grads& g) -> Grads {
-    return {k::neg(k::mul(g[0], k::div(out, ad)))};
-  });
+  return record(
+      "rdiv_scalar", out, {a},
+      [ad, out = out.detach()](const Grads& g) -> Grads { return {k::neg(k::mul(g[0], k::div(out, ad)))}; },
+      {ad, out});
 }
 
 }  // namespace
@@ -60,10 +61,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   const Tensor ad = a.detach(), bd = b.detach();
   const bool na = a.requires_grad(), nb = b.requires_grad();
-  return record("mul", k::mul(ad, bd), {a, b}, [=](const Grads& g) -> Grads {
-    return {na ? k::sum_to(k::mul(g[0], bd), ad.shape()) : Tensor(),
-            nb ? k::sum_to(k::mul(g[0], ad), bd.shape()) : Tensor()};
-  });
+  return record(
+      "mul", k::mul(ad, bd), {a, b},
+      [=](const Grads& g) -> Grads {
+        return {na ? k::sum_to(k::mul(g[0], bd), ad.shape()) : Tensor(),
+                nb ? k::sum_to(k::mul(g[0], ad), bd.shape()) : Tensor()};
+      },
+      {nb ? ad : Tensor(), na ? bd : Tensor()});
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
@@ -71,10 +75,14 @@ Tensor div(const Tensor& a, const Tensor& b) {
   const bool na = a.requires_grad(), nb = b.requires_grad();
   Tensor out = k::div(ad, bd);
   // da = g/b, db = -g·a/b² = -(g/b)·out
-  return record("div", out, {a, b}, [=, out = out.detach()](const Grads& g) -> Grads {
-    const Tensor g_over_b = k::div(g[0], bd);
-    return {reduce_if(na, g_over_b, ad.shape()), nb ? k::sum_to(k::neg(k::mul(g_over_b, out)), bd.shape()) : Tensor()};
-  });
+  return record(
+      "div", out, {a, b},
+      [=, out = out.detach()](const Grads& g) -> Grads {
+        const Tensor g_over_b = k::div(g[0], bd);
+        return {reduce_if(na, g_over_b, ad.shape()),
+                nb ? k::sum_to(k::neg(k::mul(g_over_b, out)), bd.shape()) : Tensor()};
+      },
+      {bd, nb ? out : Tensor()});
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
@@ -82,12 +90,15 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   const bool na = a.requires_grad(), nb = b.requires_grad();
   Tensor out = k::pow(ad, bd);
   // da = g·b·a^(b-1), db = g·a^b·ln a (hence a > 0 where db is needed)
-  return record("pow", out, {a, b}, [=, out = out.detach()](const Grads& g) -> Grads {
-    Tensor da, db;
-    if (na) da = k::sum_to(k::mul(g[0], k::mul(bd, k::pow(ad, k::add_scalar(bd, -1.0)))), ad.shape());
-    if (nb) db = k::sum_to(k::mul(g[0], k::mul(out, k::log(ad))), bd.shape());
-    return {da, db};
-  });
+  return record(
+      "pow", out, {a, b},
+      [=, out = out.detach()](const Grads& g) -> Grads {
+        Tensor da, db;
+        if (na) da = k::sum_to(k::mul(g[0], k::mul(bd, k::pow(ad, k::add_scalar(bd, -1.0)))), ad.shape());
+        if (nb) db = k::sum_to(k::mul(g[0], k::mul(out, k::log(ad))), bd.shape());
+        return {da, db};
+      },
+      {ad, bd, nb ? out : Tensor()});
 }
 
 // ---- with a scalar ----------------------------------------------------------------------------------
@@ -104,9 +115,12 @@ Tensor mul(const Tensor& a, double s) {
 Tensor pow(const Tensor& a, double exponent) {
   const Tensor ad = a.detach();
   // d(a^e)/da = e·a^(e-1)
-  return record("pow_scalar", k::pow_scalar(ad, exponent), {a}, [ad, exponent](const Grads& g) -> Grads {
-    return {k::mul(g[0], k::mul_scalar(k::pow_scalar(ad, exponent - 1.0), exponent))};
-  });
+  return record(
+      "pow_scalar", k::pow_scalar(ad, exponent), {a},
+      [ad, exponent](const Grads& g) -> Grads {
+        return {k::mul(g[0], k::mul_scalar(k::pow_scalar(ad, exponent - 1.0), exponent))};
+      },
+      {ad});
 }
 
 // ---- unary --------------------------------------------------------------------------------------------
@@ -117,36 +131,41 @@ Tensor neg(const Tensor& a) {
 
 Tensor exp(const Tensor& a) {
   Tensor out = k::exp(a.detach());
-  return record("exp", out, {a}, [out = out.detach()](const Grads& g) -> Grads { return {k::mul(g[0], out)}; });
+  return record(
+      "exp", out, {a}, [out = out.detach()](const Grads& g) -> Grads { return {k::mul(g[0], out)}; }, {out});
 }
 
 Tensor log(const Tensor& a) {
   const Tensor ad = a.detach();
-  return record("log", k::log(ad), {a}, [ad](const Grads& g) -> Grads { return {k::div(g[0], ad)}; });
+  return record("log", k::log(ad), {a}, [ad](const Grads& g) -> Grads { return {k::div(g[0], ad)}; }, {ad});
 }
 
 Tensor tanh(const Tensor& a) {
   Tensor out = k::tanh(a.detach());
   // d tanh = 1 - tanh²
-  return record("tanh", out, {a}, [out = out.detach()](const Grads& g) -> Grads {
-    return {k::mul(g[0], k::rsub_scalar(k::mul(out, out), 1.0))};
-  });
+  return record(
+      "tanh", out, {a},
+      [out = out.detach()](const Grads& g) -> Grads { return {k::mul(g[0], k::rsub_scalar(k::mul(out, out), 1.0))}; },
+      {out});
 }
 
 Tensor sqrt(const Tensor& a) {
   Tensor out = k::sqrt(a.detach());
   // d sqrt(a) = 1 / (2·sqrt(a))
-  return record("sqrt", out, {a}, [out = out.detach()](const Grads& g) -> Grads {
-    return {k::div(k::mul_scalar(g[0], 0.5), out)};
-  });
+  return record(
+      "sqrt", out, {a},
+      [out = out.detach()](const Grads& g) -> Grads { return {k::div(k::mul_scalar(g[0], 0.5), out)}; }, {out});
 }
 
 Tensor rsqrt(const Tensor& a) {
   Tensor out = k::rsqrt(a.detach());
   // d a^(-1/2) = -a^(-3/2)/2 = -out³/2
-  return record("rsqrt", out, {a}, [out = out.detach()](const Grads& g) -> Grads {
-    return {k::mul(g[0], k::mul_scalar(k::pow_scalar(out, 3.0), -0.5))};
-  });
+  return record(
+      "rsqrt", out, {a},
+      [out = out.detach()](const Grads& g) -> Grads {
+        return {k::mul(g[0], k::mul_scalar(k::pow_scalar(out, 3.0), -0.5))};
+      },
+      {out});
 }
 
 // ---- operators ----------------------------------------------------------------------------------------

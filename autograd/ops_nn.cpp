@@ -76,7 +76,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
       }
     }
     return {da, db};
-  });
+  }, {nb ? ad : Tensor(), na ? bd : Tensor()});
 }
 
 // y = x·Wᵀ + b over x's rows: dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy. On the GPU the bias add rides
@@ -93,7 +93,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const T
     if (!nx && !nw && !nb) return {Tensor(), Tensor(), Tensor(), g[0]};  // only the residual needs one
     k::LinearGrads d = k::linear_backward(g[0], xd, wd, nx, nw, nb);
     return {d.dx, d.dweight, nb ? d.dbias.to(b_dtype) : Tensor(), nr ? g[0] : Tensor()};
-  });
+  }, {nw ? xd : Tensor(), nx ? wd : Tensor()});
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
@@ -104,7 +104,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                 [=, mean = r.mean, rstd = r.rstd](const Grads& g) -> Grads {
                   k::LayerNormGrads d = k::layernorm_backward(g[0], xd, wd, mean, rstd);
                   return {nx ? d.dx : Tensor(), nw ? d.dweight : Tensor(), nb ? d.dbias : Tensor()};
-                });
+                },
+                {xd, wd});
 }
 
 // (h, ln) = (x + y, layer_norm(x + y)). With dh the gradient of h (from its other consumers) and dln
@@ -122,7 +123,8 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& y, const
                k::AddLayerNormGrads d = k::add_layernorm_backward(g[1], g[0], hd, wd, mean, rstd);
                return {nx ? d.dh : Tensor(), ny ? d.dh : Tensor(), nw ? d.dweight : Tensor(),
                        nb ? d.dbias : Tensor()};
-             });
+             },
+             {r.h, wd});
   return {outs[0], outs[1]};
 }
 
@@ -139,15 +141,16 @@ std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x, const Tensor& wei
              [=, mean = r.mean, rstd = r.rstd](const Grads& g) -> Grads {
                k::AddLayerNormGrads d = k::add_layernorm_backward(g[1], g[0], xd, wd, mean, rstd);
                return {nx ? d.dh : Tensor(), nw ? d.dweight : Tensor(), nb ? d.dbias : Tensor()};
-             });
+             },
+             {xd, wd});
   return {outs[0], outs[1]};
 }
 
 Tensor gelu(const Tensor& x, kernels::GeluApproximation approximation) {
   const Tensor xd = x.detach();
-  return record("gelu", k::gelu_forward(xd, approximation), {x}, [xd, approximation](const Grads& g) -> Grads {
-    return {k::gelu_backward(g[0], xd, approximation)};
-  });
+  return record(
+      "gelu", k::gelu_forward(xd, approximation), {x},
+      [xd, approximation](const Grads& g) -> Grads { return {k::gelu_backward(g[0], xd, approximation)}; }, {xd});
 }
 
 namespace {
@@ -209,7 +212,7 @@ Tensor gelu_linear(const Tensor& h, kernels::GeluApproximation approximation, co
   return record("gelu_linear", y, {h, weight, bias}, [=](const Grads& g) -> Grads {
     const GeluLinearGrads d = gelu_linear_backward(g[0], hd, wd, approximation, nh, nw, nb);
     return {d.dpre, d.linear.dweight, nb ? d.linear.dbias.to(b_dtype) : Tensor()};
-  });
+  }, {hd, nh ? wd : Tensor()});
 }
 
 // Backward goes through fc2 and the GELU as gelu_linear's does (gelu_linear_backward), whose pass over
@@ -244,16 +247,20 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& weight1, const Tensor& 
                     if (nb1) db1 = (summed ? fc2.dpre_sum : d.dbias).to(b1_dtype);
                   }
                   return {dx, dw1, db1, fc2.linear.dweight, db2, nr ? g[0] : Tensor()};
-                });
+                },
+                {nw1 ? xd : Tensor(), nx ? w1 : Tensor(), nx || nw1 || nb1 ? w2 : Tensor(), f.pre});
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index) {
   const Tensor ld = logits.detach(), td = targets.detach();
   k::CrossEntropyOutput r = k::cross_entropy_forward(ld, td, label_smoothing, ignore_index);
   // Targets are class indices: only the logits are inputs to the graph.
-  return record("cross_entropy", r.loss, {logits}, [=, lse = r.lse](const Grads& g) -> Grads {
-    return {k::cross_entropy_backward(ld, td, lse, g[0], label_smoothing, ignore_index)};
-  });
+  return record(
+      "cross_entropy", r.loss, {logits},
+      [=, lse = r.lse](const Grads& g) -> Grads {
+        return {k::cross_entropy_backward(ld, td, lse, g[0], label_smoothing, ignore_index)};
+      },
+      {ld, td});
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
@@ -279,7 +286,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                 [=, out = r.out.detach(), lse = r.lse](const Grads& g) -> Grads {
                   kernels::AttentionGrads d = kernels::attention_backward(g[0], qd, kd, vd, out, lse, s);
                   return {nq ? d.dq : Tensor(), nk ? d.dk : Tensor(), nv ? d.dv : Tensor()};
-                });
+                },
+                {qd, kd, vd, r.out});
 }
 
 Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, std::optional<double> scale) {
@@ -295,7 +303,8 @@ Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, std::optional<
                 [=, out_heads = r.out.detach(), lse = r.lse](const Grads& g) -> Grads {
                   const Tensor dout = g[0].reshape({b, n, num_heads, d});
                   return {kernels::packed_attention_backward(dout, packed, out_heads, lse, s).reshape(qkv.shape())};
-                });
+                },
+                {packed, r.out});
 }
 
 }  // namespace octet

@@ -78,17 +78,17 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
 Tensor softmax(const Tensor& a, int64_t dim) {
   const int64_t d = a.shape().normalize_dim(dim, "softmax");
   Tensor y = k::softmax(a.detach(), d);
-  return record("softmax", y, {a}, [y = y.detach(), d](const Grads& g) -> Grads {
-    return {k::softmax_backward(y, g[0], d)};
-  });
+  return record(
+      "softmax", y, {a}, [y = y.detach(), d](const Grads& g) -> Grads { return {k::softmax_backward(y, g[0], d)}; },
+      {y});
 }
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   const int64_t d = a.shape().normalize_dim(dim, "log_softmax");
   Tensor y = k::log_softmax(a.detach(), d);
-  return record("log_softmax", y, {a}, [y = y.detach(), d](const Grads& g) -> Grads {
-    return {k::log_softmax_backward(y, g[0], d)};
-  });
+  return record(
+      "log_softmax", y, {a},
+      [y = y.detach(), d](const Grads& g) -> Grads { return {k::log_softmax_backward(y, g[0], d)}; }, {y});
 }
 
 }  // namespace octet

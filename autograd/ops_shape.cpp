@@ -151,9 +151,9 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& indices) {
   const Shape in = a.shape();
   const int64_t d = in.normalize_dim(dim, "index_select");
   const Tensor idx = indices.detach();
-  return record("index_select", k::index_select(a.detach(), d, idx), {a}, [in, d, idx](const Grads& g) -> Grads {
-    return {k::index_select_backward(g[0], in, d, idx)};
-  });
+  return record(
+      "index_select", k::index_select(a.detach(), d, idx), {a},
+      [in, d, idx](const Grads& g) -> Grads { return {k::index_select_backward(g[0], in, d, idx)}; }, {idx});
 }
 
 Tensor patchify(const Tensor& images, int64_t patch) {

@@ -38,7 +38,7 @@ void AdamW::step() {
     for (const auto& [step, tensors] : by_step) {
       kernels::adamw_step_multi_(tensors, group.lr, beta1_, beta2_, eps_, group.weight_decay, step);
     }
-    for (const ParamToUpdate& u : todo) ++u.state->step;
+    finish_step(todo);
   }
 }
 

@@ -8,7 +8,9 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/optimizers.h"
+#include "kernels/reduce.h"
 
 namespace octet::optim {
 namespace {
@@ -147,7 +149,27 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
   }
   for (const NewMasters& m : new_masters) kernels::widen_to_f32_multi_(m.sources, m.masters);
   for (const NewMasters& m : new_masters) {
-    for (size_t k = 0; k < m.index.size(); ++k) state_[group][m.index[k]].buffers["master"] = m.masters[k];
+    for (size_t k = 0; k < m.index.size(); ++k) {
+      ParamState& s = state_[group][m.index[k]];
+      s.buffers["master"] = m.masters[k];
+      s.param_version = m.sources[k].version();
+    }
+  }
+  // A parameter written by someone else since the last step (its version moved): where its bytes are
+  // no longer its master's rounding, the master is taken again from it. Loading the same bytes (a
+  // checkpoint's model after its optimizer state) keeps the master and its extra bits.
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const Tensor& p = g.params[i];
+    ParamState& s = state_[group][i];
+    const auto master = s.buffers.find("master");
+    if (!p.grad().defined() || master == s.buffers.end() || p.version() == s.param_version) continue;
+    if (master->second.shape() == p.shape() && master->second.device() == p.device()) {
+      const Tensor rounded = master->second.to(p.dtype());
+      const bool same = kernels::max(kernels::abs(kernels::sub(rounded.to(DType::f32), p.detach().to(DType::f32))))
+                            .item() == 0.0;
+      if (!same) kernels::widen_to_f32_multi_({p.detach()}, {master->second});
+    }
+    s.param_version = p.version();
   }
   for (size_t i = 0; i < g.params.size(); ++i) {
     const Tensor& p = g.params[i];
@@ -159,6 +181,13 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
     out.push_back({p, &s});
   }
   return out;
+}
+
+void Optimizer::finish_step(const std::vector<ParamToUpdate>& updated) {
+  for (const ParamToUpdate& u : updated) {
+    ++u.state->step;
+    u.state->param_version = u.param.version();
+  }
 }
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
@@ -282,6 +311,9 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].lr = lrs[g];
     groups_[g].weight_decay = wds[g];
+    // The loaded masters and the parameters as they are now: a model loaded after this state (or
+    // written after it) is compared with the masters at the next step.
+    for (size_t i = 0; i < state[g].size(); ++i) state[g][i].param_version = groups_[g].params[i].version();
   }
   state_ = std::move(state);
 }

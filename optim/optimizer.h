@@ -36,7 +36,10 @@ struct ParamGroup {
 // master weights, as apex's O2 and llm.c do: the optimizer updates its f32 master copy and writes the
 // rounded value back into the parameter in the same pass, so rounding errors never accumulate in the
 // weights. The master copies and the f32 optimizer state are in state_dict(), so a bf16 run resumes
-// bitwise.
+// bitwise. A parameter written by anyone else between steps (new weights loaded into the model, a
+// head re-initialised, a clamp) keeps that value, as in PyTorch: the next step sees that the
+// parameter's storage version moved and, where its bytes are no longer the master's rounding, takes
+// the master again from the parameter (the master's extra bits are then gone, as they must be).
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -86,6 +89,9 @@ class Optimizer {
   struct ParamState {
     int64_t step = 0;                       // updates made so far
     std::map<std::string, Tensor> buffers;  // the parameter's shape in state_dtype(), on its device
+    // With a master: the parameter's storage version when the master and the parameter last agreed
+    // (after this optimizer wrote it, or loaded or checked the master), to see writes by others.
+    uint64_t param_version = 0;
   };
   // The buffers each stepped parameter holds besides its master copy, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> state_buffer_names() const = 0;
@@ -100,6 +106,8 @@ class Optimizer {
   // The parameters of group g whose grad is defined, in order, with their masters created. Throws
   // when the groups changed since construction (build a new optimizer for other tensors).
   std::vector<ParamToUpdate> params_with_grad(size_t group);
+  // After the update kernels: counts the step and notes each parameter's version as its own write.
+  static void finish_step(const std::vector<ParamToUpdate>& updated);
 
   // Throws when the hyperparameter is not finite or fails `ok`, naming it and `expected`.
   void check_hyperparameter(const char* what, double value, bool ok, const char* expected) const;

@@ -55,7 +55,7 @@ void SGD::step() {
       kernels::sgd_step_multi_(tensors, group.lr, momentum_, dampening_, nesterov_, group.weight_decay,
                                first_step);
     }
-    for (const ParamToUpdate& u : todo) ++u.state->step;
+    finish_step(todo);
   }
 }
 

@@ -178,3 +178,42 @@ TEST(MasterWeightsClip, ClipGradNormOverBf16GradientsScalesThemAll) {
 }
 
 }  // namespace
+
+// A bf16 parameter written between steps by someone else (weights loaded into the model, a head
+// re-initialised) keeps that value, as it would in PyTorch: the next step starts from it, not from the
+// master the optimizer kept. Plain SGD at lr 0.5 on a gradient of ones: after the write, the step
+// gives bf16(f32(x) - 0.5), where the old master would have given the first step's values minus 0.5.
+TEST(MasterWeights, AParameterWrittenBetweenStepsKeepsTheWrittenValue) {
+  Tensor p = random_tensor({6, 5}, DType::bf16, 21).requires_grad_();
+  optim::SGD sgd({p}, 0.5);
+  p.set_grad(full({6, 5}, 1.0, DType::bf16));
+  sgd.step();
+  const Tensor x = random_tensor({6, 5}, DType::bf16, 22, 4.0);
+  p.detach().copy_(x);
+  p.set_grad(full({6, 5}, 1.0, DType::bf16));
+  sgd.step();
+  const Tensor want = kernels::sub(x.to(DType::f32), full({6, 5}, 0.5)).to(DType::bf16);
+  EXPECT_TRUE(octet::testing::same_bits(p.detach(), want));
+  EXPECT_TRUE(octet::testing::same_bits(sgd.state_dict().at("state.0.0.master"), kernels::sub(x.to(DType::f32),
+                                                                                                full({6, 5}, 0.5))));
+}
+
+// Writing the bytes a parameter already holds (a checkpoint's model loaded after its optimizer state)
+// keeps the master and the bits bf16 cannot hold: the run continues exactly as without the write.
+TEST(MasterWeights, RewritingTheSameBytesKeepsTheMaster) {
+  auto run = [](bool rewrite) {
+    const std::vector<Tensor> params = make_params(DType::bf16);
+    std::unique_ptr<optim::Optimizer> opt = make_adamw(params);
+    const std::vector<Tensor> target = targets();
+    for (int step = 0; step < 3; ++step) {
+      if (rewrite && step == 1) {
+        for (const Tensor& p : params) p.detach().copy_(p.detach().clone());
+      }
+      set_quadratic_grads(params, target);
+      opt->step();
+    }
+    return opt->state_dict();
+  };
+  const std::map<std::string, Tensor> plain = run(false), rewritten = run(true);
+  for (const auto& [name, t] : plain) EXPECT_TRUE(octet::testing::same_bits(rewritten.at(name), t)) << name;
+}

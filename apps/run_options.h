@@ -30,7 +30,8 @@ struct RunOptions {
   int64_t grad_accum = 1;  // micro-batches of --batch-size per optimizer step
   int64_t eval_batch_size = 500;
   std::string optimizer = "adamw";
-  double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999;
+  double lr = 2e-3, min_lr = 1e-5, momentum = 0.9, beta1 = 0.9, beta2 = 0.999;
+  double weight_decay = 0.05;  // AdamW's; check_run_options makes it 1e-4 for SGD unless given
   int64_t warmup_steps = 200;
   double label_smoothing = 0.1, clip_grad = 1.0, drop_path = -1;  // drop_path < 0: the model config's
   std::string gelu = "erf";  // or "tanh"

@@ -146,6 +146,15 @@ TEST(RunOptions, AFlagThatWouldDoNothingIsRefused) {
   checked({"--lr", "1e-06", "--device", "cpu"});
 }
 
+// SGD's weight decay is L2 on the gradient (torch.optim.SGD's), which momentum 0.9 amplifies tenfold:
+// without --weight-decay it is 1e-4, not AdamW's decoupled 0.05; given, it is what was given.
+TEST(RunOptions, WeightDecayDefaultsToEachOptimizersOwn) {
+  EXPECT_EQ(checked({}).weight_decay, 0.05);
+  EXPECT_EQ(checked({"--optimizer", "sgd"}).weight_decay, 1e-4);
+  EXPECT_EQ(checked({"--optimizer", "sgd", "--weight-decay", "0.05"}).weight_decay, 0.05);
+  EXPECT_EQ(checked({"--optimizer", "adamw", "--weight-decay", "0"}).weight_decay, 0.0);
+}
+
 TEST(RunOptions, MoreThreadsThanCoresAreRefused) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (cores == 0) GTEST_SKIP() << "the standard library does not know this machine's cores";

@@ -261,7 +261,10 @@ Tensor& Module::register_parameter(const std::string& name, Tensor value, bool r
   OCTET_CHECK(value.defined(), name_, ": parameter '", name,
               "' is undefined; register a tensor holding its values");
   // Registered parameters are leaves: a parameter computed by an op must not carry that op's graph.
-  Tensor leaf = value.detach();
+  // A leaf is registered as itself, so that one tensor registered twice (a tied weight, under two
+  // names or in two modules) is one parameter, listed once, whose gradient sums both uses; and the
+  // caller's own handle is the parameter the optimizer steps.
+  Tensor leaf = value.grad_fn() ? value.detach() : value;
   leaf.requires_grad_(requires_grad);
   parameters_.emplace_back(name, std::move(leaf));
   return parameters_.back().second;

@@ -102,8 +102,9 @@ class Module : public std::enable_shared_from_this<Module> {
   LoadResult load_state_dict(const StateDict& state, bool strict = true);
 
  protected:
-  // `value` becomes a leaf parameter (detached from any graph). The reference stays valid for the
-  // module's lifetime; layers usually keep a handle copy: `weight = register_parameter(...)`.
+  // `value` becomes a leaf parameter: itself when it is a leaf (a tensor registered twice, a tied
+  // weight, is then one parameter), else a detached handle to its data. The reference stays valid for
+  // the module's lifetime; layers usually keep a handle copy: `weight = register_parameter(...)`.
   Tensor& register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
   // Non-persistent buffers are left out of state_dict().
   Tensor& register_buffer(const std::string& name, Tensor value, bool persistent = true);

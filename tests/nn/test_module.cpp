@@ -77,6 +77,38 @@ TEST(Module, ASharedChildIsListedOnce) {
   EXPECT_EQ(tied.named_modules().size(), 2u);
 }
 
+// A weight tied across two modules (one tensor registered in each, as an embedding and an output
+// projection share theirs): one parameter, listed once, whose gradient sums both uses, stepped once,
+// and still one tensor after a dtype change. Registering a detached handle instead made two leaves
+// over one storage, each with its own share of the gradient, which to() then split apart.
+TEST(Module, AWeightTiedAcrossModulesIsOneParameter) {
+  class Scale : public Module {
+   public:
+    explicit Scale(const Tensor& w) : Module("Scale") { weight = register_parameter("weight", w); }
+    Tensor forward(const Tensor& x) override { return x * weight; }
+    Tensor weight;
+  };
+  class TiedPair : public Module {
+   public:
+    TiedPair() : Module("TiedPair") {
+      const Tensor w = random_tensor({4}, DType::f32, 5);
+      a = register_module("a", std::make_shared<Scale>(w));
+      b = register_module("b", std::make_shared<Scale>(w));
+    }
+    Tensor forward(const Tensor& x) override { return (*b)((*a)(x)); }
+    std::shared_ptr<Scale> a, b;
+  } tied;
+  EXPECT_EQ(names_of(tied.named_parameters()), (std::vector<std::string>{"a.weight"}));
+  const Tensor x = random_tensor({4}, DType::f32, 6);
+  sum(tied(x)).backward();
+  // d(x·w·w)/dw = x·w + w·x, both uses summed into the one gradient: 2·(x·w), exactly.
+  const Tensor w0 = tied.a->weight.detach().clone();
+  EXPECT_TRUE(octet::testing::same_bits(tied.a->weight.grad(), (x * w0) * 2.0));
+  EXPECT_EQ(tied.b->weight.grad().data_ptr(), tied.a->weight.grad().data_ptr());
+  tied.to(DType::f64);
+  EXPECT_EQ(tied.a->weight.data_ptr(), tied.b->weight.data_ptr()) << "to() split the tied weight";
+}
+
 TEST(Module, RegistrationErrorsNameTheProblem) {
   class Bad : public Module {
    public:

@@ -57,6 +57,9 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double lr
   size_t total = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     ParamGroup& group = groups_[g];
+    // A group's lr relative to the optimizer's, which set_lr keeps: 1 for a group that inherits it
+    // (and for every group of an optimizer built with lr 0, where no ratio exists).
+    lr_scales_.push_back(std::isnan(group.lr) || lr == 0 ? 1.0 : group.lr / lr);
     if (std::isnan(group.lr)) group.lr = lr;
     if (std::isnan(group.weight_decay)) group.weight_decay = weight_decay;
     check_hyperparameter("a group's lr", group.lr, group.lr >= 0, "finite and >= 0");
@@ -96,7 +99,8 @@ void Optimizer::zero_grad() {
 
 void Optimizer::set_lr(double lr) {
   check_hyperparameter("lr", lr, lr >= 0, "finite and >= 0");
-  for (ParamGroup& group : groups_) group.lr = lr;
+  check_groups_unchanged("set_lr");
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].lr = lr * lr_scales_[g];
 }
 
 int64_t Optimizer::step_count(size_t group, size_t index) const {

@@ -58,7 +58,10 @@ class Optimizer {
   // not: build a new optimizer for that (step() checks).
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  void set_lr(double lr);  // every group
+  // The optimizer's lr, as a schedule gives it: a group that inherited the constructor's lr takes lr,
+  // and a group given its own keeps its ratio to the constructor's (a head at 10x stays at 10x), as
+  // PyTorch's schedulers scale each group's initial lr.
+  void set_lr(double lr);
 
   // Everything needed to resume bitwise: per group "param_groups.<g>.lr", ".weight_decay" (f64 [])
   // and ".num_params" (i64 []); per stepped parameter "state.<g>.<i>.step" (i64 [], updates so far)
@@ -117,6 +120,7 @@ class Optimizer {
 
   std::string name_;
   std::vector<ParamGroup> groups_;
+  std::vector<double> lr_scales_;               // each group's lr over the constructor's (set_lr)
   std::vector<std::vector<ParamState>> state_;  // state_[g][i] for groups_[g].params[i]
 };
 

@@ -68,16 +68,20 @@ TEST_P(AdamWConstantGradient, MatchesClosedFormPerGroup) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, AdamWConstantGradient, ::testing::Values(DType::f64, DType::f32),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-TEST(AdamW, GroupsInheritTheConstructorsLrAndWeightDecay) {
+TEST(AdamW, GroupsInheritTheConstructorsLrAndWeightDecayAndSetLrKeepsTheirRatios) {
   Tensor a = make_param({3}, DType::f64, 5), b = make_param({3}, DType::f64, 6);
   optim::AdamW opt({optim::ParamGroup{{a}}, optim::ParamGroup{{b}, 0.5, 0.0}}, 0.01, 0.9, 0.999, 1e-8, 0.2);
   EXPECT_EQ(opt.param_groups()[0].lr, 0.01);
   EXPECT_EQ(opt.param_groups()[0].weight_decay, 0.2);
   EXPECT_EQ(opt.param_groups()[1].lr, 0.5);
   EXPECT_EQ(opt.param_groups()[1].weight_decay, 0.0);
+  // A schedule's lr: the inheriting group takes it, the group with its own lr (50x the optimizer's)
+  // keeps that ratio, as PyTorch's schedulers scale each group's initial lr.
   opt.set_lr(0.25);
   EXPECT_EQ(opt.param_groups()[0].lr, 0.25);
-  EXPECT_EQ(opt.param_groups()[1].lr, 0.25);
+  EXPECT_EQ(opt.param_groups()[1].lr, 0.25 * (0.5 / 0.01));
+  opt.set_lr(0.0);
+  EXPECT_EQ(opt.param_groups()[1].lr, 0.0);
   EXPECT_TRUE(throws_with([&] { opt.set_lr(-1); }, {"AdamW", "lr", ">= 0", "-1"}));
 }
 

@@ -226,6 +226,10 @@ int train(const RunOptions& o) {
   const int64_t total_steps =
       o.steps > 0 ? o.steps : std::max<int64_t>(1, o.epochs * train_loader.batches_per_epoch() / o.grad_accum);
   const int64_t warmup_steps = std::min(o.warmup_steps, total_steps);  // a short run warms up throughout
+  if (warmup_steps < o.warmup_steps && rank == 0) {
+    logging::info("--warmup-steps {} is longer than the run's {} steps: the lr rises over the whole run and never "
+                  "decays; pass a smaller --warmup-steps for a cosine decay", o.warmup_steps, total_steps);
+  }
   const optim::WarmupCosineSchedule schedule(o.lr, warmup_steps, total_steps, std::min(o.min_lr, o.lr));
 
   int64_t step = 0;

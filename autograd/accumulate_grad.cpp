@@ -29,7 +29,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   } else {
     kernels::add_(current, incoming);
   }
-  for (auto& hook : leaf_.impl()->autograd_meta().post_accumulate_hooks) hook(leaf_);
+  // Copies: a hook may register another (the list would move under us), and gets its own handle to
+  // the leaf (rebinding its argument must not rebind this node's).
+  const auto hooks = leaf_.impl()->autograd_meta().post_accumulate_hooks;
+  for (const auto& hook : hooks) {
+    Tensor leaf = leaf_;
+    hook(leaf);
+  }
   return {};
 }
 

@@ -12,6 +12,13 @@
 // of tensors fn reaches other than its inputs (a module's parameters) accumulate in that nested pass,
 // as they would have; the inputs' gradients are returned to the outer graph.
 //
+// Because those gradients accumulate in the nested pass, a parameter that fn uses and that is also
+// used outside fn (or inside two checkpoints) receives its gradient in two passes, and its
+// post-accumulate hooks fire in each with part of it. DDP and FSDP hang their reductions on those
+// hooks and refuse a gradient that arrives twice, so such a parameter must not be shared across the
+// recompute boundary under them (PyTorch's reentrant checkpoint has the same limit). A
+// TransformerBlock's parameters are its own, so per-block recompute (nn/recompute.h) never meets it.
+//
 // fn must be deterministic given what `restore` restores, and must not depend on grad mode for its
 // values. When no input requires grad there is no node to hang the recompute on: fn then runs
 // normally, keeping its graph (as PyTorch's reentrant checkpoint does, minus its warning).

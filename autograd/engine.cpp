@@ -110,8 +110,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
                   root.describe(), " needs an explicit gradient of its shape");
       grad = ones(root.shape(), root.dtype(), root.device());
     }
-    OCTET_CHECK(grad.shape() == root.shape(), "backward: gradient ", grad.describe(), " does not match root ",
-                root.describe());
+    OCTET_CHECK(grad.shape() == root.shape() && grad.device() == root.device(), "backward: gradient ",
+                grad.describe(), " does not match root ", root.describe(), "; pass one of the root's shape on ",
+                "its device");
     root_edges.push_back(gradient_edge(root));
     root_grads.push_back(grad.detach().to(root.dtype()));
   }
@@ -148,9 +149,17 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     for (size_t i = 0; i < incoming.size(); ++i) {
       if (!incoming[i].defined()) continue;
       any_grad = true;
-      for (auto& hook : *node->output_hooks[i]) {
+      // A copy: a hook may register another on the same tensor. What a hook returns stands for the
+      // gradient, so it must look like it.
+      const std::vector<GradHook> hooks = *node->output_hooks[i];
+      for (const GradHook& hook : hooks) {
         Tensor replaced = hook(incoming[i]);
-        if (replaced.defined()) incoming[i] = replaced;
+        if (!replaced.defined()) continue;
+        const TensorMeta& m = node->output_meta[i];
+        OCTET_CHECK(replaced.shape() == m.shape && replaced.device() == m.device, "backward: a hook on output ", i,
+                    " of '", node->name(), "' returned ", replaced.describe(), " for a gradient of shape ", m.shape,
+                    " on ", m.device.str(), "; a hook that replaces a gradient must return one of its shape and device");
+        incoming[i] = replaced.dtype() == m.dtype ? replaced : replaced.to(m.dtype);
       }
     }
     std::vector<Tensor> outgoing;

@@ -152,6 +152,44 @@ TEST(Engine, TensorHooksSeeAndReplaceGradients) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{20, 40}));
 }
 
+// A hook's replacement stands for the gradient: one of another shape is refused naming the op, where
+// it used to reach the op's closure (or a leaf's accumulation) and fail there, or not at all. A hook
+// that registers another on the same tensor no longer walks a list that grows under it.
+TEST(Engine, AHookReplacementMustLookLikeTheGradient) {
+  Tensor x = leaf({1, 2});
+  Tensor y = times(x, x);
+  y.register_hook([](const Tensor&) { return from_vector<double>({1, 2, 3}, {3}); });
+  EXPECT_TRUE(throws_with([&] { total(y).backward(); }, {"hook on output 0", "'times'", "[3]", "shape [2]"}));
+
+  Tensor a = leaf({1, 2});
+  Tensor b = times(a, a);
+  int later_calls = 0;
+  b.register_hook([&](const Tensor& g) {
+    for (int i = 0; i < 40; ++i) {
+      Tensor(b).register_hook([&](const Tensor&) {
+        ++later_calls;
+        return Tensor();
+      });
+    }
+    return g;
+  });
+  total(b).backward();
+  EXPECT_EQ(later_calls, 0) << "hooks registered during the pass wait for the next one";
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{2, 4}));
+
+  Tensor w = leaf({2});
+  int post_calls = 0;
+  w.register_post_accumulate_grad_hook([&](Tensor& p) {
+    ++post_calls;
+    for (int i = 0; i < 40; ++i) w.register_post_accumulate_grad_hook([](Tensor&) {});
+    p = Tensor();  // rebinding the argument leaves the leaf and its node alone
+  });
+  total(times(w, w)).backward();
+  total(times(w, w)).backward();
+  EXPECT_EQ(post_calls, 2);
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{8}));
+}
+
 TEST(Engine, HooksOnADroppedIntermediateStillFire) {
   Tensor x = leaf({1});
   int calls = 0;

@@ -73,6 +73,18 @@ TEST(Cuda, ToDeviceCarriesTheGradientBackToTheInputsDevice) {
   }
 }
 
+// backward's explicit gradient must live where its root does: a CPU gradient for a GPU loss is
+// refused at the root, naming both, where it used to pass the shape check and fail deep inside the
+// first backward closure as a bug of that op.
+TEST(Cuda, ARootGradientOnAnotherDeviceIsRefused) {
+  SKIP_WITHOUT_GPU();
+  Tensor x = testing::random_tensor({3, 2}).to(kGpu);
+  x.requires_grad_();
+  const Tensor y = mul(x, 2.0);
+  EXPECT_TRUE(testing::throws_with([&] { y.backward(testing::random_tensor({3, 2})); },
+                                   {"backward: gradient", "cpu", "does not match root", "cuda", "its device"}));
+}
+
 // The saved-activation figure reads this around a forward (core/storage.h, memory_in_use).
 TEST(Cuda, MemoryInUseCountsTheDevicesLiveStorages) {
   SKIP_WITHOUT_GPU();

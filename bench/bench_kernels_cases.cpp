@@ -495,31 +495,33 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
   // launches a run: a split-K GEMM, or the add apart where cuBLASLt refuses C.
   const int64_t proj_gemm = kBf16 * (2 * kNC + kWidth * kWidth + kWidth);
   const std::string proj_shape = nc + " -> " + std::to_string(kWidth);
+  struct ProjInputs {
+    std::vector<Tensor> heads, x;  // proj's input and the residual, `sets` of each
+    Tensor w, b, lw, lb;           // proj's weight and bias, norm2's
+  };
+  const auto proj_inputs = [ws](int64_t sets) {
+    Random& r = ws->random();
+    return ProjInputs{r.normals(sets, {kRows, kWidth}), r.normals(sets, {kRows, kWidth}),
+                      kernels::mul_scalar(r.normal({kWidth, kWidth}, DType::bf16), 0.03),
+                      r.normal({kWidth}, DType::bf16), r.ln_weight(), r.ln_bias()};
+  };
   cases.push_back({"linear+add_layernorm_forward", "bf16, the add in norm2", proj_shape,
                    proj_gemm + 4 * kBf16 * kNC + affine + stats,
                    [=](int64_t sets) -> Run {
-                     Random& r = ws->random();
-                     const std::vector<Tensor> heads = r.normals(sets, {kRows, kWidth}),
-                                               x = r.normals(sets, {kRows, kWidth});
-                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kWidth}, DType::bf16), 0.03),
-                                  b = r.normal({kWidth}, DType::bf16), lw = r.ln_weight(), lb = r.ln_bias();
+                     const ProjInputs in = proj_inputs(sets);
                      return keeping<kernels::AddLayerNormOutput>(sets, [=](int64_t s) {
-                       return kernels::add_layernorm_forward(x[s], kernels::linear_forward(heads[s], w, b), lw, lb,
-                                                             kEps);
+                       return kernels::add_layernorm_forward(in.x[s], kernels::linear_forward(in.heads[s], in.w, in.b),
+                                                             in.lw, in.lb, kEps);
                      });
                    },
                    3, false, true});
   cases.push_back({"linear+layernorm_forward", "bf16, the add in proj's GEMM", proj_shape,
                    proj_gemm + kBf16 * kNC + 2 * kBf16 * kNC + affine + stats,
                    [=](int64_t sets) -> Run {
-                     Random& r = ws->random();
-                     const std::vector<Tensor> heads = r.normals(sets, {kRows, kWidth}),
-                                               x = r.normals(sets, {kRows, kWidth});
-                     const Tensor w = kernels::mul_scalar(r.normal({kWidth, kWidth}, DType::bf16), 0.03),
-                                  b = r.normal({kWidth}, DType::bf16), lw = r.ln_weight(), lb = r.ln_bias();
+                     const ProjInputs in = proj_inputs(sets);
                      return keeping<std::pair<Tensor, kernels::LayerNormOutput>>(sets, [=](int64_t s) {
-                       Tensor h = kernels::linear_forward(heads[s], w, b, x[s]);
-                       kernels::LayerNormOutput normed = kernels::layernorm_forward(h, lw, lb, kEps);
+                       Tensor h = kernels::linear_forward(in.heads[s], in.w, in.b, in.x[s]);
+                       kernels::LayerNormOutput normed = kernels::layernorm_forward(h, in.lw, in.lb, kEps);
                        return std::pair<Tensor, kernels::LayerNormOutput>{std::move(h), std::move(normed)};
                      });
                    },

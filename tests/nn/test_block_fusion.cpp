@@ -69,6 +69,20 @@ void expect_same(const Result& got, const Result& want) {
   }
 }
 
+// A forward hook that only watches: how often it ran, and the last input and output it saw.
+struct Observer {
+  int calls = 0;
+  Tensor input, output;
+};
+size_t observe(Module& m, Observer& seen) {
+  return m.register_forward_hook([&seen](Module&, const Tensor& in, const Tensor& out) {
+    ++seen.calls;
+    seen.input = in.detach();
+    seen.output = out.detach();
+    return Tensor();
+  });
+}
+
 // The node that produced h, the block's last residual: the first operand of its last add (out = h +
 // branch), or the residual input (the last) of the MLP's node when fc2's GEMM adds it.
 std::shared_ptr<autograd::Node> h_node(const Tensor& out) {
@@ -220,16 +234,11 @@ TEST(BlockFusion, HooksOnNorm2StillSeeAndChangeItsInputAndOutput) {
   const Result plain = run(block, gen, [&](const Tensor& x) { return block(x); });
 
   // An observing forward hook: same results, and it saw norm2's input and output.
-  int calls = 0;
-  Tensor seen_input, seen_output;
-  const size_t observer = block.norm2->register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
-    ++calls;
-    seen_input = in.detach();
-    seen_output = out.detach();
-    return Tensor();
-  });
+  Observer seen;
+  const size_t observer = observe(*block.norm2, seen);
   const Result observed = run(block, gen, [&](const Tensor& x) { return block(x); });
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.calls, 1);
+  const Tensor seen_input = seen.input, seen_output = seen.output;
   expect_same(observed, plain);
   EXPECT_EQ(producer_of_h(observed.out), "linear");  // h straight from proj's GEMM: no norm2 node passes it on
   ASSERT_TRUE(seen_input.defined() && seen_output.defined());
@@ -299,21 +308,15 @@ TEST(BlockFusion, HooksOnProjStillSeeAndChangeItsOutput) {
   const Result plain = run(block, gen, [&](const Tensor& x) { return block(x); });
   EXPECT_EQ(first_add(plain.out), "linear");
 
-  int calls = 0;
-  Tensor seen_input, seen_output;
-  const size_t observer = block.attn->proj->register_forward_hook([&](Module&, const Tensor& in, const Tensor& out) {
-    ++calls;
-    seen_input = in.detach();
-    seen_output = out.detach();
-    return Tensor();
-  });
+  Observer seen;
+  const size_t observer = observe(*block.attn->proj, seen);
   const Result observed = run(block, gen, [&](const Tensor& x) { return block(x); });
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen.calls, 1);
   expect_same(observed, plain);
   EXPECT_EQ(first_add(observed.out), "add_layer_norm");
   {
     NoGradGuard no_grad;
-    EXPECT_TRUE(same_bits(seen_output, linear(seen_input, block.attn->proj->weight, block.attn->proj->bias)));
+    EXPECT_TRUE(same_bits(seen.output, linear(seen.input, block.attn->proj->weight, block.attn->proj->bias)));
   }
   block.attn->proj->remove_hook(observer);
 

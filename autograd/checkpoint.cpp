@@ -60,7 +60,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
                     }
                   }
                   return out;
-                });
+                },
+                saved);  // the rerun reads the inputs as forward saw them
 }
 
 }  // namespace octet::autograd

@@ -19,6 +19,9 @@
 // recompute boundary under them (PyTorch's reentrant checkpoint has the same limit). A
 // TransformerBlock's parameters are its own, so per-block recompute (nn/recompute.h) never meets it.
 //
+// The node checks its inputs' versions as any node checks what it saved (autograd/function.h); what
+// fn reads besides them (a module's parameters) is read as it is when backward reruns fn.
+//
 // fn must be deterministic given what `restore` restores, and must not depend on grad mode for its
 // values. When no input requires grad there is no node to hang the recompute on: fn then runs
 // normally, keeping its graph (as PyTorch's reentrant checkpoint does, minus its warning).

@@ -20,7 +20,10 @@ class FunctionNode : public Node {
 
   void save(const std::vector<Tensor>& saved) {
     for (const Tensor& t : saved) {
-      if (t.defined()) saved_.push_back({t, t.version()});
+      // Detached: an op's own output, saved, must not hold this node through its grad_fn (a cycle
+      // that would keep the graph alive whenever backward does not run to the end). The version is
+      // the storage's, which the detached handle shares.
+      if (t.defined()) saved_.push_back({t.detach(), t.version()});
     }
   }
 

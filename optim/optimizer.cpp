@@ -157,6 +157,7 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
       ParamState& s = state_[group][m.index[k]];
       s.buffers["master"] = m.masters[k];
       s.param_version = m.sources[k].version();
+      s.param_storage = m.sources[k].storage().get();
     }
   }
   // A parameter written by someone else since the last step (its version moved): where its bytes are
@@ -166,14 +167,18 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
     const Tensor& p = g.params[i];
     ParamState& s = state_[group][i];
     const auto master = s.buffers.find("master");
-    if (!p.grad().defined() || master == s.buffers.end() || p.version() == s.param_version) continue;
+    if (!p.grad().defined() || master == s.buffers.end()) continue;
+    if (p.version() == s.param_version && p.storage().get() == s.param_storage) continue;
     if (master->second.shape() == p.shape() && master->second.device() == p.device()) {
+      // Σ |round(master) - p| is 0 only where every element agrees; a NaN or an inf on either side
+      // makes it NaN or inf, which counts as a change.
       const Tensor rounded = master->second.to(p.dtype());
-      const bool same = kernels::max(kernels::abs(kernels::sub(rounded.to(DType::f32), p.detach().to(DType::f32))))
+      const bool same = kernels::sum(kernels::abs(kernels::sub(rounded.to(DType::f32), p.detach().to(DType::f32))))
                             .item() == 0.0;
       if (!same) kernels::widen_to_f32_multi_({p.detach()}, {master->second});
     }
     s.param_version = p.version();
+    s.param_storage = p.storage().get();
   }
   for (size_t i = 0; i < g.params.size(); ++i) {
     const Tensor& p = g.params[i];
@@ -191,6 +196,7 @@ void Optimizer::finish_step(const std::vector<ParamToUpdate>& updated) {
   for (const ParamToUpdate& u : updated) {
     ++u.state->step;
     u.state->param_version = u.param.version();
+    u.state->param_storage = u.param.storage().get();
   }
 }
 
@@ -317,7 +323,10 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
     groups_[g].weight_decay = wds[g];
     // The loaded masters and the parameters as they are now: a model loaded after this state (or
     // written after it) is compared with the masters at the next step.
-    for (size_t i = 0; i < state[g].size(); ++i) state[g][i].param_version = groups_[g].params[i].version();
+    for (size_t i = 0; i < state[g].size(); ++i) {
+      state[g][i].param_version = groups_[g].params[i].version();
+      state[g][i].param_storage = groups_[g].params[i].storage().get();
+    }
   }
   state_ = std::move(state);
 }

@@ -95,6 +95,7 @@ class Optimizer {
     // With a master: the parameter's storage version when the master and the parameter last agreed
     // (after this optimizer wrote it, or loaded or checked the master), to see writes by others.
     uint64_t param_version = 0;
+    const Storage* param_storage = nullptr;  // and its storage then (a re-pointed parameter is a write)
   };
   // The buffers each stepped parameter holds besides its master copy, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> state_buffer_names() const = 0;

@@ -4,6 +4,12 @@
 // stay allowed: to a tensor no op saved, or after the backward.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "autograd/node.h"
 #include "autograd/ops.h"
 #include "core/grad_mode.h"
 #include "kernels/elementwise.h"
@@ -62,6 +68,35 @@ TEST(SavedVersions, WritesThatCannotChangeAGradientStayAllowed) {
   e.detach().fill_(0.0);  // after backward: nothing reads it any more
   const Tensor want = exp(x.detach());
   EXPECT_TRUE(same_bits(x.grad(), want));
+}
+
+// A node that saved its own output must not keep itself alive through it: a graph whose backward never
+// runs (a loss computed without NoGradGuard and dropped, a backward that threw) is freed with its last
+// handle. Each op here saves its output; a saved handle that carried the output's grad_fn would make a
+// cycle and the node would outlive every handle.
+TEST(SavedVersions, ANodeThatSavedItsOutputDiesWithItsLastHandle) {
+  const Tensor x = random_tensor({2, 3, 4, 8}, DType::f32, 9).requires_grad_();
+  const Tensor positive = add(mul(x, x), 1.0);
+  const std::vector<std::pair<const char*, std::function<Tensor()>>> ops = {
+      {"exp", [&] { return exp(x); }},
+      {"tanh", [&] { return tanh(x); }},
+      {"sqrt", [&] { return sqrt(positive); }},
+      {"rsqrt", [&] { return rsqrt(positive); }},
+      {"div", [&] { return div(x, positive); }},
+      {"pow", [&] { return pow(positive, x); }},
+      {"rdiv_scalar", [&] { return 2.0 / positive; }},
+      {"softmax", [&] { return softmax(x, -1); }},
+      {"log_softmax", [&] { return log_softmax(x, -1); }},
+      {"add_layer_norm", [&] { return add_layer_norm(x, x, Tensor(), Tensor()).first; }},
+      {"scaled_dot_product_attention", [&] { return scaled_dot_product_attention(x, x, x); }},
+  };
+  for (const auto& [name, op] : ops) {
+    Tensor y = op();
+    ASSERT_TRUE(y.grad_fn() != nullptr) << name;
+    const std::weak_ptr<autograd::Node> node = y.grad_fn();
+    y = Tensor();
+    EXPECT_TRUE(node.expired()) << name << "'s node outlived its last handle";
+  }
 }
 
 }  // namespace

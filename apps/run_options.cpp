@@ -39,7 +39,7 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
       ->check(number_at_least(0))->each(given("--min-lr"))->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay,
                  "weight decay, not on norms, biases, pos_embed or cls_token: decoupled for adamw (default 0.05), "
-                 "L2 added to the gradient for sgd, as torch.optim.SGD (default 1e-4)")
+                 "L2 added to the gradient for sgd, as torch.optim.SGD applies it (default here 1e-4)")
       ->check(number_at_least(0))->each(given("--weight-decay"));
   app.add_option("--momentum", o.momentum, "SGD momentum")
       ->check(number_between(0, 1))->each(given("--momentum"))->capture_default_str();

@@ -3,10 +3,11 @@
 // with a closure that maps output gradients to input gradients, side by side:
 //
 //   Tensor mul(const Tensor& a, const Tensor& b) {
-//     Tensor out = kernels::mul(a, b);
-//     return record("mul", out, {a, b}, [a = a.detach(), b = b.detach()](const Grads& g) -> Grads {
-//       return {kernels::sum_to(kernels::mul(g[0], b), a.shape()), kernels::sum_to(kernels::mul(g[0], a), b.shape())};
-//     });
+//     const Tensor ad = a.detach(), bd = b.detach();
+//     Tensor out = kernels::mul(ad, bd);
+//     return record("mul", out, {a, b}, [ad, bd](const Grads& g) -> Grads {
+//       return {kernels::sum_to(kernels::mul(g[0], bd), ad.shape()), kernels::sum_to(kernels::mul(g[0], ad), bd.shape())};
+//     }, /*saved=*/{ad, bd});
 //   }
 //
 // Rules for closures: capture tensors detached (a.detach()), never a recorded output itself (that
@@ -14,7 +15,7 @@
 // zeros where an output received none — and returns one per input, in the input's shape and dtype,
 // or an undefined Tensor for inputs that need none. It runs with grad mode off.
 //
-// Name what the closure reads in `saved` (above: {a, b}). record() notes each one's storage version
+// Name what the closure reads in `saved` (above: {ad, bd}). record() notes each one's storage version
 // (Storage::version, which every in-place writer bumps), and the node checks them before the closure
 // runs: a saved tensor written in place between forward and backward (y = exp(x); y.fill_(0);
 // backward) is an error naming the op and the fix, where the closure would have read the new bytes

@@ -60,7 +60,8 @@ class Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // The optimizer's lr, as a schedule gives it: a group that inherited the constructor's lr takes lr,
   // and a group given its own keeps its ratio to the constructor's (a head at 10x stays at 10x), as
-  // PyTorch's schedulers scale each group's initial lr.
+  // PyTorch's schedulers scale each group's initial lr. (An optimizer built with lr 0 has no ratio
+  // to keep: every group then takes lr.)
   void set_lr(double lr);
 
   // Everything needed to resume bitwise: per group "param_groups.<g>.lr", ".weight_decay" (f64 [])

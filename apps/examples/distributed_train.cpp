@@ -28,6 +28,7 @@
 #include "models/vit.h"
 #include "nn/layers.h"
 #include "optim/optim.h"
+#include "optim/param_groups.h"
 
 using namespace octet;
 
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
                 " needs GPU cuda:", launch.local_rank, " but this node has ", cuda::device_count(),
                 "; start at most that many ranks per node");
     // On the CPU the ranks of a node share its cores.
-    kernels::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launch.local_world_size));
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    kernels::set_num_threads(std::max(1, cores / launch.local_world_size));
     const std::shared_ptr<distributed::ProcessGroup> group = distributed::init_process_group(device);
     const int rank = group->rank(), world = group->size();
 
@@ -57,20 +59,32 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<models::VisionTransformer>(models::vit_config("vit_fashion_mnist"));
     model->to(device);
     const bool bf16 = device.is_cuda();
+    // Weight decay 0.05 on the weights, none on norms, biases, pos_embed and cls_token, as in
+    // minimal_train (optim::is_weight_decayed is the rule).
     std::unique_ptr<distributed::DistributedDataParallel> ddp;
     std::unique_ptr<distributed::FullyShardedDataParallel> fsdp;
-    std::vector<Tensor> parameters;
+    std::vector<optim::ParamGroup> groups;
     if (mode == "ddp") {
       if (bf16) model->to(DType::bf16);  // the optimizer trains bf16 parameters through f32 masters
       ddp = std::make_unique<distributed::DistributedDataParallel>(model, group);
-      parameters = model->parameters();
+      groups = optim::weight_decay_groups(model->named_parameters(), 1e-3, 0.05);
     } else {
       // The shards are f32 (the master weights); each block is gathered in bf16 only to compute.
+      // Decayed and undecayed parameters go to flat parameters of their own (key 1 and 0), so that
+      // this rank's shards of each can join the right group.
       fsdp = std::make_unique<distributed::FullyShardedDataParallel>(
-          model, group, distributed::FsdpOptions{.compute_dtype = bf16 ? DType::bf16 : DType::f32});
-      parameters = fsdp->parameters();  // this rank's shards
+          model, group,
+          distributed::FsdpOptions{
+              .flat_param_key = [](const std::string& name, const Tensor& p) -> int {
+                return optim::is_weight_decayed(name, p);
+              },
+              .compute_dtype = bf16 ? DType::bf16 : DType::f32});
+      groups = {optim::ParamGroup{{}, 1e-3, 0.0}, optim::ParamGroup{{}, 1e-3, 0.05}};
+      const std::vector<Tensor> shards = fsdp->all_shards();
+      const auto flats = fsdp->flat_parameters();
+      for (size_t f = 0; f < flats.size(); ++f) groups[flats[f].key].params.push_back(shards[f]);
     }
-    optim::AdamW optimizer(parameters, 1e-3, 0.9, 0.999, 1e-8, 0.05);
+    optim::AdamW optimizer(groups, 1e-3);
     nn::CrossEntropyLoss criterion(/*label_smoothing=*/0.1);
 
     for (int64_t step = 1; step <= steps; ++step) {

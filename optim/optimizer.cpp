@@ -156,8 +156,7 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
     for (size_t k = 0; k < m.index.size(); ++k) {
       ParamState& s = state_[group][m.index[k]];
       s.buffers["master"] = m.masters[k];
-      s.param_version = m.sources[k].version();
-      s.param_storage = m.sources[k].storage().get();
+      s.agree_with(m.sources[k]);
     }
   }
   // A parameter written by someone else since the last step (its version moved): where its bytes are
@@ -168,7 +167,7 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
     ParamState& s = state_[group][i];
     const auto master = s.buffers.find("master");
     if (!p.grad().defined() || master == s.buffers.end()) continue;
-    if (p.version() == s.param_version && p.storage().get() == s.param_storage) continue;
+    if (s.agrees_with(p)) continue;
     if (master->second.shape() == p.shape() && master->second.device() == p.device()) {
       // Σ |round(master) - p| is 0 only where every element agrees; a NaN or an inf on either side
       // makes it NaN or inf, which counts as a change.
@@ -177,8 +176,7 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
                             .item() == 0.0;
       if (!same) kernels::widen_to_f32_multi_({p.detach()}, {master->second});
     }
-    s.param_version = p.version();
-    s.param_storage = p.storage().get();
+    s.agree_with(p);
   }
   for (size_t i = 0; i < g.params.size(); ++i) {
     const Tensor& p = g.params[i];
@@ -195,8 +193,7 @@ std::vector<Optimizer::ParamToUpdate> Optimizer::params_with_grad(size_t group) 
 void Optimizer::finish_step(const std::vector<ParamToUpdate>& updated) {
   for (const ParamToUpdate& u : updated) {
     ++u.state->step;
-    u.state->param_version = u.param.version();
-    u.state->param_storage = u.param.storage().get();
+    u.state->agree_with(u.param);
   }
 }
 
@@ -323,10 +320,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& dict) {
     groups_[g].weight_decay = wds[g];
     // The loaded masters and the parameters as they are now: a model loaded after this state (or
     // written after it) is compared with the masters at the next step.
-    for (size_t i = 0; i < state[g].size(); ++i) {
-      state[g][i].param_version = groups_[g].params[i].version();
-      state[g][i].param_storage = groups_[g].params[i].storage().get();
-    }
+    for (size_t i = 0; i < state[g].size(); ++i) state[g][i].agree_with(groups_[g].params[i]);
   }
   state_ = std::move(state);
 }

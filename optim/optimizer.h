@@ -97,6 +97,13 @@ class Optimizer {
     // (after this optimizer wrote it, or loaded or checked the master), to see writes by others.
     uint64_t param_version = 0;
     const Storage* param_storage = nullptr;  // and its storage then (a re-pointed parameter is a write)
+    void agree_with(const Tensor& p) {
+      param_version = p.version();
+      param_storage = p.storage().get();
+    }
+    bool agrees_with(const Tensor& p) const {
+      return p.version() == param_version && p.storage().get() == param_storage;
+    }
   };
   // The buffers each stepped parameter holds besides its master copy, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> state_buffer_names() const = 0;

@@ -6,7 +6,7 @@
 //   build/bin/bench_vit --device cpu --model vit_tiny_patch16_224 --batch-size 8
 //   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --recompute blocks
 //   build/bin/bench_vit --device cuda --model vit_huge_patch16_224 --batch-size 64 --precision bf16
-//       --layernorm-backward columns --bias-grad column-sum      (the GPU kernel designs still on trial)
+//       --bias-grad epilogue                                     (the GPU kernel design still on trial)
 //
 // One step is train_vit's (apps/train_step.h) in one process: forward, cross-entropy, backward and
 // the optimizer (SGD with momentum 0.9 by default, as the PyTorch comparator
@@ -486,9 +486,7 @@ int main(int argc, char** argv) {
         {"precision", precision},
         {"gelu", gelu},
         {"autotune", autotune == "on"},
-        {"layernorm_backward", designs.layernorm_backward},
         {"bias_grad", designs.bias_grad},
-        {"row_prefetch", designs.row_prefetch},
         {"fp8_recipe", fp8 ? nlohmann::json(fp8_recipe.describe()) : nlohmann::json(nullptr)},
         {"optimizer", optimizer_name},
         {"batch_size", batch_size},

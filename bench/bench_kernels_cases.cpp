@@ -13,13 +13,11 @@
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
-#include "kernels/layernorm_design.h"
 #include "kernels/autotune.h"
 #include "kernels/linear.h"
 #include "kernels/nn_ops.h"
 #include "kernels/optimizers.h"
 #include "kernels/reduce.h"
-#include "kernels/row_prefetch.h"
 #include "models/vit.h"
 #include "optim/param_groups.h"
 
@@ -195,43 +193,6 @@ Case amax_case(const std::shared_ptr<Workspace>& ws, int64_t rows, int64_t cols,
           }};
 }
 
-// The rows whose kernels take the refill (kernels/row_prefetch.h, on unless set): the LayerNorm
-// backward's row design with dweight and dbias, LayerNorm writing FP8, the tiled FP8 casts with the
-// transposed copy and the GELU ones.
-bool takes_refill(const Case& c) {
-  if (c.kernel == "layernorm_backward" || c.kernel == "add_layernorm_backward") {
-    return c.variant == "bf16, dweight+dbias";
-  }
-  if (c.kernel == "fp8_cast") return c.variant == "e4m3 row+T";
-  return c.kernel == "layernorm_fp8_forward" || c.kernel == "add_layernorm_fp8_forward" ||
-         c.kernel == "fp8_cast_dbias" || c.kernel == "gelu_fp8_forward" || c.kernel == "dgelu_fp8_cast_dbias";
-}
-
-// After each of those rows, its twin with each row's (tile's) loads issued only once the last is done
-// (RowPrefetch::kAfter, set for the twin's calls only), so that one run judges the refill.
-std::vector<Case> with_loads_after_twins(std::vector<Case> cases) {
-  std::vector<Case> out;
-  for (Case& c : cases) {
-    const bool twin = takes_refill(c);
-    out.push_back(c);
-    if (!twin) continue;
-    Case after = std::move(c);
-    after.variant += ", no refill";
-    after.trial = true;
-    after.prepare = [prepare = std::move(after.prepare)](int64_t sets) -> Run {
-      Run run = prepare(sets);
-      return [run = std::move(run)](int64_t i) {
-        const kernels::RowPrefetch before = kernels::row_prefetch();
-        kernels::set_row_prefetch(kernels::RowPrefetch::kAfter);
-        run(i);
-        kernels::set_row_prefetch(before);
-      };
-    };
-    out.push_back(std::move(after));
-  }
-  return out;
-}
-
 }  // namespace
 
 std::shared_ptr<Workspace> make_workspace(Device device) {
@@ -239,7 +200,6 @@ std::shared_ptr<Workspace> make_workspace(Device device) {
   ws->device = device;
   return ws;
 }
-
 
 std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
   std::vector<Case> cases;
@@ -273,28 +233,11 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
   // layernorm_backward, its row kernel and the dweight/dbias column sums: reads dy, x, weight, mean,
   // rstd; writes dx, dweight, dbias.
   // Each again without the affine weight: dx alone, no dweight and dbias (no shared slots, partial
-  // rows or column sums), so that the difference is what summing them costs in the pass. Then with
-  // the weight in the column design (kernels/layernorm_design.h), which a GPU run is to judge.
-  struct LnBackward {
-    bool with_weight, columns;
-    std::string variant() const {
-      return !with_weight ? "bf16, dx alone (no weight)" : columns ? "bf16, dweight+dbias, column design" : "bf16, dweight+dbias";
-    }
-  };
-  const LnBackward ln_backwards[] = {{true, false}, {false, false}, {true, true}};
-  // The design is the process's switch: set for this row's calls only.
-  const auto with_design = [](bool columns, auto call) {
-    const kernels::LayerNormBackwardDesign before = kernels::layernorm_backward_design();
-    kernels::set_layernorm_backward_design(columns ? kernels::LayerNormBackwardDesign::kColumns
-                                                   : kernels::LayerNormBackwardDesign::kRows);
-    auto result = call();
-    kernels::set_layernorm_backward_design(before);
-    return result;
-  };
-  for (const LnBackward v : ln_backwards) {
-    const bool with_weight = v.with_weight, columns = v.columns;
+  // rows or column sums), so that the difference is what summing them costs in the pass.
+  for (const bool with_weight : {true, false}) {
+    const std::string variant = with_weight ? "bf16, dweight+dbias" : "bf16, dx alone (no weight)";
     cases.push_back(
-        {"layernorm_backward", v.variant(), nc,
+        {"layernorm_backward", variant, nc,
          3 * kBf16 * kNC + (with_weight ? 3 * kBf16 * kWidth : 0) + stats, [=](int64_t sets) -> Run {
            Random& r = ws->random();
            const std::vector<Tensor> x = r.normals(sets, {kRows, kWidth}), dy = r.normals(sets, {kRows, kWidth});
@@ -306,18 +249,15 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
            }
            const Tensor weight = with_weight ? w : Tensor();
            return keeping<kernels::LayerNormGrads>(sets, [=](int64_t s) {
-             return with_design(columns, [&] {
-               return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
-             });
+             return kernels::layernorm_backward(dy[s], x[s], weight, fwd[s].mean, fwd[s].rstd);
            });
          }});
-    cases.back().trial = columns;
   }
   // add_layernorm_backward: reads dy_ln, dh_residual, h, weight, mean, rstd; writes dh, dweight, dbias.
-  for (const LnBackward v : ln_backwards) {
-    const bool with_weight = v.with_weight, columns = v.columns;
+  for (const bool with_weight : {true, false}) {
+    const std::string variant = with_weight ? "bf16, dweight+dbias" : "bf16, dx alone (no weight)";
     cases.push_back(
-        {"add_layernorm_backward", v.variant(), nc,
+        {"add_layernorm_backward", variant, nc,
          4 * kBf16 * kNC + (with_weight ? 3 * kBf16 * kWidth : 0) + stats, [=](int64_t sets) -> Run {
            Random& r = ws->random();
            const std::vector<Tensor> dy = r.normals(sets, {kRows, kWidth}), dres = r.normals(sets, {kRows, kWidth});
@@ -330,12 +270,9 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
            }
            const Tensor weight = with_weight ? w : Tensor();
            return keeping<kernels::AddLayerNormGrads>(sets, [=](int64_t s) {
-             return with_design(columns, [&] {
-               return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, weight, fwd[s].mean, fwd[s].rstd);
-             });
+             return kernels::add_layernorm_backward(dy[s], dres[s], fwd[s].h, weight, fwd[s].mean, fwd[s].rstd);
            });
          }});
-    cases.back().trial = columns;
   }
   // add (the residual add that is not fused): reads a, b; writes a + b.
   cases.push_back(
@@ -673,7 +610,7 @@ std::vector<Case> step_cases(const std::shared_ptr<Workspace>& ws) {
                      for (int64_t s = 0; s < sets; ++s) t.push_back(empty({kRows, kWidth}, DType::f32, ws->device));
                      return [t, sets](int64_t i) { t[static_cast<size_t>(i % sets)].fill_(1.0); };
                    }});
-  return with_loads_after_twins(std::move(cases));
+  return cases;
 }
 
 }  // namespace octet::bench

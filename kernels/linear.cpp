@@ -15,7 +15,7 @@ namespace octet::kernels {
 
 namespace {
 
-std::atomic<LinearBiasGradDesign> bias_grad_design{LinearBiasGradDesign::kEpilogue};
+std::atomic<LinearBiasGradDesign> bias_grad_design{LinearBiasGradDesign::kColumnSum};
 
 // x as [rows, last]: a view, since tensors are contiguous.
 Tensor rows_of(const Tensor& t) { return t.reshape({-1, t.size(-1)}); }

@@ -36,14 +36,15 @@ namespace octet::kernels {
 Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual = Tensor());
 
 // Where the GPU sums a Linear's bias gradient, dbias = Σ over dy's rows, when linear_backward runs the
-// wgrad GEMM (the two designs until a GPU run decides between them; bench_kernels times both):
+// wgrad GEMM (bench_kernels times both; the fourth GPU run, 2026-11-29, chose the column sum: ViT-H's
+// qkv, proj and fc2 weight gradients 360.4 µs a block with it, 370.4 with BGRADB):
 //   kEpilogue   cuBLASLt's BGRADB epilogue on the wgrad GEMM, which runs a reduction kernel of
 //               cuBLASLt's own after the GEMM (on an H200, 14.2 µs for ViT-H's 12,608 × 1280 bf16 dy,
 //               39.9 µs for × 3840: 53-59% of a copy's bandwidth);
 //   kColumnSum  the wgrad GEMM alone, then Octet's column reduction over dy (kernels/cuda/reduce.cu,
 //               16-byte packs: 7.7 and 22.8 µs at a copy's bandwidth).
 // Both add the f32 sums in orders of their own and round once to dweight's dtype, so the bits may
-// differ in the last place; each repeats bit for bit. Process-wide, kEpilogue unless set. Where
+// differ in the last place; each repeats bit for bit. Process-wide, kColumnSum unless set. Where
 // BGRADB does not apply (no wgrad asked for, no algorithm) the GPU takes the column reduction too; the
 // CPU sums in dy's dtype (kernels::sum), then converts to dweight's.
 enum class LinearBiasGradDesign { kEpilogue, kColumnSum };

@@ -316,8 +316,8 @@ expect "$summary" '^SKIP  bench_vit_bf16_head_start: skipped: no GPU stream to h
   "the bench run with a head start does not say why it is skipped"
 expect "$summary" '^SKIP  bench_vit_bf16_autotune: skipped: the CPU has no GPU algorithms to time' \
   "the autotuned bench run does not say why it is skipped"
-expect "$summary" '^SKIP  bench_vit_bf16_designs: skipped: the CPU has one kernel per op, no designs to choose' \
-  "the bench run with the kernel designs on trial does not say why it is skipped"
+expect "$summary" '^SKIP  bench_vit_bf16_bias_epilogue: skipped: the CPU has one kernel per op, no designs to choose' \
+  "the bench run with the kernel design on trial does not say why it is skipped"
 expect "$summary" '^INFO  bench_vit_fp8_chosen: not run: no trial of fp8 beat the library.s defaults, or none ran' \
   "the stage of the trials' winners does not say why it ran nothing"
 expect "$summary" '^      why: bf16 --autotune on: not decided' "the stage of the trials' winners does not say why"

@@ -9,24 +9,22 @@
 # or the third, 2026-11-28, where it says so):
 #
 #   bench          bench_vit for ViT-H/16 at batch 64, 10 steps after 3 warm-up, on an idle GPU: bf16
-#                  (14 s), bf16 again with each step held 30 ms on the stream while the host queues it
-#                  (--head-start 30: the GPU starts with a filled queue; not run yet), fp8 (10 s), fp8
-#                  with --fp8-fused-producers off (10 s), bf16 with --recompute blocks (10 s), bf16
-#                  with --gelu tanh (the GELU in cuBLASLt's epilogue; 11 s): 55 s on the third run;
-#                  then bf16 and fp8 with --autotune on (cuBLASLt's algorithms and cuDNN's attention
-#                  engines timed per shape in the first step), bf16 and fp8 with the kernel designs on
-#                  trial (--layernorm-backward columns, and in bf16 --bias-grad column-sum), and fp8
-#                  with each row's loads issued after the row (--row-prefetch after, against the
-#                  refill): not run yet, about 70 s for the five, each left out (CUT) when fewer than
-#                  200 s of the check are left for the stages after it. From here on nvidia-smi
+#                  (13 s on the fourth run, 2026-11-29), bf16 again with each step held 30 ms on the
+#                  stream while the host queues it (--head-start 30: the GPU starts with a filled queue;
+#                  10 s), fp8 (9 s), fp8 with --fp8-fused-producers off (9 s), bf16 with --recompute
+#                  blocks (9 s), bf16 with --gelu tanh (the GELU in cuBLASLt's epilogue; 10 s); then
+#                  bf16 and fp8 with --autotune on (cuBLASLt's algorithms and cuDNN's attention engines
+#                  timed per shape in the first step; 10 and 9 s) and bf16 with the bias gradients'
+#                  design on trial (--bias-grad epilogue; about 10 s), each left out (CUT) when fewer
+#                  than 200 s of the check are left for the stages after it. From here on nvidia-smi
 #                  samples the GPU's clocks and power every 100 ms, and each run of bench_vit and of
 #                  PyTorch (eager, torch.compile) gets a line for its timed steps
 #                  (tools/gpu_clocks.py); bench_vit also says how far ahead of the GPU the host queued
 #   bench_kernels  bench_kernels, where the build has it (1 s on the third run)
 #   chosen         bench_vit bf16 and fp8 again with every trial's winner at once (gpu_check_report.py
-#                  choose decides each: autotuning and fp8's refill by the step, the kernel designs by
-#                  bench_kernels' rows): the step the library would run with them as its defaults. Not
-#                  run yet; about 25 s, each left out (CUT) like the trials when time is short
+#                  choose decides each: autotuning by the step, the bias gradients' design by
+#                  bench_kernels' rows): the step the library would run with them as its defaults
+#                  (19 s on the fourth run), each left out (CUT) like the trials when time is short
 #   eager          bench/pytorch_reference.py --mode eager, plain and fused SGD (14 s), then plain SGD
 #                  with the tanh GELU (11 s)
 #   compile        starts torch.compile in the background (--start-gate): its cold compile (about
@@ -61,9 +59,11 @@
 #   nccl_ranks     NCCL with every rank on the one GPU, at 2, 4 and 8 ranks, against CPU twins over
 #                  MPI, with the fault tests: tools/gpu_check_runs.sh says what it runs and what it took
 #
-# The third run (2026-11-28, an H200) did the whole check in 269 s of its 450: the benchmarks until
-# 92 s, the tests, train and 2-rank runs until 177 s while torch.compile compiled (ready 76 s after
-# it started, timed at 85 s), then the kernel metrics and both step captures (87 s).
+# The fourth run (2026-11-29, an H200) did the whole check in 344 s of its 450: the benchmarks, the
+# trials and the winners until 160 s, the tests, train and 2-rank runs until 250 s while torch.compile
+# compiled (ready 66 s after it started, timed at 95 s), then the kernel metrics and both step
+# captures (90 s); nccl_ranks took 214 s on the same machine right after. (Since then two of its
+# five trials are settled and gone, about 20 s less.)
 #
 # It writes at most 8 files to the output folder ($OUT when set, else /tmp/octet-gpu-check), and
 # rewrites the first two after every step, so that a kill at any moment leaves what ran so far:

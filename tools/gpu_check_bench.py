@@ -232,17 +232,15 @@ def read_json_lines(path, bench=None):
     return rows
 
 
-# The bench_kernels rows each kernel design is judged by: (kernel, variant) -> its median µs. The
-# step runs LayerNorm's backward as add_layernorm_backward (64 a step: every LayerNorm's input is a
-# residual sum), and the bias gradients the column sum would take over are qkv's (one a block) and
-# proj's and fc2's (two a block, both over 1280 columns of 12,608 rows: proj's row stands for both).
+# The bench_kernels rows the bias gradients' design is judged by: (kernel, variant) -> its median µs.
+# The bias gradients the two designs differ on are qkv's (one a block) and proj's and fc2's (two a
+# block, both over 1280 columns of 12,608 rows: proj's row stands for both).
 # What a trial judged by the step's images/s must gain: two bench_vit runs of one configuration differ
 # by up to about 1% (the runs of one check), so a smaller gain is not told from noise. The kernel
 # rows (medians of 30 timed launches) need no margin.
+# (The fourth GPU run, 2026-11-29, settled the other trials that stood here: LayerNorm's backward in
+# columns and the row kernels' refill lost and are gone, and the column sum became the default.)
 STEP_MARGIN = 0.01
-LN_BACKWARD = "add_layernorm_backward"
-LN_VARIANTS = {"refill": "bf16, dweight+dbias", "after": "bf16, dweight+dbias, no refill",
-               "columns": "bf16, dweight+dbias, column design"}
 BIAS_GRAD_ROWS = (("linear_backward (qkv wgrad)", 1), ("linear_backward (proj wgrad)", 2))
 BIAS_GRAD_VARIANTS = {"epilogue": "bf16, BGRADB epilogue", "column-sum": "bf16, GEMM then column sum"}
 
@@ -278,52 +276,21 @@ def choose(args):
         if by_step(precision, base, base + "-autotune", "--autotune on"):
             flags[precision] += ["--autotune", "on"]
 
-    # --row-prefetch: the fp8 step has a dozen kernels with the refill, so its step decides; in bf16
-    # only LayerNorm's backward in rows has it, so that kernel's rows decide, below.
-    prefetch = {"fp8": "after" if by_step("fp8", "octet-fp8", "octet-fp8-no-refill", "--row-prefetch after")
-                else "refill"}
-    ln = {k: us.get((LN_BACKWARD, v)) for k, v in LN_VARIANTS.items()}
-    if ln["refill"] is not None and ln["after"] is not None:
-        prefetch["bf16"] = "after" if ln["after"] < ln["refill"] else "refill"
-        why.append(f"bf16 --row-prefetch after: {LN_BACKWARD} {ln['after']:.1f} µs without the refill, "
-                   f"{ln['refill']:.1f} with it: " + ("taken" if prefetch["bf16"] == "after" else "the default stays"))
-    else:
-        prefetch["bf16"] = "refill"
-        why.append(f"bf16 --row-prefetch after: not decided, bench_kernels has no {LN_BACKWARD} rows with and "
-                   "without the refill; the default stays")
-    for precision in ("bf16", "fp8"):
-        if prefetch[precision] == "after":
-            flags[precision] += ["--row-prefetch", "after"]
-
-    # --layernorm-backward columns: the column design against the row design as each precision runs it.
-    for precision in ("bf16", "fp8"):
-        rows_us = ln[prefetch[precision]]
-        if ln["columns"] is None or rows_us is None:
-            why.append(f"{precision} --layernorm-backward columns: not decided, bench_kernels has no {LN_BACKWARD} "
-                       "rows for both designs; the default stays")
-            continue
-        won = ln["columns"] < rows_us
-        why.append(f"{precision} --layernorm-backward columns: {LN_BACKWARD} {ln['columns']:.1f} µs in columns, "
-                   f"{rows_us:.1f} in rows ({'no refill' if prefetch[precision] == 'after' else 'the refill'}): "
-                   + ("taken" if won else "the default stays"))
-        if won:
-            flags[precision] += ["--layernorm-backward", "columns"]
-
-    # --bias-grad column-sum (bf16: the FP8 step's bias gradients come out of its casts).
+    # --bias-grad epilogue (bf16: the FP8 step's bias gradients come out of its casts), by the kernel rows.
     cost = {}
     for design, variant in BIAS_GRAD_VARIANTS.items():
         parts = [(us.get((kernel, variant)), n) for kernel, n in BIAS_GRAD_ROWS]
         cost[design] = None if any(t is None for t, _ in parts) else sum(t * n for t, n in parts)
     if cost["epilogue"] is None or cost["column-sum"] is None:
-        why.append("bf16 --bias-grad column-sum: not decided, bench_kernels has no qkv and proj wgrad rows for "
+        why.append("bf16 --bias-grad epilogue: not decided, bench_kernels has no qkv and proj wgrad rows for "
                    "both designs; the default stays")
     else:
-        won = cost["column-sum"] < cost["epilogue"]
-        why.append(f"bf16 --bias-grad column-sum: a block's qkv, proj and fc2 weight gradients "
-                   f"{cost['column-sum']:.1f} µs with the column sum, {cost['epilogue']:.1f} with BGRADB: "
+        won = cost["epilogue"] < cost["column-sum"]
+        why.append(f"bf16 --bias-grad epilogue: a block's qkv, proj and fc2 weight gradients "
+                   f"{cost['epilogue']:.1f} µs with BGRADB, {cost['column-sum']:.1f} with the column sum: "
                    + ("taken" if won else "the default stays"))
         if won:
-            flags["bf16"] += ["--bias-grad", "column-sum"]
+            flags["bf16"] += ["--bias-grad", "epilogue"]
 
     for precision in ("bf16", "fp8"):
         print(f"{precision}: {' '.join(flags[precision])}".rstrip())
@@ -345,9 +312,7 @@ NAMES = {
     "octet-gelu-tanh": "Octet bf16, --gelu tanh (the GELU in cuBLASLt's GEMM epilogues)",
     "octet-autotune": "Octet bf16, --autotune on",
     "octet-fp8-autotune": "Octet fp8, fused producers on, --autotune on",
-    "octet-designs": "Octet bf16, --layernorm-backward columns --bias-grad column-sum",
-    "octet-fp8-designs": "Octet fp8, fused producers on, --layernorm-backward columns",
-    "octet-fp8-no-refill": "Octet fp8, fused producers on, --row-prefetch after (no refill)",
+    "octet-bias-epilogue": "Octet bf16, --bias-grad epilogue (cuBLASLt's BGRADB)",
     "octet-chosen": "Octet bf16, the trials' winners together (choose)",
     "octet-fp8-chosen": "Octet fp8, fused producers on, the trials' winners together (choose)",
     "pytorch-eager": "PyTorch eager, bf16 autocast, SGD",
@@ -432,16 +397,14 @@ def table(args):
                      f"(--head-start): step {held['step_ms']:.2f} ms against {plain['step_ms']:.2f}, "
                      f"{plain['step_ms'] - held['step_ms']:+.2f} ms: the plain run's wait on the host's launches, "
                      "up to the run-to-run spread")
-    # The runs with bench_vit's own options beside the library's defaults (--autotune; the kernel designs
-    # on trial, which a GPU run would make the defaults): (bf16 run, fp8 run, the goals' words for them,
+    # The runs with bench_vit's own options beside the library's defaults (--autotune; the kernel design
+    # on trial, which a GPU run would make the default): (bf16 run, fp8 run, the goals' words for them,
     # the line comparing each with its base run).
     variants = (
         ("octet-autotune", "octet-fp8-autotune", "--autotune on",
          "{what} --autotune on: {ratio:.3f}x {what}'s images/s with the libraries' heuristic choices"),
-        ("octet-designs", "octet-fp8-designs", "with the designs on trial",
-         "{what} with the kernel designs on trial: {ratio:.3f}x {what}'s images/s with the library's designs"),
-        (None, "octet-fp8-no-refill", "with --row-prefetch after",
-         "{what} with --row-prefetch after: {ratio:.3f}x {what}'s images/s with the refill"),
+        ("octet-bias-epilogue", None, "--bias-grad epilogue",
+         "{what} --bias-grad epilogue: {ratio:.3f}x {what}'s images/s with the column sum"),
     )
     for bf16_run, fp8_run, _, compared in variants:
         for run, base, what in ((bf16_run, "octet", "bf16"), (fp8_run, "octet-fp8", "fp8")):

@@ -6,7 +6,7 @@
 # ---- bench, bench_kernels, eager: the benchmarks, on an idle GPU ---------------------------------------------
 bench_device=cuda
 ((rehearsal)) && bench_device=cpu
-bench_trials="bf16_autotune fp8_autotune bf16_designs fp8_designs fp8_no_refill" bench_trials_reserve=0
+bench_trials="bf16_autotune fp8_autotune bf16_bias_epilogue" bench_trials_reserve=0
 { in_stages tests || in_stages train || in_stages mpi; } && bench_trials_reserve=200
 bench_vit_limit=90  # seconds a bench_vit run may take (a steady run takes 10-25)
 # The limit of a trial's run: what the reserve leaves, at most bench_vit_limit, so that even a trial
@@ -35,9 +35,7 @@ stage_bench() {
               "bf16_gelu_tanh octet-gelu-tanh --precision bf16 --gelu tanh" \
               "bf16_autotune octet-autotune --precision bf16 --autotune on" \
               "fp8_autotune octet-fp8-autotune --precision fp8 --autotune on" \
-              "bf16_designs octet-designs --precision bf16 --layernorm-backward columns --bias-grad column-sum" \
-              "fp8_designs octet-fp8-designs --precision fp8 --layernorm-backward columns" \
-              "fp8_no_refill octet-fp8-no-refill --precision fp8 --row-prefetch after"; do
+              "bf16_bias_epilogue octet-bias-epilogue --precision bf16 --bias-grad epilogue"; do
     read -r name run flags <<< "$spec"
     if ((rehearsal)) && [[ $flags == *--head-start* ]]; then
       note SKIP "bench_vit_$name: skipped: no GPU stream to hold (a rehearsal)"
@@ -47,11 +45,11 @@ stage_bench() {
       note SKIP "bench_vit_$name: skipped: the CPU has no GPU algorithms to time (a rehearsal)"
       continue
     fi
-    if ((rehearsal)) && [[ $flags == *--layernorm-backward* || $flags == *--row-prefetch* ]]; then
+    if ((rehearsal)) && [[ $flags == *--bias-grad* ]]; then
       note SKIP "bench_vit_$name: skipped: the CPU has one kernel per op, no designs to choose (a rehearsal)"
       continue
     fi
-    # The runs of bench_vit's own options (autotuning, the designs on trial) give way to the stages
+    # The runs of bench_vit's own options (autotuning, the design on trial) give way to the stages
     # after this one when time is short: the tests, train and mpi stages need about 150 s (the third run).
     limit=$bench_vit_limit
     if [[ " $bench_trials " == *" $name "* ]]; then
@@ -123,8 +121,8 @@ stage_bench_kernels() {
 }
 
 # ---- chosen: the trials' winners together ------------------------------------------------------------------
-# Each trial of the bench stage is decided on its own (gpu_check_report.py choose: autotuning and fp8's
-# refill by the step, the kernel designs by bench_kernels' rows of the kernels they change); this times
+# Each trial of the bench stage is decided on its own (gpu_check_report.py choose: autotuning by the
+# step, the bias gradients' design by bench_kernels' rows of the kernels it changes); this times
 # bf16 and fp8 once more with every winner at once, the step the library would run with them as its
 # defaults. Nothing runs for a precision whose defaults won every trial.
 stage_chosen() {

@@ -24,9 +24,8 @@
   choose BENCH.jsonl [--kernels BENCH_KERNELS.log]
         the bench_vit flags that won their trials in this check, one line per precision ("bf16: FLAGS",
         "fp8: FLAGS", empty where the library's defaults won or nothing on trial ran), then a "why:"
-        line for each decision: --autotune on and fp8's --row-prefetch after by the step's images/s
-        against the run without them; --layernorm-backward columns, --bias-grad column-sum and bf16's
-        --row-prefetch after by bench_kernels' rows of the kernels they change
+        line for each decision: --autotune on by the step's images/s against the run without it;
+        --bias-grad epilogue by bench_kernels' rows of the kernels it changes
   table BENCH.jsonl --device TEXT --model NAME --batch N [--commit C] [--date D]
         the benchmark table in bench/RESULTS.md's format: Octet bf16, fp8 (fused producers on and
         off) and bf16 with recompute beside PyTorch eager and torch.compile, and the goals

@@ -11,7 +11,6 @@
 //   struct Input {
 //     using Element = ...;  // the element type of the kernel's pointers x and x2 (x2 may be unused)
 //     static constexpr int kMinBlocksPerSm = ...;  // __launch_bounds__: the register budget
-//     static constexpr int kRefillMinBlocksPerSm = ...;  // the same with kRefill (below)
 //     static constexpr bool kMaySumColumns = ...;  // whether a cast of it may sum columns (a bias
 //                                                   // gradient): only then are those kernels compiled
 //     struct Loaded { ... };  // what load() reads for 8 consecutive elements
@@ -52,11 +51,11 @@
 // zeros, which are the transposed copy's padding.
 // The grid: the blocks the SMs hold at once (at most kCastBlocksPerSm an SM), each taking tiles t,
 // t + gridDim.x, ...: every block resident from the start, enough warps that their loads cover the
-// memory latency, the tiles spread evenly, and at most that many amax atomics.
-// The refill (kRefill, kernels/row_prefetch.h, on unless set): a block's next tile is loaded row by row
-// into the registers of the row whose values were just computed, so that it is in flight while this
-// tile is quantised, written and transposed; before, a block had nothing in flight between its loads
-// (the third run: 0.67-0.78 of a copy with the transposed copy). Not yet timed on a GPU.
+// memory latency, the tiles spread evenly, and at most that many amax atomics. A block loads a tile
+// when it is done with the last one. Loading the next tile row by row into the registers of the row
+// whose values were just computed (a refill) was tried and timed slower on an H200 (the dGELU cast
+// 178.4 µs against 127.5, fp8_cast_dbias 114.6 against 81.7; probably spills, and reads among the
+// writes).
 // Included by .cu files only.
 #include <algorithm>
 #include <cstdint>
@@ -66,7 +65,6 @@
 #include "kernels/cuda/fp8_elements.cuh"
 #include "kernels/fp8.h"
 #include "kernels/fp8_scale_rule.h"
-#include "kernels/row_prefetch.h"
 
 namespace octet::kernels::cuda {
 
@@ -124,15 +122,10 @@ __device__ __forceinline__ Eight<T> load_eight(const T* p) {
 // f32 sum of the tile's rows of column c of v, in the fixed order of the file comment: 4 bytes written
 // per column per 64 rows, no float atomics. kVector: cols % 8 == 0, x and x2 16-byte aligned, data
 // 8-byte aligned (run_fp8_cast_kernel checks).
-// kRefill (the 16-byte path only; kernels/row_prefetch.h): the loads of the block's next tile are
-// issued row by row as soon as the thread has computed its values of that row of this tile, into the
-// same registers, so that they are in flight while this tile is cast, written and transposed. Without
-// it, a tile's loads are issued when the last tile is done.
-template <class Input, bool kE5M2, bool kColumnSums, bool kVector, bool kRefill>
-__global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlocksPerSm : Input::kMinBlocksPerSm)
+template <class Input, bool kE5M2, bool kColumnSums, bool kVector>
+__global__ void __launch_bounds__(kCastThreads, Input::kMinBlocksPerSm)
     fp8_cast_kernel(const typename Input::Element* __restrict__ x, const typename Input::Element* __restrict__ x2,
                     CastArgs a) {
-  static_assert(kVector || !kRefill, "the refill is for the 16-byte path");
   __shared__ alignas(16) uint32_t tile[kTile * kTileWordsPerColumn];  // the transposed bytes, tile_word
   __shared__ float warp_sums[kColumnSums ? kCastWarps : 1][kTile];     // [warp][tile column]
   __shared__ uint32_t scratch[32];
@@ -163,41 +156,27 @@ __global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlock
   // This thread's first element of a tile: row first_row(p), column first_col(p).
   auto first_row = [&](TileAt p) { return p.row_tile * kTile + kThreadRows * quad; };
   auto first_col = [&](TileAt p) { return p.col_tile * kTile + kSegment * seg; };
-  // This thread's loads (the 16-byte path; the scalar path loads as it goes): row i of its four rows
-  // of a tile into in[i], given the tile's first element of this thread (row r, column c) as its
-  // offset r · cols + c and the rows and columns left from there (fewer registers to keep across a
-  // tile than r and c, for the refill). cols % 8 == 0 there, so a segment is wholly inside the
+  // This thread's loads (the 16-byte path; the scalar path loads as it goes): its four rows of a tile,
+  // row i into in[i], from its first element there (row r, column c) as the offset r · cols + c and
+  // the rows and columns left from there. cols % 8 == 0 there, so a segment is wholly inside the
   // columns or wholly outside.
   typename Input::Loaded in[kThreadRows];
   bool inside[kThreadRows];
-  auto load_row = [&](int64_t offset, int64_t rows_left, bool cols_inside, int i) {
-    inside[i] = i < rows_left && cols_inside;
-    if (inside[i]) in[i] = Input::load(x, x2, offset + i * a.cols);
-  };
   auto load_rows = [&](int64_t r, int64_t c) {
+    const int64_t offset = r * a.cols + c, rows_left = a.rows - r;
+    const bool cols_inside = c < a.cols;
 #pragma unroll
-    for (int i = 0; i < kThreadRows; ++i) load_row(r * a.cols + c, a.rows - r, c < a.cols, i);
+    for (int i = 0; i < kThreadRows; ++i) {
+      inside[i] = i < rows_left && cols_inside;
+      if (inside[i]) in[i] = Input::load(x, x2, offset + i * a.cols);
+    }
   };
   TileAt at{blockIdx.x / tiles_x, blockIdx.x % tiles_x};
-  if constexpr (kRefill) {
-    if (blockIdx.x < a.tiles) load_rows(first_row(at), first_col(at));
-  }
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x, at = next_tile(at)) {
     const int64_t row_tile = at.row_tile, r0 = row_tile * kTile, c0 = at.col_tile * kTile;
     const int64_t r = first_row(at), c = first_col(at);
-    // The four rows' loads, all issued before any arithmetic (with kRefill, while the last tile was cast).
-    if constexpr (kVector && !kRefill) load_rows(r, c);
-    // With kRefill, the block's next tile, if it has one: its first element's offset, and how many
-    // of its rows and columns lie inside from there.
-    const bool refill = kRefill && t + gridDim.x < a.tiles;
-    int64_t next_offset = 0, next_rows_left = 0;
-    bool next_cols_inside = false;
-    if (refill) {
-      const TileAt next = next_tile(at);
-      next_offset = first_row(next) * a.cols + first_col(next);
-      next_rows_left = a.rows - first_row(next);
-      next_cols_inside = first_col(next) < a.cols;
-    }
+    // The four rows' loads, all issued before any arithmetic.
+    if constexpr (kVector) load_rows(r, c);
 
     // Row by row (so that one row's values are live at a time): the values v[j] of (r + i, c + j), 0
     // outside the tensor; their FP8 bytes, columns 4h .. 4h+3 in word bytes[i][h]; the amax; the
@@ -214,8 +193,6 @@ __global__ void __launch_bounds__(kCastThreads, kRefill ? Input::kRefillMinBlock
 #pragma unroll
           for (int j = 0; j < kSegment; ++j) v[j] = 0.f;
         }
-        // in[i] is free: the next tile's row i.
-        if (refill) load_row(next_offset, next_rows_left, next_cols_inside, i);
       } else {
 #pragma unroll
         for (int j = 0; j < kSegment; ++j) {
@@ -315,10 +292,6 @@ template <class X>
 struct StoredInput {
   using Element = X;
   static constexpr int kMinBlocksPerSm = 6;  // at most 80 registers
-  // With kRefill the next tile's loads (16 registers for bf16, 32 for f32) stay live across the tile:
-  // at 80 registers ptxas spilled 12-52 bytes a thread, at 96 at most 8 (bf16 without column sums:
-  // two words stored before the tile loop and read once a tile).
-  static constexpr int kRefillMinBlocksPerSm = 5;
   static constexpr bool kMaySumColumns = true;  // fp8_cast_dbias
   using Loaded = Eight<X>;
   static __device__ __forceinline__ Loaded load(const X* x, const X*, int64_t i) { return load_eight(x + i); }
@@ -373,13 +346,10 @@ void run_fp8_cast_kernel(const typename Input::Element* x, const typename Input:
     auto run = [&](auto kernel) {
       kernel<<<cast_blocks(a, device_index, cast_blocks_per_sm(kernel)), kCastThreads, 0, stream>>>(x, x2, a);
     };
-    if (vector && row_prefetch() == RowPrefetch::kRefill) {
-      count_row_refill_launch();
-      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true, true>);
-    } else if (vector) {
-      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true, false>);
+    if (vector) {
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, true>);
     } else {
-      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, false, false>);
+      run(fp8_cast_kernel<Input, kE5M2, kColumnSums, false>);
     }
   };
   const bool e5m2 = fp8_dtype == DType::e5m2;

@@ -54,8 +54,6 @@ template <class T, bool kTanh>
 struct GeluInput {
   using Element = T;
   static constexpr int kMinBlocksPerSm = kTanh ? 5 : 6;  // at most 96 (tanh) or 80 registers
-  // The same with the refill: ViT-H's (erf, bf16, no column sums) fits 80 registers without a spill.
-  static constexpr int kRefillMinBlocksPerSm = kMinBlocksPerSm;
   static constexpr bool kMaySumColumns = false;  // the forward has no bias gradient to sum
   using Loaded = Eight<T>;
   static __device__ __forceinline__ float stored(T x) {
@@ -77,10 +75,6 @@ template <class T, bool kTanh>
 struct DgeluInput {
   using Element = T;
   static constexpr int kMinBlocksPerSm = 4;  // at most 128 registers
-  // With the refill too: ViT-H's (bf16, E5M2, column sums) then spills 20 bytes a thread (SASS: stored
-  // once before the tile loop, read back once a tile), where 3 blocks an SM would cost a quarter of
-  // the warps.
-  static constexpr int kRefillMinBlocksPerSm = 4;
   static constexpr bool kMaySumColumns = true;  // dgelu_fp8_cast_dbias
   struct Loaded {
     Eight<T> dact, x;

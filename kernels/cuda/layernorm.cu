@@ -36,15 +36,12 @@
 // its warps mostly waiting on their loads). A second design, one block an SM whose warps loaded row
 // k + 1 while computing row k (255 registers, 12.5% occupancy), ran at 0.34 on the same GPU, and
 // was removed: fewer warps with more rows each in flight lost to more warps.
-// Since then the warps refill (kernels/row_prefetch.h, on unless set): as row k's dx is written unit
-// by unit, each unit's registers take row k + 1's dy and x, so the next row is in flight while this
-// one computes, at the same 128 registers and occupancy (rows up to 1280 bf16: five units a lane,
-// where the kernel without the refill holds six; ptxas spills 28 bytes, stored before the row loop
-// and read back about once a row). Not yet timed on a GPU; bench_kernels times both.
-//
-// A second design of the backward for packed rows, kColumns (kernels/layernorm_design.h), is in
-// layernorm_columns.cu: a thread per 16-byte pack of columns down a run of rows, dweight and dbias in
-// registers. It writes the same partial rows, which the column sums below add.
+// Two more were tried and timed slower on an H200 (2026-11-29, ViT-H's backward), so they are gone
+// too: a refill, each unit's registers taking row k + 1's dy and x as soon as row k's dx for the unit
+// was written (five units a lane, 28 bytes of spill; 57.8 µs against this kernel's 49.1, the spills
+// and the reads among the writes the likely cause); and a column design, a block per run of rows
+// whose threads each kept one 16-byte pack of columns and its dweight and dbias sums in registers
+// (65.2 µs against 60.4 with the residual gradient, 59.2 against 49.1 without).
 //
 // The residual add fused in (add_layernorm_*, as llm.c fuses it): forward reads x and y instead of x,
 // computes h = x + y rounded to T exactly as the add kernel rounds it (__fadd_rn, then round to nearest
@@ -53,11 +50,8 @@
 // In f32 on aligned rows the results therefore equal add() then layernorm_forward(), and
 // layernorm_backward() then add(), bit for bit on the GPU too.
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/layernorm_columns.h"
 #include "kernels/cuda/layernorm_rows.cuh"
 #include "kernels/cuda/nn_ops_cuda.h"
-#include "kernels/layernorm_design.h"
-#include "kernels/row_prefetch.h"
 
 namespace octet::kernels::cuda {
 namespace {
@@ -67,10 +61,6 @@ constexpr int kForwardWarps = 4;  // rows per block of the warp-per-row forward
 // residual gradient take 72 registers a thread; ptxas gives the kernel at most the 128 that two
 // blocks of 8 warps an SM allow), and 2 · C floats of shared slots per warp (10 KiB for ViT-H).
 constexpr int kBackwardRowUnits = 6;
-// The same with the refill (kernels/row_prefetch.h): a unit a lane fewer (rows up to 1280 bf16/f16,
-// 640 f32; longer ones take the kernel without the refill), since the next row's loads in flight
-// take the registers a sixth unit left free.
-constexpr int kRefillRowUnits = 5;
 constexpr int kBackwardWarps = 8;
 // Its grid: about this many blocks, whatever the row count, so that every block takes several rows
 // per warp and the partials stay small (264 = two blocks on each of an H100's or H200's 132 SMs, all
@@ -185,41 +175,27 @@ __global__ void __launch_bounds__(1024)
 
 // The warp-per-row backward, one row: dy, x and (with kResidual) the residual gradient as the warp
 // holds them (load_row_units' layout), and the row's statistics.
-template <int kUnits>
 struct BackwardRow {
-  Unit d[kUnits], xs[kUnits], dr[kUnits];
+  Unit d[kBackwardRowUnits], xs[kBackwardRowUnits], dr[kBackwardRowUnits];
   float m, rs;
 };
 
-// The tensors a warp's rows come from.
-template <class T>
-struct BackwardInputs {
-  const T* __restrict__ dy;
-  const T* __restrict__ dresidual;  // null without kResidual
-  const T* __restrict__ x;
-  const float* __restrict__ mean;
-  const float* __restrict__ rstd;
-};
-
-// Issues the loads of unit i of row r: dy and x, and with `residual` the residual gradient. Nothing
-// here uses them, so they complete while the warp goes on.
-template <class T, int kUnits>
-__device__ __forceinline__ void load_backward_unit(const BackwardInputs<T>& in, int64_t r, int C, int lane,
-                                                   bool rows_packed, int i, bool residual, BackwardRow<kUnits>& b) {
+// Issues the loads of row r, unit by unit dy and x (and with kResidual the residual gradient), and its
+// statistics. Nothing here uses them, so they complete while the warp goes on.
+template <class T, bool kResidual>
+__device__ __forceinline__ void load_backward_row(const T* __restrict__ dy, const T* __restrict__ dresidual,
+                                                  const T* __restrict__ x, const float* __restrict__ mean,
+                                                  const float* __restrict__ rstd, int64_t r, int C, int lane,
+                                                  bool rows_packed, BackwardRow& b) {
   const int64_t offset = r * C;
-  load_row_unit(in.dy + offset, C, lane, rows_packed, i, b.d[i]);
-  load_row_unit(in.x + offset, C, lane, rows_packed, i, b.xs[i]);
-  if (residual) load_row_unit(in.dresidual + offset, C, lane, rows_packed, i, b.dr[i]);
-}
-
-// Issues the loads of row r, every unit (the residual gradient with `residual`) and the statistics.
-template <class T, int kUnits>
-__device__ __forceinline__ void load_backward_row(const BackwardInputs<T>& in, int64_t r, int C, int lane,
-                                                  bool rows_packed, bool residual, BackwardRow<kUnits>& b) {
 #pragma unroll
-  for (int i = 0; i < kUnits; ++i) load_backward_unit(in, r, C, lane, rows_packed, i, residual, b);
-  b.m = in.mean[r];
-  b.rs = in.rstd[r];
+  for (int i = 0; i < kBackwardRowUnits; ++i) {
+    load_row_unit(dy + offset, C, lane, rows_packed, i, b.d[i]);
+    load_row_unit(x + offset, C, lane, rows_packed, i, b.xs[i]);
+    if constexpr (kResidual) load_row_unit(dresidual + offset, C, lane, rows_packed, i, b.dr[i]);
+  }
+  b.m = mean[r];
+  b.rs = rstd[r];
 }
 
 // dx of one loaded row into dxr, and with weight dy · xhat and dy added into the warp's slots (sw, sb:
@@ -227,36 +203,18 @@ __device__ __forceinline__ void load_backward_row(const BackwardInputs<T>& in, i
 // dresidual, added in f32 and rounded once. Every multiply and add is an _rn intrinsic, so that the
 // kernels with and without kResidual compute the same LayerNorm gradient bits
 // (CudaAddLayerNorm.EqualsTheUnfusedGpuKernelsBitForBit).
-// The refill (kernels/row_prefetch.h): with next >= 0, b then holds row `next`'s dy and x in flight:
-// each unit's registers take the next row's unit as soon as this row's dx for it is computed, and
-// its statistics are read at the start. The residual gradient is left out of it (the registers of a
-// third row unit in flight spilled): with kResidual and `load_residual`, this row's is loaded here,
-// at the start, in flight while the row's sums are computed.
-template <class T, class W, bool kResidual, int kUnits>
-__device__ __forceinline__ void backward_row(BackwardRow<kUnits>& b, const BackwardInputs<T>& in, int64_t r,
-                                             int64_t next, bool load_residual, const W* __restrict__ weight,
-                                             T* __restrict__ dx, int C, int lane, float inv_C, bool rows_packed,
-                                             bool params_packed, float4* sw, float4* sb) {
+template <class T, class W, bool kResidual>
+__device__ __forceinline__ void backward_row(const BackwardRow& b, const W* __restrict__ weight, T* __restrict__ dxr,
+                                             int C, int lane, float inv_C, bool rows_packed, bool params_packed,
+                                             float4* sw, float4* sb) {
   constexpr int N = Pack<T>::N, Q = N / 4;
   const bool affine = weight != nullptr;
-  T* __restrict__ dxr = dx + r * C;
-  if constexpr (kResidual) {
-    if (load_residual) {
-#pragma unroll
-      for (int i = 0; i < kUnits; ++i) load_row_unit(in.dresidual + r * C, C, lane, rows_packed, i, b.dr[i]);
-    }
-  }
   const float m = b.m, rs = b.rs;
-  float next_m = 0.f, next_rs = 0.f;
-  if (next >= 0) {
-    next_m = in.mean[next];
-    next_rs = in.rstd[next];
-  }
 
   // Σ g and Σ g · xhat over the row.
   float sum_g = 0.f, sum_g_xhat = 0.f;
 #pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
+  for (int i = 0; i < kBackwardRowUnits; ++i) {
     const int c0 = unit_column<T>(i, lane);
     if (c0 >= C) continue;
     float w[N];
@@ -274,7 +232,7 @@ __device__ __forceinline__ void backward_row(BackwardRow<kUnits>& b, const Backw
 
   // dx, and dy · xhat and dy into the warp's slots.
 #pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
+  for (int i = 0; i < kBackwardRowUnits; ++i) {
     const int c0 = unit_column<T>(i, lane);
     if (c0 >= C) continue;
     float w[N], aw[N], ab[N];
@@ -300,7 +258,6 @@ __device__ __forceinline__ void backward_row(BackwardRow<kUnits>& b, const Backw
         ab[e] = __fadd_rn(ab[e], dyv);
       }
     });
-    if (next >= 0) load_backward_unit(in, next, C, lane, rows_packed, i, /*residual=*/false, b);  // unit i is done
     store_unit(dxr, c0, C, rows_packed, o);
     if (affine) {
 #pragma unroll
@@ -309,10 +266,6 @@ __device__ __forceinline__ void backward_row(BackwardRow<kUnits>& b, const Backw
         sb[(i * Q + j) * 32 + lane] = make_float4(ab[4 * j], ab[4 * j + 1], ab[4 * j + 2], ab[4 * j + 3]);
       }
     }
-  }
-  if (next >= 0) {
-    b.m = next_m;
-    b.rs = next_rs;
   }
 }
 
@@ -349,10 +302,7 @@ __device__ __forceinline__ void write_block_partial(const float4* slots, int hal
 // ... (rows_per_warp of them, row0 = blockIdx.x · kBackwardWarps · rows_per_warp), loading each, then
 // computing and writing it. With weight, the block's partial dweight and dbias (write_block_partial).
 // units_per_lane: the units a lane holds of a row, ceil(C / N / 32), which sizes the shared slots.
-// kRefill: the warp's next row is loaded into each unit's registers as this row frees them
-// (backward_row), so that its loads are in flight while this row computes and writes; without it,
-// each row is loaded when the last is done. Same registers, same bits.
-template <class T, class W, bool kResidual, bool kRefill, int kUnits>
+template <class T, class W, bool kResidual>
 __global__ void __launch_bounds__(kBackwardWarps * 32, 2)
     layernorm_backward_rows_kernel(const T* __restrict__ dy, const T* __restrict__ dresidual,
                                    const T* __restrict__ x, const W* __restrict__ weight,
@@ -368,22 +318,12 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, 2)
   if (weight != nullptr) zero_slots(slots, half);
   const float inv_C = __fdiv_rn(1.0f, static_cast<float>(C));
   const int64_t row0 = int64_t{blockIdx.x} * kBackwardWarps * rows_per_warp;
-  const BackwardInputs<T> in{dy, dresidual, x, mean, rstd};
-  BackwardRow<kUnits> b;
-  if constexpr (kRefill) {
-    if (row0 + warp < rows) load_backward_row(in, row0 + warp, C, lane, rows_packed, /*residual=*/false, b);
-  }
   for (int k = 0; k < rows_per_warp; ++k) {
     const int64_t r = row0 + int64_t{k} * kBackwardWarps + warp;
     if (r >= rows) break;  // uniform across the warp
-    int64_t next = -1;
-    if constexpr (kRefill) {
-      if (k + 1 < rows_per_warp && r + kBackwardWarps < rows) next = r + kBackwardWarps;
-    } else {
-      load_backward_row(in, r, C, lane, rows_packed, kResidual, b);
-    }
-    backward_row<T, W, kResidual, kUnits>(b, in, r, next, /*load_residual=*/kRefill, weight, dx, C, lane, inv_C,
-                                          rows_packed, params_packed, sw, sb);
+    BackwardRow b;
+    load_backward_row<T, kResidual>(dy, dresidual, x, mean, rstd, r, C, lane, rows_packed, b);
+    backward_row<T, W, kResidual>(b, weight, dx + r * C, C, lane, inv_C, rows_packed, params_packed, sw, sb);
   }
   if (weight != nullptr) write_block_partial<T>(slots, half, partial, C);
 }
@@ -582,10 +522,7 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
                               aligned16(dx.data_ptr()) && (!residual || aligned16(dresidual.data_ptr()));
       int64_t blocks;
       Tensor partial;
-      if (vectorized && layernorm_backward_design() == LayerNormBackwardDesign::kColumns &&
-          launch_backward_columns(dy, dresidual, x, weight, mean, rstd, dx, partial, blocks)) {
-        // done: the column design (layernorm_columns.cu) took the rows
-      } else if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
+      if (layernorm_row_in_registers<T>(C, kBackwardRowUnits)) {
         const int64_t rows_per_warp =
             (rows + kBackwardWarps * kBackwardTargetBlocks - 1) / (kBackwardWarps * kBackwardTargetBlocks);
         blocks = (rows + kBackwardWarps * rows_per_warp - 1) / (kBackwardWarps * rows_per_warp);
@@ -604,15 +541,10 @@ void launch_backward(const char* op, const Tensor& dy, const Tensor& dresidual, 
         // Bytes (ViT-H, bf16): reads dy and x (64.6 MB), writes dx (32.3 MB), reads 8 per row of
         // statistics and writes 2C floats of partials per block (263 blocks: 2.7 MB): 99.6 MB, 23.2 µs at 4.3 TB/s. With the residual gradient, 32.3 MB more read:
         // 131.9 MB, 30.7 µs.
-        const bool refill =
-            row_prefetch() == RowPrefetch::kRefill && layernorm_row_in_registers<T>(C, kRefillRowUnits);
-        if (refill) count_row_refill_launch();
         if (residual) {
-          launch_rows(refill ? layernorm_backward_rows_kernel<T, W, true, true, kRefillRowUnits>
-                             : layernorm_backward_rows_kernel<T, W, true, false, kBackwardRowUnits>);
+          launch_rows(layernorm_backward_rows_kernel<T, W, true>);
         } else {
-          launch_rows(refill ? layernorm_backward_rows_kernel<T, W, false, true, kRefillRowUnits>
-                             : layernorm_backward_rows_kernel<T, W, false, false, kBackwardRowUnits>);
+          launch_rows(layernorm_backward_rows_kernel<T, W, false>);
         }
       } else {
         const int64_t rows_per_block = (rows + kMaxBackwardBlocks - 1) / kMaxBackwardBlocks;

@@ -21,11 +21,10 @@
 // 16-byte store, so each column of the transposed copy gets a whole 32-byte sector per tile. Rows
 // past the last one are zero bytes: the transposed copy's padding. Each thread keeps the largest |y|
 // bit pattern it cast; the block reduces them with warp shuffles and makes one atomicMax on the amax
-// slot. Each warp refills (kernels/row_prefetch.h, on unless set): as soon as a unit's output is
-// computed, its registers take the same unit of x in the warp's next row (in this tile or the block's
-// next), so that row is in flight while this one is cast and written (with the residual, the residual
-// branch is loaded when its row starts). 80 registers without the residual (72 before), 104 with
-// (102): the same blocks an SM.
+// slot. A warp loads its next row when it is done with this one (bf16: 72 registers without the
+// residual, 102 with). Loading the next row into each unit's registers as soon as the unit's output
+// was computed (a refill, at 80 and 104 registers) was tried and timed slower on an H200, as in every
+// kernel that took it (LayerNorm's backward 57.8 µs against 49.1, the dGELU cast 178.4 against 127.5).
 //
 // Work, a block per row (longer rows): the block first computes the tile's statistics row by row,
 // keeping them in shared memory, then walks the rows in chunks of 64 columns, normalising 4
@@ -48,7 +47,6 @@
 #include "kernels/cuda/fp8_elements.cuh"
 #include "kernels/cuda/layernorm_rows.cuh"
 #include "kernels/fp8_scale_rule.h"
-#include "kernels/row_prefetch.h"
 
 namespace octet::kernels::cuda {
 namespace {
@@ -92,11 +90,7 @@ struct LayerNormFp8Args {
 inline int tile_stride(int64_t C) { return static_cast<int>((C + 7) / 8 * 8 + 4); }
 
 // See the top of the file: a warp per row, a block per tile of 32 rows.
-// kRefill (kernels/row_prefetch.h): the warp's next row of x (in this tile, or in the block's next
-// tile) is loaded into each unit's registers as soon as this row's output for the unit is computed,
-// so that it is in flight while this row is cast and written; with kResidual the residual branch is
-// loaded at the start of its own row. Without it, each row is loaded when the last is done.
-template <class T, class W, bool kResidual, bool kE5M2, bool kRefill>
+template <class T, class W, bool kResidual, bool kE5M2>
 __global__ void __launch_bounds__(kMaxRowWarps * 32, 1)
     layernorm_fp8_rows_kernel(const T* __restrict__ x, const T* __restrict__ x2, T* __restrict__ h,
                               const W* __restrict__ weight, const W* __restrict__ bias, LayerNormFp8Args a) {
@@ -109,24 +103,6 @@ __global__ void __launch_bounds__(kMaxRowWarps * 32, 1)
   const int C = static_cast<int>(a.C), S = a.tile_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   uint32_t local = 0;
-  // The warp's row after row lr of tile t: the next of its rows in the tile, else its first in the
-  // block's next tile; -1 past the last tile or in the padding past the last row (after which the
-  // warp has no row of data left).
-  auto row_after = [&](int64_t t, int lr) -> int64_t {
-    if (lr + warps >= kTileRows) {
-      t += gridDim.x;
-      lr = warp;
-    } else {
-      lr += warps;
-    }
-    const int64_t r = t * kTileRows + lr;
-    return t < a.tiles && r < a.rows ? r : -1;
-  };
-  Unit u[kLayerNormRowUnits];  // with kRefill, x of the warp's row to come, in flight
-  if constexpr (kRefill) {
-    const int64_t first = int64_t{blockIdx.x} * kTileRows + warp;
-    if (blockIdx.x < a.tiles && first < a.rows) load_row_units(x + first * C, C, lane, a.rows_packed, u);
-  }
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
     const int64_t r0 = t * kTileRows;
     for (int lr = warp; lr < kTileRows; lr += warps) {
@@ -139,14 +115,10 @@ __global__ void __launch_bounds__(kMaxRowWarps * 32, 1)
         continue;
       }
       const int64_t offset = r * C;
-      const int64_t next = kRefill ? row_after(t, lr) : -1;
-      if constexpr (kRefill && kResidual) {
-        Unit b[kLayerNormRowUnits];
-        load_row_units(x2 + offset, C, lane, a.rows_packed, b);
-        add_row_units<T>(u, b, h + offset, C, lane, a.rows_packed, u);
-      } else if constexpr (kResidual) {
+      Unit u[kLayerNormRowUnits];
+      if constexpr (kResidual) {
         load_row_units_residual(x + offset, x2 + offset, h + offset, C, lane, a.rows_packed, u);
-      } else if constexpr (!kRefill) {
+      } else {
         load_row_units(x + offset, C, lane, a.rows_packed, u);
       }
       const RowStats s = warp_row_stats<T>(u, C, lane, a.eps);
@@ -160,7 +132,6 @@ __global__ void __launch_bounds__(kMaxRowWarps * 32, 1)
         if (c0 >= C) continue;
         float v[N];
         layernorm_unit<T>(u[i], s, weight, bias, c0, C, a.params_packed, v);
-        if (next >= 0) load_row_unit(x + next * C, C, lane, a.rows_packed, i, u[i]);  // unit i is done
         float y[N];
 #pragma unroll
         for (int k = 0; k < N; ++k) y[k] = 0.f;  // past C: the tile row's slack, zero bytes
@@ -441,14 +412,10 @@ LayerNormFp8 layernorm_fp8_forward(const Tensor& x, const Tensor& y, const Tenso
       // and writes h: 129.2 MB, 30.1 µs. Without the residual the cast's instructions, ~23 µs on an
       // H200, set the pace rather than the bytes: see the top of the file.
       auto launch_format = [&]<bool kE5M2>() {
-        const bool refill = row_prefetch() == RowPrefetch::kRefill;
-        if (refill && in_registers) count_row_refill_launch();
         if (in_registers && residual) {
-          launch(refill ? layernorm_fp8_rows_kernel<T, W, true, kE5M2, true>
-                        : layernorm_fp8_rows_kernel<T, W, true, kE5M2, false>);
+          launch(layernorm_fp8_rows_kernel<T, W, true, kE5M2>);
         } else if (in_registers) {
-          launch(refill ? layernorm_fp8_rows_kernel<T, W, false, kE5M2, true>
-                        : layernorm_fp8_rows_kernel<T, W, false, kE5M2, false>);
+          launch(layernorm_fp8_rows_kernel<T, W, false, kE5M2>);
         } else if (residual) {
           launch(layernorm_fp8_block_kernel<T, W, true, kE5M2>);
         } else {

@@ -106,7 +106,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8CastKernel,
                                            CastCase{{12608, 1280}, DType::bf16, DType::e4m3, 16},
                                            CastCase{{12608, 5120}, DType::bf16, DType::e5m2, 16},
                                            CastCase{{3840, 1280}, DType::bf16, DType::e4m3, 16},
-                                           CastCase{{1280, 5120}, DType::bf16, DType::e4m3, 16}));
+                                           CastCase{{1280, 5120}, DType::bf16, DType::e4m3, 16},
+                                           // Blocks that take several tiles, the last ones partial
+                                           // down (4097 = 64 · 64 + 1 rows) and across (1000 = 15 · 64
+                                           // + 40 columns): 1040 tiles, where at 80 registers (6
+                                           // blocks an SM) an H200 runs 792 blocks. The ViT-H shapes
+                                           // above take several a block too, but whole tiles only.
+                                           CastCase{{4097, 1000}, DType::bf16, DType::e4m3, 16},
+                                           CastCase{{4097, 1000}, DType::f32, DType::e5m2, 16}));
 
 // An input that starts one element into its storage: the GPU takes its unaligned (scalar) path.
 TEST(CudaFp8Cast, UnalignedInputMatchesTheCpu) {
@@ -261,7 +268,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8CastDbias,
                                            DbiasCase{{5, 64}, DType::bf16, DType::e5m2, DType::bf16},
                                            DbiasCase{{100, 36}, DType::bf16, DType::e5m2, DType::f32},
                                            DbiasCase{{300, 72}, DType::f32, DType::e5m2, DType::f32},
-                                           DbiasCase{{12608, 1280}, DType::bf16, DType::e5m2, DType::bf16}));
+                                           DbiasCase{{12608, 1280}, DType::bf16, DType::e5m2, DType::bf16},
+                                           // Several tiles a block, partial down and across (as in
+                                           // CudaFp8CastKernel above).
+                                           DbiasCase{{4097, 1000}, DType::bf16, DType::e5m2, DType::bf16},
+                                           DbiasCase{{4097, 1000}, DType::f32, DType::e5m2, DType::f32}));
 
 // Spikes that saturate, NaN and inf, an input one element into its storage (the scalar path) and
 // padding to 7 rows and none.

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "kernels/elementwise.h"
-#include "kernels/layernorm_design.h"
 #include "kernels/nn_ops.h"
 #include "tests/testing.h"
 #include "tests/cuda/cuda_testing.h"
@@ -504,84 +503,6 @@ TEST(CudaLayerNormRowKernels, ManyRowsPerWarpMatchTheCpuAndRepeat) {
     EXPECT_TRUE(same_bits(second.dh, first.dh));
     EXPECT_TRUE(same_bits(second.dweight, first.dweight));
     EXPECT_TRUE(same_bits(second.dbias, first.dbias));
-  }
-}
-
-}  // namespace
-}  // namespace octet
-
-namespace octet {
-namespace {
-
-// ---- the column design of the backward (kernels/layernorm_design.h) --------------------------------------
-
-// The column design for one test's scope.
-struct ColumnDesign {
-  kernels::LayerNormBackwardDesign before = kernels::layernorm_backward_design();
-  ColumnDesign() { kernels::set_layernorm_backward_design(kernels::LayerNormBackwardDesign::kColumns); }
-  ~ColumnDesign() { kernels::set_layernorm_backward_design(before); }
-  ColumnDesign(const ColumnDesign&) = delete;
-  ColumnDesign& operator=(const ColumnDesign&) = delete;
-};
-
-// With the column design on: dx, dweight and dbias against the CPU within the suite's bounds (a row,
-// a few, runs of 2 rows a block at 1000 and of 24 at ViT-H's 12,608 rows; widths of 12 and 25 bf16
-// packs and ViT-H's; the weight in f32 and, for 16-bit x, in x's dtype, so that each weight load
-// runs: LayerNorm takes no other weight dtype), with
-// the column kernel counted as launched wherever it takes the width, and the row or block kernels
-// where it does not (13, which no pack divides; f32 at 1280, 320 packs); the fused residual equal to
-// the unfused kernels under the same design (expect_fused_add_equals_unfused); each output the same
-// bits when run again; and a weight at an odd address (element loads) the same bits as an aligned one.
-TEST(CudaLayerNormBackwardColumns, MatchesTheCpuTheUnfusedKernelsAndRepeats) {
-  SKIP_WITHOUT_GPU();
-  ColumnDesign design;
-  struct Shape2 {
-    int64_t rows, C;
-  };
-  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
-    std::vector<AffineCase> cases{AffineCase{true, d}, AffineCase{false, d}};
-    if (d != DType::f32) cases.push_back(AffineCase{true, DType::f32});
-    for (AffineCase a : cases) {
-      for (Shape2 s : {Shape2{1, 96}, Shape2{7, 200}, Shape2{1000, 1280}, Shape2{37, 13}, Shape2{12608, 1280}}) {
-        if (s.rows == 12608 && (d != DType::bf16 || !a.affine)) continue;  // ViT-H's case once is enough
-        SCOPED_TRACE(::testing::Message() << dtype_name(d) << " rows " << s.rows << " C " << s.C << " weight "
-                                          << (a.affine ? dtype_name(a.weight_dtype) : "none"));
-        const uint64_t seed = 2000 + 3 * static_cast<uint64_t>(s.rows + s.C);
-        const Tensor x = random_tensor({s.rows, s.C}, d, seed, 2.0), dy = random_tensor({s.rows, s.C}, d, seed + 1);
-        const Tensor w = a.affine ? random_tensor({s.C}, a.weight_dtype, seed + 2) : Tensor();
-        const Tensor b = a.affine ? random_tensor({s.C}, a.weight_dtype, seed + 3) : Tensor();
-        const auto cpu = kernels::layernorm_forward(x, w, b, 1e-5);
-        const auto cpu_grads = kernels::layernorm_backward(dy, x, w, cpu.mean, cpu.rstd);
-        const Tensor xg = x.to(kGpu), dyg = dy.to(kGpu);
-        const Tensor wg = a.affine ? w.to(kGpu) : w, bg = a.affine ? b.to(kGpu) : b;
-        const auto gpu = kernels::layernorm_forward(xg, wg, bg, 1e-5);
-        const int64_t launches = kernels::layernorm_backward_column_launches();
-        const auto grads = kernels::layernorm_backward(dyg, xg, wg, gpu.mean, gpu.rstd);
-        const int64_t packs = s.C / (16 / static_cast<int64_t>(dtype_size(d)));
-        const bool columns = s.C % (16 / static_cast<int64_t>(dtype_size(d))) == 0 && packs <= 256;
-        EXPECT_EQ(kernels::layernorm_backward_column_launches() - launches, columns ? 1 : 0);
-        EXPECT_LE(relative_error_matching_nans(grads.dx, cpu_grads.dx), tolerance(d));
-        if (a.affine) {
-          EXPECT_LE(relative_error_matching_nans(grads.dweight, cpu_grads.dweight), tolerance(a.weight_dtype));
-          EXPECT_LE(relative_error_matching_nans(grads.dbias, cpu_grads.dbias), tolerance(a.weight_dtype));
-        } else {
-          EXPECT_FALSE(grads.dweight.defined());
-        }
-        const auto again = kernels::layernorm_backward(dyg, xg, wg, gpu.mean, gpu.rstd);
-        EXPECT_TRUE(same_bits(again.dx, grads.dx));
-        if (a.affine) {
-          EXPECT_TRUE(same_bits(again.dweight, grads.dweight));
-          EXPECT_TRUE(same_bits(again.dbias, grads.dbias));
-          const auto odd_weight = kernels::layernorm_backward(dyg, xg, misaligned_on_gpu(w), gpu.mean, gpu.rstd);
-          EXPECT_TRUE(same_bits(odd_weight.dx, grads.dx));
-          EXPECT_TRUE(same_bits(odd_weight.dweight, grads.dweight));
-          if (s.rows <= 1000) {
-            expect_fused_add_equals_unfused(xg, random_tensor({s.rows, s.C}, d, seed + 4).to(kGpu), dyg,
-                                            random_tensor({s.rows, s.C}, d, seed + 5).to(kGpu), wg, bg);
-          }
-        }
-      }
-    }
   }
 }
 

@@ -181,7 +181,8 @@ TEST(CudaLinear, BothBiasGradDesignsSumDyOnceRounded) {
       const kernels::LinearGrads got = [&] {
         kernels::set_linear_bias_grad_design(design);
         struct Restore {  // even when linear_backward throws: later tests run with the default
-          ~Restore() { kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kEpilogue); }
+          LinearBiasGradDesign before = kernels::linear_bias_grad_design();
+          ~Restore() { kernels::set_linear_bias_grad_design(before); }
         } restore;
         return kernels::linear_backward(dy.to(kGpu), x.to(kGpu), w.to(kGpu), false, true, true);
       }();

@@ -149,20 +149,20 @@ TEST(Linear, HalfPrecisionBackwardOnTheCpuIsTheSeparateCallsBitForBit) {
   }
 }
 
-// The GPU's bias-gradient design switch (kernels/linear.h): the epilogue unless set, and the CPU's one
-// way (kernels::sum) whatever it says. The column-sum design runs on a GPU only:
+// The GPU's bias-gradient design switch (kernels/linear.h): the column sum unless set, and the CPU's
+// one way (kernels::sum) whatever it says. Both designs run on a GPU only:
 // tests/cuda/test_cuda_linear.cpp (CudaLinear.BothBiasGradDesignsSumDyOnceRounded).
-TEST(Linear, BiasGradDesignIsTheEpilogueUnlessSetAndLeavesTheCpuAlone) {
+TEST(Linear, BiasGradDesignIsTheColumnSumUnlessSetAndLeavesTheCpuAlone) {
   using kernels::LinearBiasGradDesign;
-  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kEpilogue);
+  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kColumnSum);
   const Tensor x = random_tensor({3, 7, 12}, DType::bf16, 61), w = random_tensor({16, 12}, DType::bf16, 62);
   const Tensor dy = random_tensor({3, 7, 16}, DType::bf16, 63);
-  const kernels::LinearGrads epilogue = kernels::linear_backward(dy, x, w, true, true, true);
-  kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kColumnSum);
-  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kColumnSum);
   const kernels::LinearGrads columns = kernels::linear_backward(dy, x, w, true, true, true);
   kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kEpilogue);
   EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kEpilogue);
+  const kernels::LinearGrads epilogue = kernels::linear_backward(dy, x, w, true, true, true);
+  kernels::set_linear_bias_grad_design(LinearBiasGradDesign::kColumnSum);
+  EXPECT_EQ(kernels::linear_bias_grad_design(), LinearBiasGradDesign::kColumnSum);
   EXPECT_TRUE(testing::same_bits(columns.dx, epilogue.dx));
   EXPECT_TRUE(testing::same_bits(columns.dweight, epilogue.dweight));
   EXPECT_TRUE(testing::same_bits(columns.dbias, epilogue.dbias));

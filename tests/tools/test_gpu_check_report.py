@@ -374,39 +374,33 @@ class Report(unittest.TestCase):
         bench = self.write("bench.jsonl", "\n".join(json.dumps(r) for r in [
             step("octet", 600.0, precision="bf16"), step("octet-autotune", 610.0, precision="bf16"),
             step("octet-fp8", 830.0, precision="fp8"), step("octet-fp8-autotune", 820.0, precision="fp8"),
-            step("octet-fp8-no-refill", 845.0, precision="fp8"),
-            step("octet-designs", 590.0, precision="bf16")]) + "\n")  # a step run the kernel rows overrule
+            step("octet-bias-epilogue", 590.0, precision="bf16")]) + "\n")  # a step run the kernel rows overrule
         row = lambda kernel, variant, us: json.dumps({"bench": "bench_kernels", "kernel": kernel, "variant": variant,
                                                       "shape": "12608x1280", "us": us, "ratio": 0.7})
-        kernels = self.write("bench_kernels.log", "\n".join([
+        wgrads = lambda name, epilogue, column_sum: self.write(name, "\n".join([
             "kernel   variant   shape   µs   (the text table, not read)",
-            row("add_layernorm_backward", "bf16, dweight+dbias", 58.0),
-            row("add_layernorm_backward", "bf16, dweight+dbias, no refill", 60.0),
-            row("add_layernorm_backward", "bf16, dweight+dbias, column design", 50.0),
-            row("layernorm_backward", "bf16, dweight+dbias, column design", 99.0),  # not the step's LayerNorm
-            # Per block: qkv once, proj's row twice (proj and fc2): 250 + 2 x 100 = 450 with BGRADB
-            # against 245 + 2 x 104 = 453 with the column sum, which wins only if proj is counted once.
-            row("linear_backward (qkv wgrad)", "bf16, BGRADB epilogue", 250.0),
-            row("linear_backward (qkv wgrad)", "bf16, GEMM then column sum", 245.0),
-            row("linear_backward (proj wgrad)", "bf16, BGRADB epilogue", 100.0),
-            row("linear_backward (proj wgrad)", "bf16, GEMM then column sum", 104.0),
+            row("linear_backward (qkv wgrad)", "bf16, BGRADB epilogue", epilogue[0]),
+            row("linear_backward (qkv wgrad)", "bf16, GEMM then column sum", column_sum[0]),
+            row("linear_backward (proj wgrad)", "bf16, BGRADB epilogue", epilogue[1]),
+            row("linear_backward (proj wgrad)", "bf16, GEMM then column sum", column_sum[1]),
             json.dumps({"bench": "bench_kernels", "summary": True, "worst_ratio": 0.6})]) + "\n")
-        rc, out = run("choose", bench, "--kernels", kernels)
+        # Per block: qkv once, proj's row twice (proj and fc2): 250 + 2 x 100 = 450 with BGRADB against
+        # 245 + 2 x 104 = 453 with the column sum, which wins only if proj is counted once.
+        rc, out = run("choose", bench, "--kernels", wgrads("bench_kernels.log", (250.0, 100.0), (245.0, 104.0)))
         self.assertEqual(rc, 0, out)
         lines = out.splitlines()
-        self.assertEqual(lines[0], "bf16: --autotune on --layernorm-backward columns")
-        self.assertEqual(lines[1], "fp8: --row-prefetch after --layernorm-backward columns")
+        self.assertEqual(lines[0], "bf16: --autotune on --bias-grad epilogue")
+        self.assertEqual(lines[1], "fp8:")
         self.assertIn("why: bf16 --autotune on: 610.0 images/s with it, 600.0 without: taken", out)
         self.assertIn("why: fp8 --autotune on: 820.0 images/s with it, 830.0 without: the default stays", out)
-        self.assertIn("why: fp8 --row-prefetch after: 845.0 images/s with it, 830.0 without: taken", out)
-        self.assertIn("why: bf16 --row-prefetch after: add_layernorm_backward 60.0 µs without the refill, 58.0 with "
-                      "it: the default stays", out)
-        self.assertIn("why: bf16 --layernorm-backward columns: add_layernorm_backward 50.0 µs in columns, 58.0 in "
-                      "rows (the refill): taken", out)
-        self.assertIn("why: fp8 --layernorm-backward columns: add_layernorm_backward 50.0 µs in columns, 60.0 in "
-                      "rows (no refill): taken", out)
-        self.assertIn("why: bf16 --bias-grad column-sum: a block's qkv, proj and fc2 weight gradients 453.0 µs with "
-                      "the column sum, 450.0 with BGRADB: the default stays", out)
+        self.assertIn("why: bf16 --bias-grad epilogue: a block's qkv, proj and fc2 weight gradients 450.0 µs with "
+                      "BGRADB, 453.0 with the column sum: taken", out)
+        # The column sum winning keeps the default.
+        rc, out = run("choose", bench, "--kernels", wgrads("swapped.log", (245.0, 104.0), (250.0, 100.0)))
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.splitlines()[0], "bf16: --autotune on")
+        self.assertIn("why: bf16 --bias-grad epilogue: a block's qkv, proj and fc2 weight gradients 453.0 µs with "
+                      "BGRADB, 450.0 with the column sum: the default stays", out)
 
     def test_choose_keeps_the_default_for_a_step_gain_within_its_spread(self):
         step = lambda run, ips: dict(run=run, bench="octet", images_per_s=ips, step_ms=64000 / ips)
@@ -427,8 +421,7 @@ class Report(unittest.TestCase):
         self.assertEqual(out.splitlines()[:2], ["bf16:", "fp8:"])
         self.assertIn("why: bf16 --autotune on: not decided, the run with it did not run; the default stays", out)
         self.assertIn("why: fp8 --autotune on: not decided, the run without it did not run; the default stays", out)
-        self.assertIn("why: bf16 --layernorm-backward columns: not decided", out)
-        self.assertIn("why: bf16 --bias-grad column-sum: not decided", out)
+        self.assertIn("why: bf16 --bias-grad epilogue: not decided", out)
 
     def test_table_gives_each_run_the_ratios_and_the_goals(self):
         rows = [
@@ -450,12 +443,9 @@ class Report(unittest.TestCase):
             {"run": "octet-head-start", "bench": "octet", "precision": "bf16", "head_start_ms": 30.0,
              "images_per_s": 410.0, "step_ms": 156.1, "tflops": 307.0, "mfu": 0.31, "peak_memory_gib": 30.0,
              "gflop_per_image": 764.0},
-            {"run": "octet-fp8-no-refill", "bench": "octet", "precision": "fp8", "row_prefetch": "after",
-             "images_per_s": 450.0, "step_ms": 142.2, "tflops": 344.0, "mfu": 0.35, "peak_memory_gib": 28.0,
+            {"run": "octet-bias-epilogue", "bench": "octet", "precision": "bf16", "bias_grad": "epilogue",
+             "images_per_s": 380.0, "step_ms": 168.4, "tflops": 285.0, "mfu": 0.29, "peak_memory_gib": 30.0,
              "gflop_per_image": 764.0},
-            {"run": "octet-fp8-designs", "bench": "octet", "precision": "fp8", "layernorm_backward": "columns",
-             "bias_grad": "epilogue", "images_per_s": 480.0, "step_ms": 133.3, "tflops": 366.0, "mfu": 0.37,
-             "peak_memory_gib": 28.0, "gflop_per_image": 764.0},
             {"run": "octet-fp8-chosen", "flags": "--precision fp8 --autotune on", "bench": "octet", "precision": "fp8",
              "images_per_s": 560.0, "step_ms": 114.3, "tflops": 425.0, "mfu": 0.43, "peak_memory_gib": 28.0,
              "gflop_per_image": 764.0},
@@ -481,17 +471,12 @@ class Report(unittest.TestCase):
         self.assertNotIn("fp8 --autotune on:", out)  # its row did not run
         self.assertIn("Octet bf16 --autotune on MFU = 33.0% (goal >= 50%): NOT met", out)
         self.assertNotIn("Octet fp8 --autotune on ÷", out)
-        self.assertIn("| Octet fp8, fused producers on, --layernorm-backward columns | 480.0 | 133.3 |", out)
-        self.assertIn("fp8 with the kernel designs on trial: 0.960x fp8's images/s with the library's designs", out)
-        self.assertNotIn("bf16 with the kernel designs on trial:", out)  # its row did not run
-        self.assertIn("Octet fp8 with the designs on trial ÷ PyTorch eager bf16 = 1.920 (goal >= 1.9): met", out)
-        self.assertNotIn("Octet bf16 with the designs on trial", out)
+        self.assertIn("| Octet bf16, --bias-grad epilogue (cuBLASLt's BGRADB) | 380.0 | 168.4 |", out)
+        self.assertIn("bf16 --bias-grad epilogue: 0.950x bf16's images/s with the column sum", out)
+        self.assertIn("Octet bf16 --bias-grad epilogue MFU = 29.0% (goal >= 50%): NOT met", out)
         self.assertIn("| Octet bf16, --head-start 30 (the host 30 ms ahead of the GPU) | 410.0 | 156.1 |", out)
         self.assertIn("bf16 with each step held 30 ms while the host queues it (--head-start): step 156.10 ms "
                       "against 160.00, +3.90 ms: the plain run's wait on the host's launches", out)
-        self.assertIn("| Octet fp8, fused producers on, --row-prefetch after (no refill) | 450.0 | 142.2 |", out)
-        self.assertIn("fp8 with --row-prefetch after: 0.900x fp8's images/s with the refill", out)
-        self.assertIn("Octet fp8 with --row-prefetch after ÷ PyTorch eager bf16 = 1.800 (goal >= 1.9): NOT met", out)
         self.assertIn("| Octet fp8, fused producers on, the trials' winners together (choose) | 560.0 | 114.3 |", out)
         self.assertIn("fp8 with the trials' winners (--autotune on): 1.120x fp8's images/s with the library's "
                       "defaults", out)
@@ -502,7 +487,7 @@ class Report(unittest.TestCase):
                       "(goal >= 1.35): met", out)
         self.assertNotIn("bf16 with the trials' winners", out)  # its row did not run
         self.assertNotIn("torch.compile =", out)  # no compile run, no ratio against it
-        self.assertIn("did not run: octet-recompute, octet-fp8-autotune, octet-designs, octet-chosen, "
+        self.assertIn("did not run: octet-recompute, octet-fp8-autotune, octet-chosen, "
                       "pytorch-eager-fused, pytorch-compile, pytorch-compile-fused", out)
 
 

@@ -88,7 +88,7 @@ xz_preset=${OCTET_BUNDLE_XZ_PRESET:-6}
 [[ $xz_preset =~ ^[0-9]$ ]] || { echo "gpu_bundle: OCTET_BUNDLE_XZ_PRESET=$xz_preset: give a digit, 0-9 (6 is the default)" >&2; exit 2; }
 programs=(gpu_info test_cuda train_vit bench_vit bench_kernels
           test_core test_kernels test_autograd test_nn test_optim test_models test_data test_apps test_local_group test_nccl_mapping
-          test_collectives test_ddp test_fsdp test_fsdp_fp8 test_fsdp_checkpoint test_gpu_shared_mpi test_nccl_ranks
+          test_collectives test_gpu_shared_mpi test_nccl_ranks
           fault_rank_throws)
 # Packed when the build defines them (tools/gpu_check.sh runs each one it finds).
 optional_programs=()

@@ -20,13 +20,12 @@
 #                  goes again over the MPI backend on the same GPU, the verdict lists it under "fell
 #                  back", and the rank count's later runs go over MPI directly; a fault that fails over
 #                  NCCL is run over MPI too. A run that would not fit before the deadline is CUT,
-#                  saying how long the last run at that rank count took. On an H200 (2026-11-28, 2
-#                  ranks only): gpu_info and test_nccl_ranks 37 s, each 2-rank train run 6-11 s, the
-#                  CPU twins beside them (24-35 s at 2 ranks, 3-6 s at 4 and 8); the faults then hung
-#                  (fixed since). Without MPS, ranks on one GPU take turns (time slices) and every
-#                  collective needs them all; a guess for the rest: 10-30 s a run at 4 ranks, 20-60 at
-#                  8, the faults and the kill 5-20 s each: 4 to 7 minutes in all. Give it
-#                  OCTET_CHECK_SECONDS=540 in a 10-minute call, or split it by OCTET_CHECK_NCCL_RANKS.
+#                  saying how long the last run at that rank count took. On an H200 (2026-11-29, the
+#                  fourth run): gpu_info and test_nccl_ranks 30 s, each train run 5-9 s at 2 and 4
+#                  ranks and 9-30 s at 8 (ranks on one GPU without MPS take turns, and every
+#                  collective needs them all), the CPU twins beside them (17-22 s at 2 ranks, 2-4 s
+#                  at 4 and 8), the faults and the kill 2 s each: 214 s in all. Give it
+#                  OCTET_CHECK_SECONDS=300 or more, or split it by OCTET_CHECK_NCCL_RANKS.
 
 # ---- train and mpi: runs on the GPU against their CPU twins ----------------------------------------------------
 # Each GPU run has a CPU twin with the same flags, seed and data: the CPU emulates bf16 and FP8

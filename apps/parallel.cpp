@@ -39,16 +39,7 @@ ParallelModel::ParallelModel(const RunOptions& o, std::shared_ptr<models::Vision
 
 std::vector<optim::ParamGroup> ParallelModel::param_groups(double lr, double weight_decay) const {
   if (!fsdp_) return optim::weight_decay_groups(model_->named_parameters(), lr, weight_decay);
-  optim::ParamGroup no_decay{{}, lr, 0.0}, decay{{}, lr, weight_decay};
-  const auto flats = fsdp_->flat_parameters();
-  const auto shards = fsdp_->all_shards();
-  for (size_t f = 0; f < flats.size(); ++f) {
-    if (flats[f].trainable) (flats[f].key == 1 ? decay : no_decay).params.push_back(shards[f]);
-  }
-  std::vector<optim::ParamGroup> groups;
-  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
-  if (!decay.params.empty()) groups.push_back(std::move(decay));
-  return groups;
+  return distributed::weight_decay_groups(*fsdp_, lr, weight_decay);
 }
 
 void ParallelModel::backward(const Tensor& loss, bool last_micro_batch) {

@@ -159,7 +159,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         OCTET_CHECK(replaced.shape() == m.shape && replaced.device() == m.device, "backward: a hook on output ", i,
                     " of '", node->name(), "' returned ", replaced.describe(), " for a gradient of shape ", m.shape,
                     " on ", m.device.str(), "; a hook that replaces a gradient must return one of its shape and device");
-        incoming[i] = replaced.dtype() == m.dtype ? replaced : replaced.to(m.dtype);
+        incoming[i] = replaced.to(m.dtype);
       }
     }
     std::vector<Tensor> outgoing;

@@ -268,7 +268,7 @@ int time_cases(const std::vector<Case>& cases, Device gpu, const Options& o) {
   std::vector<nlohmann::json> rows;
   double worst = 1e300;
   std::string worst_label;
-  int counted = 0, under = 0, launch_bound = 0, gemms = 0, trials = 0;
+  int counted = 0, under = 0, launch_bound = 0, gemms = 0;
   for (const Case& c : cases) {
     const int64_t sets = c.one_set ? 1 : std::clamp<int64_t>((4 * l2 + c.bytes - 1) / c.bytes, 2, 64);
     std::vector<double> us, copy_us;
@@ -286,8 +286,6 @@ int time_cases(const std::vector<Case>& cases, Device gpu, const Options& o) {
       ++launch_bound;
     } else if (c.gemm) {
       ++gemms;
-    } else if (c.trial) {
-      ++trials;
     } else {
       ++counted;
       if (ratio < kTarget) ++under;
@@ -298,9 +296,8 @@ int time_cases(const std::vector<Case>& cases, Device gpu, const Options& o) {
                   c.variant.c_str(), c.shape.c_str(), t, static_cast<double>(c.bytes) / 1e6, gbps, tc, copy_gbps, ratio,
                   static_cast<long long>(sets),
                   tiny     ? "  (launch-bound: not counted)"
-                  : c.gemm  ? "  (GEMM: compute-bound, not counted)"
-                  : c.trial ? "  (a design on trial: not counted)"
-                            : "",
+                  : c.gemm ? "  (GEMM: compute-bound, not counted)"
+                           : "",
                   host_paced ? "  (host-paced: may include host time)" : "");
       std::fflush(stdout);
     }
@@ -319,16 +316,15 @@ int time_cases(const std::vector<Case>& cases, Device gpu, const Options& o) {
                     {"sets", sets},
                     {"launch_bound", tiny},
                     {"gemm", c.gemm},
-                    {"trial", c.trial},
                     {"host_paced", host_paced}});
   }
   if (text) std::printf("\n");
   for (const nlohmann::json& row : rows) std::printf("%s\n", row.dump().c_str());
   if (text && counted > 0) {
     std::printf("worst ratio %.2f (%s); %d of %d kernels under the %.2f target (%d launch-bound row%s, %d GEMM "
-                "row%s and %d design%s on trial not counted)\n",
+                "row%s not counted)\n",
                 worst, worst_label.c_str(), under, counted, kTarget, launch_bound, launch_bound == 1 ? "" : "s", gemms,
-                gemms == 1 ? "" : "s", trials, trials == 1 ? "" : "s");
+                gemms == 1 ? "" : "s");
   }
   const nlohmann::json summary = {{"bench", "bench_kernels"},
                                   {"summary", true},

@@ -41,9 +41,6 @@ struct Case {
   // A GEMM with what rides along, set against the GEMM and kernels it replaces: compute-bound, so its
   // ratio to a copy says nothing and it is not counted against the target.
   bool gemm = false;
-  // A design on trial beside the one the library runs (none at present: the fourth GPU run settled
-  // the last ones): timed and printed beside it, not counted against the target.
-  bool trial = false;
   std::string label() const { return kernel + " " + variant + " " + shape; }
 };
 

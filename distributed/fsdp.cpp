@@ -374,4 +374,18 @@ Tensor FullyShardedDataParallel::full_parameter(const std::string& name) {
 int FullyShardedDataParallel::units_gathered() const { return state_->gatherer->gathered_now(); }
 int FullyShardedDataParallel::max_units_gathered() const { return state_->gatherer->gathered_max(); }
 
+std::vector<optim::ParamGroup> weight_decay_groups(const FullyShardedDataParallel& fsdp, double lr,
+                                                   double weight_decay) {
+  optim::ParamGroup no_decay{{}, lr, 0.0}, decay{{}, lr, weight_decay};
+  const auto flats = fsdp.flat_parameters();
+  const auto shards = fsdp.all_shards();
+  for (size_t f = 0; f < flats.size(); ++f) {
+    if (flats[f].trainable) (flats[f].key == 1 ? decay : no_decay).params.push_back(shards[f]);
+  }
+  std::vector<optim::ParamGroup> groups;
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  return groups;
+}
+
 }  // namespace octet::distributed

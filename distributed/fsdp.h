@@ -190,4 +190,11 @@ class FullyShardedDataParallel {
   std::shared_ptr<State> state_;
 };
 
+// optim::weight_decay_groups for a sharded model: this rank's shards of the trainable flat parameters
+// in two groups, those of key 0 (no decay) first, then key 1 (weight_decay), empty groups left out.
+// Build the FSDP with FsdpOptions::flat_param_key = optim::is_weight_decayed (as int), so that no
+// flat mixes decayed and undecayed parameters.
+std::vector<optim::ParamGroup> weight_decay_groups(const FullyShardedDataParallel& fsdp, double lr,
+                                                   double weight_decay);
+
 }  // namespace octet::distributed

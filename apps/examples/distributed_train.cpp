@@ -79,10 +79,7 @@ int main(int argc, char** argv) {
                 return optim::is_weight_decayed(name, p);
               },
               .compute_dtype = bf16 ? DType::bf16 : DType::f32});
-      groups = {optim::ParamGroup{{}, 1e-3, 0.0}, optim::ParamGroup{{}, 1e-3, 0.05}};
-      const std::vector<Tensor> shards = fsdp->all_shards();
-      const auto flats = fsdp->flat_parameters();
-      for (size_t f = 0; f < flats.size(); ++f) groups[flats[f].key].params.push_back(shards[f]);
+      groups = distributed::weight_decay_groups(*fsdp, 1e-3, 0.05);
     }
     optim::AdamW optimizer(groups, 1e-3);
     nn::CrossEntropyLoss criterion(/*label_smoothing=*/0.1);
